@@ -1,0 +1,71 @@
+"""The ``atlas`` command: ``atlas demo`` and ``atlas train``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def _train(args: argparse.Namespace) -> int:
+    from atlas_core.cli.train import main as train_main
+
+    target = args.target
+    if target.endswith((".yaml", ".yml")) and Path(target).is_file():
+        import yaml
+
+        try:
+            document = yaml.safe_load(Path(target).read_text())
+        except yaml.YAMLError as exc:
+            print(f"error: {target}: not valid YAML ({' '.join(str(exc).split())})", file=sys.stderr)
+            return 2
+        if isinstance(document, dict) and "apiVersion" in document:
+            print(
+                f"error: {target}: a Kubernetes manifest; this release runs run configurations "
+                "(the shape of atlas_core/configs/recipe/*.yaml)",
+                file=sys.stderr,
+            )
+            return 2
+    return train_main([f"recipe={target}", *args.overrides])
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from atlas_core.cli.demo import run_demo
+
+    return run_demo(
+        output=Path(args.output),
+        grpo_steps=args.steps,
+        sft_steps=args.sft_steps,
+        metrics_port=args.metrics_port,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="atlas", description="Atlas on Kubernetes: train LLM teachers with GRPO.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="offline tiny model: SFT warm-up then GRPO on CPU, in minutes")
+    demo.add_argument("--steps", type=int, default=300, help="GRPO steps (default 300)")
+    demo.add_argument("--sft-steps", type=int, default=300, help="SFT warm-up steps (default 300)")
+    demo.add_argument("--output", default="atlas-demo", help="output folder (default ./atlas-demo)")
+    demo.add_argument(
+        "--metrics-port", type=int, default=9400, help="Prometheus port on 127.0.0.1 while it runs; 0 = off"
+    )
+    demo.set_defaults(func=_demo)
+
+    train = commands.add_parser("train", help="run a recipe or a run configuration file locally")
+    train.add_argument("target", help="recipe name (tiny_sft, tiny_grpo, grpo) or a run configuration YAML")
+    train.add_argument("overrides", nargs="*", help="key=value overrides (Hydra syntax)")
+    train.set_defaults(func=_train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""``python -m atlas_core.cli.train recipe=<name> [key=value ...]`` — what trainer pods run.
+
+Overrides use Hydra's syntax: ``model=…``, ``dataset.source=…``, ``trainer.<GRPOConfig field>=…``,
+``recipe@_global_=<name>`` (or ``recipe=<name>``). Invalid input exits with status 2 and one
+``error:`` line per problem on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: python -m atlas_core.cli.train [recipe=<name>] [key=value ...]
+
+  recipe=<name>          one of: {recipes}
+  model=<id|path>        policy to train (builtin://tiny-llama: the offline tiny model)
+  dataset.source=<src>   builtin://arithmetic, a file, a save_to_disk folder, hf://org/name
+  output_dir=<dir>       checkpoints, final model, metrics.jsonl (resumes from its newest checkpoint)
+  trainer.<field>=<v>    any GRPOConfig / SFTConfig field
+  --print-config         print the composed configuration and exit
+"""
+
+
+def report_problems(problems: list[str]) -> None:
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from atlas_core.training.run_config import (
+        RunConfigError,
+        available_recipes,
+        load_run_config,
+        validate_run_config,
+    )
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(USAGE.format(recipes=", ".join(available_recipes())))
+        return 0
+    print_only = "--print-config" in argv
+    argv = [a for a in argv if a != "--print-config"]
+    try:
+        cfg = load_run_config(argv)
+        problems = validate_run_config(cfg)
+        if problems:
+            raise RunConfigError(problems)
+        if print_only:
+            from omegaconf import OmegaConf
+
+            print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+            return 0
+        from atlas_core.training.runner import run_training
+
+        result = run_training(cfg)
+    except RunConfigError as exc:
+        report_problems(exc.problems)
+        return 2
+    print(f"done: {result.global_step} steps, model saved to {result.output_dir}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""GRPO configuration: TRL's ``GRPOConfig`` plus the fields Atlas adds.
+
+Every TRL and ``transformers.TrainingArguments`` field keeps its meaning and default;
+see TRL's documentation for those. :class:`AtlasArguments` are Atlas's own, shared with
+``SFTConfig``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig as _TRLGRPOConfig
+
+
+@dataclass
+class AtlasArguments:
+    r"""Fields Atlas adds to TRL's configurations.
+
+    Parameters:
+        model_name_or_path (`str`, *optional*):
+            Hugging Face id or local path of the policy. Used when the trainer is given no ``model``.
+            ``builtin://tiny-llama`` builds the offline tiny model locally.
+        metrics_port (`int`, *optional*, defaults to `0`):
+            Port of the Prometheus ``/metrics`` endpoint that rank 0 serves while training
+            (``atlas_training_*`` gauges). ``0`` turns it off. Recipes and trainer pods use ``9400``.
+        metrics_host (`str`, *optional*, defaults to `"0.0.0.0"`):
+            Address the metrics endpoint binds to. ``atlas demo`` uses ``127.0.0.1``.
+        metrics_namespace (`str`, *optional*):
+            ``namespace`` label of the exported metrics. Defaults to ``$ATLAS_NAMESPACE``, else ``"local"``.
+        metrics_run (`str`, *optional*):
+            ``run`` label. Defaults to ``$ATLAS_RUN``, else ``run_name``, else the name of ``output_dir``.
+        metrics_kind (`str`, *optional*):
+            ``kind`` label (``AtlasTraining`` / ``AtlasTeacher`` in the cluster). Defaults to ``$ATLAS_KIND``,
+            else ``"local"``.
+    """
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Hugging Face id or local path of the policy; builtin://tiny-llama for the tiny model."},
+    )
+    metrics_port: int = field(
+        default=0,
+        metadata={"help": "Port of rank 0's Prometheus /metrics endpoint; 0 turns it off (pods use 9400)."},
+    )
+    metrics_host: str = field(default="0.0.0.0", metadata={"help": "Address the metrics endpoint binds to."})
+    metrics_namespace: str | None = field(
+        default=None, metadata={"help": "namespace label of the metrics ($ATLAS_NAMESPACE, else 'local')."}
+    )
+    metrics_run: str | None = field(
+        default=None, metadata={"help": "run label of the metrics ($ATLAS_RUN, else run_name or output_dir name)."}
+    )
+    metrics_kind: str | None = field(
+        default=None, metadata={"help": "kind label of the metrics ($ATLAS_KIND, else 'local')."}
+    )
+
+    def _default_bf16_to_hardware(self) -> None:
+        """Leave an unset ``bf16`` off where there is no GPU/XPU.
+
+        TRL turns bf16 on when unset, which transformers rejects on a machine without an
+        accelerator; a laptop run then needs no precision flags at all. An explicit value is kept.
+        """
+        import torch
+
+        has_accelerator = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+        if self.bf16 is None and not self.fp16 and not has_accelerator:
+            self.bf16 = False
+
+    def _resolve_atlas_fields(self) -> None:
+        if not 0 <= int(self.metrics_port) <= 65535:
+            raise ValueError(f"metrics_port: expected 0 (off) or a TCP port up to 65535, got {self.metrics_port}")
+        self.metrics_namespace = self.metrics_namespace or os.environ.get("ATLAS_NAMESPACE") or "local"
+        self.metrics_run = (
+            self.metrics_run
+            or os.environ.get("ATLAS_RUN")
+            or self.run_name
+            or os.path.basename(os.path.normpath(self.output_dir or "atlas"))
+        )
+        self.metrics_kind = self.metrics_kind or os.environ.get("ATLAS_KIND") or "local"
+
+    def metric_labels(self) -> dict[str, str]:
+        """Labels every ``atlas_training_*`` / ``atlas_teaching_*`` sample of this run carries."""
+        return {"namespace": self.metrics_namespace, "run": self.metrics_run, "kind": self.metrics_kind}
+
+
+@dataclass
+class GRPOConfig(_TRLGRPOConfig, AtlasArguments):
+    r"""TRL's [`~trl.GRPOConfig`] with Atlas's model and telemetry fields (see :class:`AtlasArguments`)."""
+
+    def __post_init__(self):
+        self._default_bf16_to_hardware()
+        super().__post_init__()
+        self._resolve_atlas_fields()

@@ -1,0 +1,65 @@
+"""Supervised warm-up before RL: TRL's SFTTrainer, loss on the completion only.
+
+Datasets in prompt/completion form (``{"prompt": [...], "completion": [...]}``) are trained
+on the completion tokens only (TRL's ``completion_only_loss``, on by default here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import trl
+
+from atlas_core.models.tiny import resolve_model_path
+from atlas_core.training.algorithms.grpo_config import AtlasArguments
+from atlas_core.training.callbacks import telemetry_callbacks
+
+
+@dataclass
+class SFTConfig(trl.SFTConfig, AtlasArguments):
+    r"""TRL's [`~trl.SFTConfig`] with Atlas's model and telemetry fields (see ``AtlasArguments``).
+
+    Parameters:
+        completion_only_loss (`bool`, *optional*, defaults to `True`):
+            Train on completion tokens only (prompt/completion datasets). TRL's default is ``None`` (auto).
+    """
+
+    completion_only_loss: bool | None = field(
+        default=True, metadata={"help": "Train on completion tokens only (prompt/completion datasets)."}
+    )
+
+    def __post_init__(self):
+        self._default_bf16_to_hardware()
+        super().__post_init__()
+        self._resolve_atlas_fields()
+
+
+class SFTTrainer(trl.SFTTrainer):
+    """TRL's SFTTrainer; also accepts ``tokenizer`` (for ``processing_class``) and ``max_seq_length``
+    (for ``args.max_length``), as the trainers reference documents, and a ``model`` taken from
+    ``args.model_name_or_path`` when omitted."""
+
+    def __init__(
+        self,
+        model: Any = None,
+        args: trl.SFTConfig | None = None,
+        *,
+        tokenizer=None,
+        max_seq_length: int | None = None,
+        **kwargs: Any,
+    ):
+        if model is None:
+            model = getattr(args, "model_name_or_path", None)
+            if model is None:
+                raise ValueError("model: pass a model, or set SFTConfig.model_name_or_path")
+        if isinstance(model, str):
+            model = resolve_model_path(model)
+        if tokenizer is not None:
+            if kwargs.get("processing_class") is not None:
+                raise ValueError("tokenizer: pass either tokenizer or processing_class, not both")
+            kwargs["processing_class"] = tokenizer
+        if max_seq_length is not None and args is not None:
+            args.max_length = max_seq_length
+        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), *telemetry_callbacks(args)]
+        super().__init__(model=model, args=args, **kwargs)

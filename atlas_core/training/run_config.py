@@ -1,0 +1,235 @@
+"""Loading and validating a run configuration (the Hydra config tree in ``atlas_core/configs``).
+
+``load_run_config(overrides)`` composes ``train.yaml`` + a recipe + overrides;
+``validate_run_config(cfg)`` returns every problem as ``"field: what was expected"``.
+Both raise or return plain data, never print: the CLI decides how to report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+CONFIG_MODULE = "atlas_core.configs"
+PRIMARY_CONFIG = "train"
+ALGORITHMS = ("grpo", "sft")
+
+
+class RunConfigError(Exception):
+    """A run configuration that cannot run; ``problems`` lists every reason, one line each."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def available_recipes() -> list[str]:
+    recipe_dir = Path(__file__).resolve().parent.parent / "configs" / "recipe"
+    return sorted(p.stem for p in recipe_dir.glob("*.yaml"))
+
+
+def trainer_config_class(algorithm: str):
+    if algorithm == "sft":
+        from atlas_core.training.algorithms.sft import SFTConfig
+
+        return SFTConfig
+    from atlas_core.training.algorithms.grpo_config import GRPOConfig
+
+    return GRPOConfig
+
+
+def _trainer_field_names() -> set[str]:
+    names: set[str] = set()
+    for algorithm in ALGORITHMS:
+        names |= {f.name for f in dataclasses.fields(trainer_config_class(algorithm))}
+    return names
+
+
+def _prepare_overrides(overrides: list[str]) -> list[str]:
+    """Let ``trainer.<field>=v`` name any trainer field (Hydra's struct mode would reject keys the
+    YAML does not list), accept ``recipe=<name>`` for ``recipe@_global_=<name>`` and a recipe given as
+    a YAML file path; reject malformed or unknown keys with the field named.
+    Returns (overrides, problems, recipe files to put on Hydra's search path)."""
+    problems, prepared, recipe_files = [], [], []
+    trainer_fields = None
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep:
+            problems.append(f"{override}: expected key=value")
+            continue
+        bare = key.lstrip("+~")
+        if bare in ("recipe", "recipe@_global_"):
+            if value.endswith((".yaml", ".yml")):
+                if not Path(value).is_file():
+                    problems.append(f"recipe: no such run configuration file '{value}'")
+                    continue
+                recipe_files.append(Path(value))
+                value = Path(value).stem
+            prepared.append(f"recipe@_global_={value}")
+            continue
+        if bare.startswith("trainer.") and not key.startswith(("+", "~")):
+            trainer_fields = trainer_fields if trainer_fields is not None else _trainer_field_names()
+            name = bare.split(".", 2)[1]
+            if name not in trainer_fields:
+                problems.append(f"{bare}: not a GRPOConfig/SFTConfig field")
+                continue
+            prepared.append(f"++{bare}={value}")
+            continue
+        prepared.append(override)
+    return prepared, problems, recipe_files
+
+
+def load_run_config(overrides: list[str] | None = None) -> DictConfig:
+    """Compose the run configuration; raises :class:`RunConfigError` on unknown recipes or keys.
+
+    ``recipe=<name>`` picks ``atlas_core/configs/recipe/<name>.yaml``; ``recipe=path/to/run.yaml``
+    uses that file as the recipe (what ``atlas train FILE.yaml`` and trainer pods do).
+    """
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    prepared, problems, recipe_files = _prepare_overrides(list(overrides or []))
+    GlobalHydra.instance().clear()
+    staging = tempfile.TemporaryDirectory(prefix="atlas-recipe-")
+    try:
+        if recipe_files:
+            # Hydra looks for recipes in <search path>/recipe/<name>.yaml.
+            (Path(staging.name) / "recipe").mkdir()
+            for recipe_file in recipe_files:
+                shutil.copyfile(recipe_file, Path(staging.name) / "recipe" / recipe_file.name)
+            prepared.insert(0, f"hydra.searchpath=[file://{staging.name}]")
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+            cfg = compose(config_name=PRIMARY_CONFIG, overrides=prepared)
+    except (HydraException, OmegaConfBaseException) as exc:
+        problems.append(_explain_hydra_error(exc))  # Hydra stops at its first problem
+    finally:
+        GlobalHydra.instance().clear()
+        staging.cleanup()
+    if problems:
+        raise RunConfigError(problems)
+    return cfg
+
+
+def _explain_hydra_error(exc: Exception) -> str:
+    message = " ".join(str(exc).split())
+    if "recipe" in message and ("Could not find" in message or "not found" in message):
+        return f"recipe: unknown recipe (available: {', '.join(available_recipes())})"
+    if "Could not override" in message or "not in struct" in message or "Key '" in message:
+        # "Could not override 'foo'. ... Key 'foo' is not in struct"
+        key = message.split("'")[1] if "'" in message else message
+        return f"{key}: unknown configuration key (use trainer.<field> for trainer settings)"
+    return f"configuration: {message}"
+
+
+def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg.trainer, resolve=True) or {}
+
+
+def world_size() -> int:
+    """Processes in this run (accelerate/torchrun set WORLD_SIZE); 1 when launched plainly."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def validate_run_config(cfg: DictConfig) -> list[str]:
+    """Every problem of ``cfg``, as ``"field: expected …, got …"``; empty when it can run."""
+    problems: list[str] = []
+    if OmegaConf.is_missing(cfg, "model"):
+        problems.append("model: required (a hub id, a saved model folder or builtin://tiny-llama)")
+    if OmegaConf.is_missing(cfg.dataset, "source"):
+        problems.append("dataset.source: required (builtin://arithmetic, a file, a folder or hf://org/name)")
+    if problems:
+        return problems
+
+    if cfg.algorithm not in ALGORITHMS:
+        problems.append(f"algorithm: expected one of {', '.join(ALGORITHMS)}, got '{cfg.algorithm}'")
+        return problems
+
+    problems += _model_problems(str(cfg.model))
+    problems += _dataset_problems(str(cfg.dataset.source))
+
+    kwargs = trainer_kwargs(cfg)
+    known = {f.name for f in dataclasses.fields(trainer_config_class(cfg.algorithm))}
+    for name in sorted(set(kwargs) - known):
+        problems.append(f"trainer.{name}: not a {trainer_config_class(cfg.algorithm).__name__} field")
+
+    if cfg.algorithm == "grpo":
+        from atlas_core.tasks.arithmetic import REWARD_FUNCTIONS
+
+        funcs = list(cfg.reward.funcs or [])
+        if not funcs:
+            problems.append("reward.funcs: expected at least one reward function")
+        for name in funcs:
+            if name not in REWARD_FUNCTIONS:
+                problems.append(f"reward.funcs: unknown reward '{name}' (available: {', '.join(REWARD_FUNCTIONS)})")
+        weights = cfg.reward.weights
+        if weights is not None and len(weights) != len(funcs):
+            problems.append(f"reward.weights: expected {len(funcs)} weights (one per reward.funcs), got {len(weights)}")
+        problems += _batch_problems(kwargs)
+    return problems
+
+
+def _model_problems(model: str) -> list[str]:
+    from atlas_core.models.tiny import TINY_MODEL_URI
+
+    if model == TINY_MODEL_URI:
+        return []
+    path = Path(os.path.expanduser(model))
+    looks_local = model.startswith(("/", ".", "~")) or path.exists() or model.count("/") != 1
+    if not looks_local:
+        return []  # a hub id: resolved when the model loads
+    if not path.exists():
+        return [f"model: '{model}' does not exist (expected a saved model folder or a hub id org/name)"]
+    if not path.is_dir():
+        return [f"model: '{model}' is a file; expected a folder saved with save_pretrained"]
+    if not os.access(path, os.R_OK | os.X_OK):
+        return [f"model: '{model}' is not readable"]
+    if not (path / "config.json").is_file():
+        return [f"model: '{model}' has no config.json; expected a folder saved with save_pretrained"]
+    return []
+
+
+def _dataset_problems(source: str) -> list[str]:
+    """Local sources are checked up front so that they are listed with every other problem;
+    columns are checked when the dataset loads."""
+    from atlas_core.training.data import BUILTIN_ARITHMETIC, FILE_FORMATS
+
+    if source == BUILTIN_ARITHMETIC or source.startswith("hf://"):
+        return []
+    if source.startswith("builtin://"):
+        return [f"dataset.source: unknown builtin '{source}' (available: {BUILTIN_ARITHMETIC})"]
+    path = Path(os.path.expanduser(source))
+    if not path.exists():
+        return [f"dataset.source: '{source}' does not exist"]
+    if path.is_file() and path.suffix not in FILE_FORMATS:
+        return [f"dataset.source: '{source}' has an unknown format (expected {', '.join(FILE_FORMATS)})"]
+    return []
+
+
+def _batch_problems(kwargs: dict[str, Any]) -> list[str]:
+    """GRPO needs whole prompt groups in every generation batch (TRL's rule, stated by field)."""
+    from atlas_core.training.algorithms.grpo_config import GRPOConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    per_device = int(kwargs.get("per_device_train_batch_size", defaults["per_device_train_batch_size"]))
+    num_generations = int(kwargs.get("num_generations", defaults["num_generations"]))
+    steps = kwargs.get("steps_per_generation") or kwargs.get(
+        "gradient_accumulation_steps", defaults["gradient_accumulation_steps"]
+    )
+    generation_batch = kwargs.get("generation_batch_size") or per_device * world_size() * int(steps)
+    if num_generations < 2:
+        return [f"trainer.num_generations: expected at least 2 (GRPO compares completions), got {num_generations}"]
+    if generation_batch % num_generations:
+        return [
+            f"trainer.num_generations: {num_generations} does not divide the generation batch of "
+            f"{generation_batch} completions (per_device_train_batch_size {per_device} x {world_size()} "
+            f"processes x {steps} steps per generation)"
+        ]
+    return []

@@ -1,0 +1,107 @@
+"""Run one training job from a validated run configuration.
+
+The same function serves ``python -m atlas_core.cli.train`` (what trainer pods run),
+``atlas train`` and each stage of ``atlas demo``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from atlas_core.training.run_config import (
+    RunConfigError,
+    trainer_config_class,
+    trainer_kwargs,
+)
+
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class RunResult:
+    """What a finished run left behind."""
+
+    output_dir: Path
+    global_step: int
+    resumed_from: str | None
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def last_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """Newest complete ``checkpoint-N`` folder in ``output_dir`` (``None`` when there is none)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if not os.path.isdir(output_dir):
+        return None
+    return get_last_checkpoint(str(output_dir))
+
+
+def build_trainer(cfg: DictConfig, callbacks: list | None = None):
+    """The trainer ``cfg`` describes, ready to ``train()``; raises RunConfigError on bad input."""
+    from atlas_core.models.tiny import resolve_model_path
+    from atlas_core.tasks.arithmetic import REWARD_FUNCTIONS
+    from atlas_core.training.callbacks import JsonlMetricsCallback
+    from atlas_core.training.data import DatasetSourceError, load_run_dataset
+
+    algorithm = cfg.algorithm
+    try:
+        dataset = load_run_dataset(
+            str(cfg.dataset.source),
+            split=str(cfg.dataset.split),
+            algorithm=algorithm,
+            num_samples=int(cfg.dataset.num_samples),
+            max_operand=int(cfg.dataset.max_operand),
+            seed=int(cfg.dataset.seed),
+        )
+    except DatasetSourceError as exc:
+        raise RunConfigError([str(exc)]) from None
+
+    model = resolve_model_path(str(cfg.model))
+    kwargs = trainer_kwargs(cfg)
+    kwargs.setdefault("run_name", cfg.run_name)
+    if algorithm == "grpo" and cfg.reward.weights is not None:
+        kwargs["reward_weights"] = [float(w) for w in cfg.reward.weights]
+    try:
+        args = trainer_config_class(algorithm)(output_dir=str(cfg.output_dir), model_name_or_path=model, **kwargs)
+    except (ValueError, TypeError) as exc:
+        raise RunConfigError([f"trainer: {' '.join(str(exc).split())}"]) from None
+
+    callbacks = [JsonlMetricsCallback(Path(cfg.output_dir) / METRICS_FILE), *(callbacks or [])]
+    try:
+        if algorithm == "grpo":
+            from atlas_core.training.algorithms.grpo import GRPOTrainer
+
+            funcs = [REWARD_FUNCTIONS[name] for name in cfg.reward.funcs]
+            return GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, callbacks=callbacks)
+        from atlas_core.training.algorithms.sft import SFTTrainer
+
+        return SFTTrainer(model=model, args=args, train_dataset=dataset, callbacks=callbacks)
+    except OSError as exc:  # from_pretrained: missing files, no network for a hub id, unreadable weights
+        reason = " ".join(str(exc).split())[:300]
+        raise RunConfigError([f"model: cannot load '{cfg.model}': {reason}"]) from None
+
+
+def run_training(cfg: DictConfig, callbacks: list | None = None, quiet: bool = False) -> RunResult:
+    """Train per ``cfg``, resuming from the newest checkpoint when ``cfg.resume``; saves the final
+    model (and tokenizer) into ``output_dir``. ``quiet`` drops the trainer's own console output
+    (its progress bar and printed logs) for callers that show progress themselves."""
+    trainer = build_trainer(cfg, callbacks)
+    if quiet:
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
+    resume = last_checkpoint(cfg.output_dir) if cfg.resume else None
+    trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model(str(cfg.output_dir))
+    return RunResult(
+        output_dir=Path(cfg.output_dir),
+        global_step=trainer.state.global_step,
+        resumed_from=resume,
+        log_history=list(trainer.state.log_history),
+    )
