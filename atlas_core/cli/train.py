@@ -41,14 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a != "--print-config"]
     try:
         cfg = load_run_config(argv)
+        if print_only:  # shown even when it would not run here (e.g. a GPU recipe on a laptop)
+            from omegaconf import OmegaConf
+
+            print(OmegaConf.to_yaml(cfg), end="")
+            return 0
         problems = validate_run_config(cfg)
         if problems:
             raise RunConfigError(problems)
-        if print_only:
-            from omegaconf import OmegaConf
-
-            print(OmegaConf.to_yaml(cfg, resolve=True), end="")
-            return 0
         from atlas_core.training.runner import run_training
 
         result = run_training(cfg)

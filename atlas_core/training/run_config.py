@@ -141,19 +141,16 @@ def world_size() -> int:
 def validate_run_config(cfg: DictConfig) -> list[str]:
     """Every problem of ``cfg``, as ``"field: expected …, got …"``; empty when it can run."""
     problems: list[str] = []
+    if cfg.algorithm not in ALGORITHMS:
+        return [f"algorithm: expected one of {', '.join(ALGORITHMS)}, got '{cfg.algorithm}'"]
     if OmegaConf.is_missing(cfg, "model"):
         problems.append("model: required (a hub id, a saved model folder or builtin://tiny-llama)")
+    else:
+        problems += _model_problems(str(cfg.model))
     if OmegaConf.is_missing(cfg.dataset, "source"):
         problems.append("dataset.source: required (builtin://arithmetic, a file, a folder or hf://org/name)")
-    if problems:
-        return problems
-
-    if cfg.algorithm not in ALGORITHMS:
-        problems.append(f"algorithm: expected one of {', '.join(ALGORITHMS)}, got '{cfg.algorithm}'")
-        return problems
-
-    problems += _model_problems(str(cfg.model))
-    problems += _dataset_problems(str(cfg.dataset.source))
+    else:
+        problems += _dataset_problems(str(cfg.dataset.source))
 
     kwargs = trainer_kwargs(cfg)
     known = {f.name for f in dataclasses.fields(trainer_config_class(cfg.algorithm))}
@@ -173,7 +170,20 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
         if weights is not None and len(weights) != len(funcs):
             problems.append(f"reward.weights: expected {len(funcs)} weights (one per reward.funcs), got {len(weights)}")
         problems += _batch_problems(kwargs)
+    problems += _precision_problems(kwargs)
     return problems
+
+
+def _precision_problems(kwargs: dict[str, Any]) -> list[str]:
+    import torch
+
+    if torch.cuda.is_available():
+        return []
+    return [
+        f"trainer.{name}: true needs a GPU; this machine has none (set trainer.{name}=false)"
+        for name in ("bf16", "fp16")
+        if kwargs.get(name) is True
+    ]
 
 
 def _model_problems(model: str) -> list[str]:

@@ -1,0 +1,77 @@
+"""Shared fixtures: the offline tiny model (built once per session) and a warmed-up copy."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def atlas_cache(tmp_path_factory) -> Path:
+    """A private model cache, also handed to subprocesses through ATLAS_CACHE_DIR."""
+    cache = tmp_path_factory.mktemp("atlas-cache")
+    os.environ["ATLAS_CACHE_DIR"] = str(cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(atlas_cache) -> Path:
+    from atlas_core.models.tiny import build_tiny_model
+
+    return build_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def warm_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny model after a short SFT warm-up on the bundled task (answers in \\boxed{})."""
+    from datasets import Dataset
+
+    from atlas_core.tasks.arithmetic import make_sft_dataset
+    from atlas_core.training.algorithms.sft import SFTConfig, SFTTrainer
+
+    out = tmp_path_factory.mktemp("warm")
+    args = SFTConfig(
+        output_dir=str(out / "run"),
+        model_name_or_path=str(tiny_model_dir),
+        max_steps=300,
+        per_device_train_batch_size=16,
+        learning_rate=3e-3,
+        lr_scheduler_type="constant",
+        gradient_checkpointing=False,
+        logging_steps=50,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = SFTTrainer(args=args, train_dataset=Dataset.from_list(make_sft_dataset(4000, seed=1)))
+    trainer.train()
+    trainer.save_model(str(out / "model"))
+    return out / "model"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def python_env(**extra: str) -> dict[str, str]:
+    """Environment for a subprocess running our code offline."""
+    env = dict(os.environ)
+    env.update({"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
+    env.update(extra)
+    return env
+
+
+PYTHON = sys.executable

@@ -1,0 +1,113 @@
+"""``python -m atlas_core.cli.train`` and ``atlas train``: real runs and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import yaml
+from conftest import PYTHON, python_env
+
+TRAIN = [PYTHON, "-m", "atlas_core.cli.train"]
+QUICK = ["trainer.max_steps=2", "trainer.metrics_port=0", "trainer.save_steps=2"]
+
+
+def run(args, cwd, timeout=300):
+    return subprocess.run(args, cwd=cwd, env=python_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def error_lines(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+
+
+def test_recipe_runs_and_leaves_model_checkpoint_and_metrics(tmp_path, atlas_cache):
+    out = tmp_path / "out"
+    proc = run([*TRAIN, "recipe=tiny_grpo", f"output_dir={out}", *QUICK], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "config.json").exists() and (out / "tokenizer.json").exists()
+    assert (out / "checkpoint-2" / "trainer_state.json").exists()
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps[:2] == [1, 2]
+
+
+def test_sft_recipe_and_file_recipe(tmp_path, atlas_cache):
+    recipe = tmp_path / "my-run.yaml"
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "algorithm": "sft",
+                "dataset": {"source": "builtin://arithmetic"},
+                "run_name": "from-file",
+                "output_dir": str(tmp_path / "sft"),
+                "trainer": {"max_steps": 3, "per_device_train_batch_size": 4, "save_strategy": "no"},
+            }
+        )
+    )
+    proc = run([PYTHON, "-m", "atlas_core.cli.main", "train", str(recipe), "trainer.logging_steps=1"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
+
+
+def test_print_config_shows_the_composed_recipe(tmp_path):
+    proc = run([*TRAIN, "recipe@_global_=grpo", "dataset.source=hf://org/data", "--print-config"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load(proc.stdout)
+    assert cfg["model"] == "Arc-Intelligence/ATLAS-8B-Thinking"
+    assert cfg["trainer"]["learning_rate"] == 5e-6 and cfg["trainer"]["num_generations"] == 8
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["recipe=nope"], ["recipe: unknown recipe (available: grpo, tiny_grpo, tiny_sft)"]),
+        (["trainer.bogus=1"], ["trainer.bogus: not a GRPOConfig/SFTConfig field"]),
+        (["nonsense=1"], ["nonsense: unknown configuration key"]),
+        (["model=/no/such/model"], ["model: '/no/such/model' does not exist"]),
+        (["recipe=grpo"], ["dataset.source: required", "trainer.bf16: true needs a GPU"]),
+        (
+            ["trainer.num_generations=3"],
+            ["trainer.num_generations: 3 does not divide the generation batch of 8 completions"],
+        ),
+        (
+            ["model=/no/such/model", "dataset.source=/no/such.jsonl", "trainer.num_generations=3"],
+            ["model: '/no/such/model'", "dataset.source: '/no/such.jsonl' does not exist", "trainer.num_generations"],
+        ),
+    ],
+)
+def test_bad_input_one_line_per_problem(tmp_path, args, expected):
+    proc = run([*TRAIN, *args, f"output_dir={tmp_path / 'o'}"], tmp_path)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = error_lines(proc)
+    assert len(lines) == len(expected), proc.stderr
+    for line, fragment in zip(lines, expected, strict=True):
+        assert fragment in line
+
+
+def test_dataset_without_prompt_column(tmp_path, atlas_cache):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"question": "1+1", "answer": "2"}\n' * 4)
+    proc = run([*TRAIN, f"dataset.source={data}", f"output_dir={tmp_path / 'o'}", *QUICK], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert error_lines(proc) == [f"error: dataset.source: '{data}' has no 'prompt' column (columns: question, answer)"]
+
+
+def test_file_model_and_unreadable_hub_id(tmp_path, atlas_cache):
+    weights = tmp_path / "model.bin"
+    weights.write_bytes(b"\0")
+    proc = run([*TRAIN, f"model={weights}", f"output_dir={tmp_path / 'o'}", *QUICK], tmp_path)
+    assert proc.returncode == 2 and "is a file" in proc.stderr
+
+    # A hub id cannot load offline: reported against `model`, no traceback.
+    proc = run([*TRAIN, "model=some-org/not-cached", f"output_dir={tmp_path / 'o'}", *QUICK], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert error_lines(proc)[0].startswith("error: model: cannot load 'some-org/not-cached'")
+
+
+def test_manifest_is_refused_with_a_reason(tmp_path):
+    manifest = tmp_path / "run.yaml"
+    manifest.write_text("apiVersion: atlas.arc.computer/v1alpha1\nkind: AtlasTraining\n")
+    proc = run([PYTHON, "-m", "atlas_core.cli.main", "train", str(manifest)], tmp_path)
+    assert proc.returncode == 2 and "Kubernetes manifest" in proc.stderr and "Traceback" not in proc.stderr
