@@ -33,12 +33,22 @@ class RunResult:
 
 
 def last_checkpoint(output_dir: str | os.PathLike) -> str | None:
-    """Newest complete ``checkpoint-N`` folder in ``output_dir`` (``None`` when there is none)."""
-    from transformers.trainer_utils import get_last_checkpoint
+    """Newest complete ``checkpoint-N`` folder in ``output_dir`` (``None`` when there is none).
 
-    if not os.path.isdir(output_dir):
+    A checkpoint is complete once ``trainer_state.json`` is written — the Trainer writes it
+    after the weights, optimizer and RNG states — so one cut short by a kill is skipped.
+    """
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    root = Path(output_dir)
+    if not root.is_dir():
         return None
-    return get_last_checkpoint(str(output_dir))
+    complete = []
+    for child in root.iterdir():
+        prefix, _, step = child.name.partition("-")
+        if prefix == PREFIX_CHECKPOINT_DIR and step.isdigit() and (child / "trainer_state.json").is_file():
+            complete.append((int(step), child))
+    return str(max(complete)[1]) if complete else None
 
 
 def build_trainer(cfg: DictConfig, callbacks: list | None = None):
