@@ -72,7 +72,7 @@ def _stage_overrides(stage: str, output: Path, steps: int, metrics_port: int) ->
         f"model={output / 'sft'}",
         "dataset.num_samples=8192",
         "trainer.per_device_train_batch_size=32",
-        "trainer.learning_rate=1e-3",
+        "trainer.learning_rate=5e-4",
         "trainer.logging_steps=1",
         *common,
     ]

@@ -1,0 +1,61 @@
+"""``atlas demo`` at its defaults: SFT warm-up then GRPO, live Prometheus, summary, metrics.jsonl, PNG."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+from conftest import PYTHON, free_port, python_env
+
+
+def test_demo_end_to_end(tmp_path, atlas_cache):
+    port = free_port()
+    out = tmp_path / "demo"
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "atlas_core.cli.main", "demo", "--output", str(out), "--metrics-port", str(port)],
+        cwd=tmp_path,
+        env=python_env(COLUMNS="120"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        # While it runs, Prometheus on 127.0.0.1 serves the GRPO stage's reward.
+        deadline, scraped = time.monotonic() + 600, None
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except (urllib.error.URLError, ConnectionError):
+                body = ""
+            if 'atlas_training_reward{kind="local",namespace="local",run="demo-grpo"}' in body:
+                scraped = body
+                break
+            time.sleep(0.2)
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    assert scraped is not None, "the metrics endpoint never showed the GRPO reward"
+
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {r["stage"] for r in records} == {"sft", "grpo"}
+    rewards = [r["reward"] for r in records if r["stage"] == "grpo" and "reward" in r]
+    assert len(rewards) == 300
+    assert statistics.mean(rewards[-30:]) > statistics.mean(rewards[:30]) + 0.05
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "grpo" / "model.safetensors").exists()
+    summary_rows = [line for line in output.splitlines() if line.startswith(("│ sft", "│ grpo"))]
+    assert len(summary_rows) == 2 and "300" in summary_rows[1], output[-3000:]
+    assert "wall time" in output
+    assert "Traceback" not in output
+    # the endpoint is gone once the demo has finished
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+        raise AssertionError("metrics endpoint still up after the demo ended")
+    except (urllib.error.URLError, ConnectionError):
+        pass
