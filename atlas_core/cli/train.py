@@ -7,6 +7,7 @@ Overrides use Hydra's syntax: ``model=…``, ``dataset.source=…``, ``trainer.<
 
 from __future__ import annotations
 
+import os
 import sys
 
 USAGE = """usage: python -m atlas_core.cli.train [recipe=<name>] [key=value ...]
@@ -55,9 +56,35 @@ def main(argv: list[str] | None = None) -> int:
     except RunConfigError as exc:
         report_problems(exc.problems)
         return 2
-    print(f"done: {result.global_step} steps, model saved to {result.output_dir}", file=sys.stderr)
+    resumed = f", resumed from {result.resumed_from}" if result.resumed_from else ""
+    print(
+        f"done: rank {result.process_index}/{result.num_processes} at global step {result.global_step}{resumed}; "
+        f"model in {result.output_dir}",
+        file=sys.stderr,
+    )
     return 0
 
 
+def _leave_process_group() -> bool:
+    """Tear the process group down after training; True when one existed.
+
+    Without it, gloo worlds on CPU sometimes abort at interpreter exit ("terminate called
+    without an active exception") after a complete run, and the peer then waits on the store.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    dist.barrier()
+    dist.destroy_process_group()
+    return True
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if _leave_process_group():
+        # DeepSpeed's CPU ops can still abort in their destructors: skip them once the work is saved.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -29,6 +29,8 @@ class RunResult:
     output_dir: Path
     global_step: int
     resumed_from: str | None
+    process_index: int = 0
+    num_processes: int = 1
     log_history: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -113,5 +115,7 @@ def run_training(cfg: DictConfig, callbacks: list | None = None, quiet: bool = F
         output_dir=Path(cfg.output_dir),
         global_step=trainer.state.global_step,
         resumed_from=resume,
+        process_index=trainer.accelerator.process_index,
+        num_processes=trainer.accelerator.num_processes,
         log_history=list(trainer.state.log_history),
     )

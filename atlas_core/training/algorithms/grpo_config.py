@@ -54,17 +54,22 @@ class AtlasArguments:
         default=None, metadata={"help": "kind label of the metrics ($ATLAS_KIND, else 'local')."}
     )
 
-    def _default_bf16_to_hardware(self) -> None:
-        """Leave an unset ``bf16`` off where there is no GPU/XPU.
+    def _default_to_hardware(self) -> None:
+        """On a machine without a GPU/XPU: leave an unset ``bf16`` off and set ``use_cpu``.
 
-        TRL turns bf16 on when unset, which transformers rejects on a machine without an
-        accelerator; a laptop run then needs no precision flags at all. An explicit value is kept.
+        TRL turns bf16 on when unset, which transformers rejects without an accelerator. And
+        under ``accelerate launch`` (DDP or DeepSpeed) only ``use_cpu`` makes Accelerate pick the
+        gloo backend on a CPU-only torch; without it each process silently trains alone (DDP) or
+        DeepSpeed's batch-size check fails. So a laptop run needs no hardware flags at all.
+        An explicit ``bf16`` is kept.
         """
         import torch
 
-        has_accelerator = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
-        if self.bf16 is None and not self.fp16 and not has_accelerator:
+        if torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()):
+            return
+        if self.bf16 is None and not self.fp16:
             self.bf16 = False
+        self.use_cpu = True
 
     def _resolve_atlas_fields(self) -> None:
         if not 0 <= int(self.metrics_port) <= 65535:
@@ -88,6 +93,6 @@ class GRPOConfig(_TRLGRPOConfig, AtlasArguments):
     r"""TRL's [`~trl.GRPOConfig`] with Atlas's model and telemetry fields (see :class:`AtlasArguments`)."""
 
     def __post_init__(self):
-        self._default_bf16_to_hardware()
+        self._default_to_hardware()
         super().__post_init__()
         self._resolve_atlas_fields()

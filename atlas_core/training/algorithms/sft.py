@@ -30,7 +30,7 @@ class SFTConfig(trl.SFTConfig, AtlasArguments):
     )
 
     def __post_init__(self):
-        self._default_bf16_to_hardware()
+        self._default_to_hardware()
         super().__post_init__()
         self._resolve_atlas_fields()
 

@@ -1,0 +1,122 @@
+"""Multi-process training on CPU through the launch command trainer pods use (gloo, DeepSpeed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import yaml
+from conftest import REPO, free_port, python_env
+
+# The PyTorchJob container's launch: the Kubeflow controller injects MASTER_ADDR, MASTER_PORT,
+# PET_NNODES and PET_NODE_RANK; --mixed_precision no because this machine has no GPU.
+POD_LAUNCH = (
+    "accelerate launch --config_file accelerate/{preset}.yaml --mixed_precision no "
+    "--num_machines $PET_NNODES --machine_rank $PET_NODE_RANK --num_processes {world} "
+    "--main_process_ip $MASTER_ADDR --main_process_port $MASTER_PORT "
+    "-m atlas_core.cli.train recipe@_global_=tiny_grpo {overrides}"
+)
+
+
+def launch_nodes(preset: str, nodes: int, world: int, overrides: list[str], timeout=420):
+    master_port = free_port()
+    procs = []
+    for node_rank in range(nodes):
+        env = python_env(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(master_port),
+            PET_NNODES=str(nodes),
+            PET_NODE_RANK=str(node_rank),
+            PATH=f"{REPO / '.venv' / 'bin'}:{python_env()['PATH']}",
+        )
+        command = POD_LAUNCH.format(preset=preset, world=world, overrides=" ".join(overrides))
+        procs.append(
+            subprocess.Popen(
+                ["bash", "-c", command], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=timeout)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return [p.returncode for p in procs], outputs
+
+
+@pytest.mark.slow
+def test_two_nodes_zero3_like_pods(tmp_path, atlas_cache):
+    out = tmp_path / "run"
+    metrics_port = free_port()
+    codes, outputs = launch_nodes(
+        "deepspeed_zero3",
+        nodes=2,
+        world=2,
+        overrides=[
+            f"output_dir={out}",
+            "trainer.max_steps=3",
+            "trainer.save_steps=3",
+            "trainer.per_device_train_batch_size=4",
+            f"trainer.metrics_port={metrics_port}",  # both nodes share 127.0.0.1: a second server would not bind
+            "trainer.metrics_host=127.0.0.1",
+        ],
+    )
+    assert codes == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
+    # Every rank trained to the end...
+    assert "done: rank 0/2 at global step 3" in outputs[0]
+    assert "done: rank 1/2 at global step 3" in outputs[1]
+    # ... each saved its ZeRO-3 shard, and only rank 0 wrote the trainer state and the metrics file.
+    shards = sorted(p.name for p in (out / "checkpoint-3" / "global_step3").glob("zero_pp_rank_*_model_states.pt"))
+    assert shards == ["zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_model_states.pt"]
+    state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 3]  # three step logs and the final summary, each written once
+    assert (out / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_one_node_two_processes_zero1(tmp_path, atlas_cache):
+    out = tmp_path / "run"
+    codes, outputs = launch_nodes(
+        "deepspeed_zero1",
+        nodes=1,
+        world=2,
+        overrides=[f"output_dir={out}", "trainer.max_steps=2", "trainer.save_strategy=no", "trainer.metrics_port=0"],
+    )
+    assert codes == [0], outputs[0][-3000:]
+    assert "done: rank 0/2 at global step 2" in outputs[0] and "done: rank 1/2 at global step 2" in outputs[0]
+    # Both processes generated: the token count per step covers both ranks' completions.
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "reward" in line]
+    assert len(records) == 2
+
+
+@pytest.mark.parametrize("preset", ["deepspeed_zero1", "deepspeed_zero3", "deepspeed_zero3_cpu_offloading"])
+def test_presets_parse_with_deepspeed(preset):
+    """The DeepSpeed section, as Accelerate and the HF Trainer fill it in, is a valid DeepSpeed config."""
+    from accelerate.utils import DeepSpeedPlugin
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    from atlas_core.training.algorithms.grpo_config import GRPOConfig
+
+    document = yaml.safe_load((REPO / "accelerate" / f"{preset}.yaml").read_text())
+    assert document["distributed_type"] == "DEEPSPEED"
+    section = dict(document["deepspeed_config"])
+    assert section.pop("deepspeed_multinode_launcher") == "standard"  # torchrun per node, no ssh/hostfile
+    plugin = DeepSpeedPlugin(**section)
+    hf_config = HfTrainerDeepSpeedConfig(plugin.deepspeed_config)
+    hf_config.trainer_config_process(
+        GRPOConfig(output_dir="/tmp/unused", per_device_train_batch_size=4, num_generations=4)
+    )
+    parsed = DeepSpeedConfig(hf_config.config)
+    expected_stage = 1 if preset == "deepspeed_zero1" else 3
+    assert parsed.zero_optimization_stage == expected_stage
+    assert parsed.train_micro_batch_size_per_gpu == 4
+    offload = preset.endswith("offloading")
+    assert (
+        parsed.zero_config.offload_optimizer is not None and parsed.zero_config.offload_optimizer.device == "cpu"
+    ) == offload
