@@ -103,6 +103,30 @@ def test_compute_rewards_override_is_the_reward(tmp_path, tiny_model_dir):
     assert last["reward"] == pytest.approx(expected.mean().item(), abs=1e-6)
 
 
+def test_model_object_and_builtin_uri(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=exact_match_reward,
+        args=make_args(tmp_path, None, max_steps=1),
+        train_dataset=arithmetic(),
+        processing_class=AutoTokenizer.from_pretrained(tiny_model_dir, padding_side="left"),
+    )
+    assert trainer.model is model
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+    trainer = GRPOTrainer(
+        reward_funcs=exact_match_reward,
+        args=make_args(tmp_path, "builtin://tiny-llama", max_steps=1),
+        train_dataset=arithmetic(),
+    )
+    assert trainer.args.model_name_or_path == "builtin://tiny-llama"
+    assert trainer.model.config.hidden_size == 64
+
+
 def test_default_compute_rewards_runs_reward_funcs_outside_the_loop(tmp_path, tiny_model_dir):
     trainer = GRPOTrainer(
         model=str(tiny_model_dir),
