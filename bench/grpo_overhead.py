@@ -23,6 +23,7 @@ import transformers  # noqa: E402
 import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
+from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
 from atlas_core.models.tiny import build_tiny_model  # noqa: E402
 from atlas_core.tasks.arithmetic import exact_match_reward, make_arithmetic_dataset  # noqa: E402
@@ -88,6 +89,7 @@ def run_once(kind: str, model_dir: str, steps: int, seed: int) -> StepTimer:
             train_dataset=dataset,
             callbacks=[timer],
         )
+    trainer.remove_callback(PrinterCallback)  # keep the output to the figures
     trainer.train()
     return timer
 
