@@ -1,0 +1,230 @@
+"""RIM configuration: which judges, which models, how to sample, escalate and combine.
+
+Loaded from ``reward_system/<name>.yaml`` (every key documented there). Validation happens at
+construction and names the key: ``RIMConfigError("small_model.model: required")``.
+String values may use ``${VAR}`` / ``${VAR:-default}`` to read the environment (in-cluster
+endpoint addresses); API keys are never in the file, only the *name* of the variable holding one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+KNOWN_JUDGES = ("accuracy", "helpfulness", "process", "diagnostic")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_TOP_LEVEL_KEYS = {
+    "judges",
+    "small_model",
+    "large_model",
+    "temperatures",
+    "variance_threshold",
+    "uncertainty_threshold",
+    "max_concurrency",
+    "timeout_s",
+    "retries",
+    "backoff_s",
+    "max_tokens",
+    "weights",
+    "fallback_score",
+}
+
+
+class RIMConfigError(ValueError):
+    """A RIM configuration that cannot be used; the message names every bad key."""
+
+
+@dataclass(frozen=True)
+class ModelEndpoint:
+    """One judge model.
+
+    ``backend: openai`` (default) calls an OpenAI-compatible chat-completions endpoint at
+    ``base_url`` (vLLM ``/v1``, a hosted API); ``backend: transformers`` runs ``model`` (a local
+    path, ``builtin://tiny-llama``) in-process, for offline use. ``api_key_env`` names the
+    environment variable that holds the API key (in a cluster: from a Secret); ``None`` sends none.
+    """
+
+    model: str
+    base_url: str | None = None
+    api_key_env: str | None = None
+    backend: str = "openai"
+
+    def api_key(self) -> str:
+        """The key, read when needed and never stored in the config or shown in its repr."""
+        if not self.api_key_env:
+            return "EMPTY"  # vLLM without --api-key accepts any value; the client requires one
+        return os.environ.get(self.api_key_env, "")
+
+
+@dataclass(frozen=True)
+class RIMConfig:
+    """Parsed, validated RIM configuration (see ``reward_system/interpretation.yaml``)."""
+
+    judges: tuple[str, ...]
+    small_model: ModelEndpoint
+    large_model: ModelEndpoint
+    temperatures: tuple[float, ...] = (0.2, 0.5, 0.8)
+    variance_threshold: float = 0.15
+    uncertainty_threshold: float = 0.3
+    max_concurrency: int = 16
+    timeout_s: float = 30.0
+    retries: int = 2
+    backoff_s: float = 1.0
+    max_tokens: int = 512
+    weights: dict[str, float] = field(default_factory=dict)
+    fallback_score: float = 0.0
+    source: str = "<dict>"
+
+    def weight(self, judge: str) -> float:
+        return self.weights.get(judge, 1.0)
+
+
+def expand_env(value: Any) -> Any:
+    """``${VAR}`` and ``${VAR:-default}`` in strings, recursively."""
+    if isinstance(value, str):
+        return _ENV_REF.sub(lambda m: os.environ.get(m.group(1), m.group(2) or ""), value)
+    if isinstance(value, list):
+        return [expand_env(v) for v in value]
+    if isinstance(value, dict):
+        return {k: expand_env(v) for k, v in value.items()}
+    return value
+
+
+def _number(raw: dict, key: str, default: float, problems: list[str], low=None, high=None, integer=False):
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        problems.append(f"{key}: expected a number, got {value!r}")
+        return default
+    if integer and int(value) != value:
+        problems.append(f"{key}: expected a whole number, got {value!r}")
+        return default
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"[{low}, {high}]" if high is not None else f">= {low}"
+        problems.append(f"{key}: expected a value in {bounds}, got {value!r}")
+        return default
+    return int(value) if integer else float(value)
+
+
+def _endpoint(raw: dict, key: str, problems: list[str]) -> ModelEndpoint:
+    section = raw.get(key)
+    if not isinstance(section, dict):
+        problems.append(f"{key}: required, a mapping with model, base_url, api_key_env")
+        return ModelEndpoint(model="")
+    unknown = set(section) - {"model", "base_url", "api_key_env", "backend"}
+    for name in sorted(unknown):
+        problems.append(f"{key}.{name}: unknown key (expected model, base_url, api_key_env, backend)")
+    model = section.get("model")
+    if not isinstance(model, str) or not model.strip():
+        problems.append(f"{key}.model: required (a model name or path)")
+        model = ""
+    backend = section.get("backend", "openai")
+    if backend not in ("openai", "transformers"):
+        problems.append(f"{key}.backend: expected openai or transformers, got {backend!r}")
+    base_url = section.get("base_url") or None
+    if backend == "openai" and not base_url:
+        problems.append(f"{key}.base_url: required for the openai backend (an OpenAI-compatible /v1 URL)")
+    api_key_env = section.get("api_key_env") or None
+    if api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(api_key_env)):
+        problems.append(f"{key}.api_key_env: expected the name of an environment variable, got {api_key_env!r}")
+    return ModelEndpoint(model=model, base_url=base_url, api_key_env=api_key_env, backend=backend)
+
+
+def parse_rim_config(raw: Any, source: str = "<dict>") -> RIMConfig:
+    """Validate a loaded YAML mapping; raises RIMConfigError listing every problem."""
+    if not isinstance(raw, dict):
+        raise RIMConfigError(f"{source}: expected a mapping of RIM settings")
+    raw = expand_env(raw)
+    problems: list[str] = [f"{k}: unknown key" for k in sorted(set(raw) - _TOP_LEVEL_KEYS)]
+
+    judges = raw.get("judges")
+    if not isinstance(judges, list) or not judges:
+        problems.append(f"judges: required, a list of some of {', '.join(KNOWN_JUDGES)}")
+        judges = []
+    for i, judge in enumerate(judges):
+        if judge not in KNOWN_JUDGES:
+            problems.append(f"judges[{i}]: unknown judge {judge!r} (known: {', '.join(KNOWN_JUDGES)})")
+    if len(set(judges)) != len(judges):
+        problems.append("judges: each judge may appear once")
+
+    small = _endpoint(raw, "small_model", problems)
+    large = _endpoint(raw, "large_model", problems)
+
+    temperatures = raw.get("temperatures", [0.2, 0.5, 0.8])
+    if (
+        not isinstance(temperatures, list)
+        or not temperatures
+        or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 2 for t in temperatures)
+    ):
+        problems.append(f"temperatures: expected a non-empty list of numbers in [0, 2], got {temperatures!r}")
+        temperatures = [0.2, 0.5, 0.8]
+
+    weights = raw.get("weights") or {}
+    if not isinstance(weights, dict):
+        problems.append(f"weights: expected a mapping judge -> weight, got {weights!r}")
+        weights = {}
+    for judge, weight in weights.items():
+        if judge not in judges:
+            problems.append(f"weights.{judge}: not one of the configured judges")
+        elif isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
+            problems.append(f"weights.{judge}: expected a number >= 0, got {weight!r}")
+    if judges and weights and all(weights.get(j, 1.0) == 0 for j in judges):
+        problems.append("weights: at least one judge needs a weight above 0")
+
+    config = RIMConfig(
+        judges=tuple(judges),
+        small_model=small,
+        large_model=large,
+        temperatures=tuple(float(t) for t in temperatures),
+        variance_threshold=_number(raw, "variance_threshold", 0.15, problems, 0.0, 1.0),
+        uncertainty_threshold=_number(raw, "uncertainty_threshold", 0.3, problems, 0.0, 1.0),
+        max_concurrency=_number(raw, "max_concurrency", 16, problems, 1, None, integer=True),
+        timeout_s=_number(raw, "timeout_s", 30.0, problems, 0.001, None),
+        retries=_number(raw, "retries", 2, problems, 0, None, integer=True),
+        backoff_s=_number(raw, "backoff_s", 1.0, problems, 0.0, None),
+        max_tokens=_number(raw, "max_tokens", 512, problems, 1, None, integer=True),
+        weights={str(k): float(v) for k, v in weights.items() if isinstance(v, (int, float))},
+        fallback_score=_number(raw, "fallback_score", 0.0, problems, 0.0, 1.0),
+        source=source,
+    )
+    if problems:
+        raise RIMConfigError(f"{source}: " + "; ".join(problems))
+    return config
+
+
+def reward_system_dirs() -> list[Path]:
+    """Where named configs are looked up: $ATLAS_REWARD_SYSTEM_DIR, ./reward_system, the source tree's."""
+    dirs = []
+    if os.environ.get("ATLAS_REWARD_SYSTEM_DIR"):
+        dirs.append(Path(os.environ["ATLAS_REWARD_SYSTEM_DIR"]))
+    dirs.append(Path.cwd() / "reward_system")
+    dirs.append(Path(__file__).resolve().parents[2] / "reward_system")
+    return dirs
+
+
+def resolve_config_path(config: str | os.PathLike) -> Path:
+    """A path to a YAML file, or a name (``interpretation``) looked up in :func:`reward_system_dirs`."""
+    path = Path(config)
+    if path.is_file():
+        return path
+    name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
+    for directory in reward_system_dirs():
+        if (directory / name).is_file():
+            return directory / name
+    raise RIMConfigError(
+        f"config_path: no RIM config {str(config)!r} (looked in {', '.join(str(d) for d in reward_system_dirs())})"
+    )
+
+
+def load_rim_config(config: str | os.PathLike) -> RIMConfig:
+    path = resolve_config_path(config)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise RIMConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    return parse_rim_config(raw, source=str(path))
