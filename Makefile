@@ -28,6 +28,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/grpo_overhead.py
+	$(BIN)/python bench/rim_concurrency.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

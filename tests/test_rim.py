@@ -356,3 +356,35 @@ def test_offline_transformers_backend_does_not_crash(tiny_model_dir, rim_factory
     # a tiny random model writes no valid judgment: errors recorded, fallback score, no exception
     assert result.score == 0.0 and result.judges["process"].failed
     assert any("unreadable judgment" in e for e in result.errors)
+
+
+def test_rim_from_the_run_configuration(tmp_path, atlas_cache):
+    """`reward.config=<file>` switches the reward to RIM with no code change (CLI, as pods run it)."""
+    import json
+    import subprocess
+
+    import yaml
+    from conftest import PYTHON, python_env
+
+    with JudgeServer(lambda call: Reply(judgment(0.5, 0.1))) as server:
+        rim_file = tmp_path / "judges.yaml"
+        rim_file.write_text(yaml.safe_dump(config(server.base_url, judges=["accuracy", "process"])))
+        out = tmp_path / "run"
+        proc = subprocess.run(
+            [
+                PYTHON, "-m", "atlas_core.cli.train", "recipe=tiny_grpo", "reward.funcs=[]",
+                f"reward.config={rim_file}", f"output_dir={out}", "trainer.max_steps=1",
+                "trainer.metrics_port=0", "trainer.save_strategy=no",
+            ],
+            env=python_env(), capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert len(server.calls) == 8 * 3  # one generation batch x 3 temperatures of the process judge
+    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert "rewards/rim/mean" in record and "rim/process" in record
+
+    bad = subprocess.run(
+        [PYTHON, "-m", "atlas_core.cli.train", "recipe=tiny_grpo", "reward.config=nope", f"output_dir={out}"],
+        env=python_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "error: reward.config: config_path: no RIM config 'nope'" in bad.stderr

@@ -161,14 +161,25 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
         from atlas_core.tasks.arithmetic import REWARD_FUNCTIONS
 
         funcs = list(cfg.reward.funcs or [])
-        if not funcs:
-            problems.append("reward.funcs: expected at least one reward function")
+        rim = cfg.reward.get("config")
+        if not funcs and not rim:
+            problems.append("reward.funcs: expected at least one reward function (or a RIM reward.config)")
         for name in funcs:
             if name not in REWARD_FUNCTIONS:
                 problems.append(f"reward.funcs: unknown reward '{name}' (available: {', '.join(REWARD_FUNCTIONS)})")
+        if rim:
+            from atlas_core.reward.config import RIMConfigError, load_rim_config
+
+            try:
+                load_rim_config(str(rim))
+            except RIMConfigError as exc:
+                problems.append(f"reward.config: {exc}")
         weights = cfg.reward.weights
-        if weights is not None and len(weights) != len(funcs):
-            problems.append(f"reward.weights: expected {len(funcs)} weights (one per reward.funcs), got {len(weights)}")
+        expected = len(funcs) + (1 if rim else 0)
+        if weights is not None and len(weights) != expected:
+            problems.append(
+                f"reward.weights: expected {expected} weights (one per reward.funcs, then RIM), got {len(weights)}"
+            )
         problems += _batch_problems(kwargs)
     problems += _precision_problems(kwargs)
     return problems

@@ -88,7 +88,11 @@ def build_trainer(cfg: DictConfig, callbacks: list | None = None):
         if algorithm == "grpo":
             from atlas_core.training.algorithms.grpo import GRPOTrainer
 
-            funcs = [REWARD_FUNCTIONS[name] for name in cfg.reward.funcs]
+            funcs = [REWARD_FUNCTIONS[name] for name in cfg.reward.funcs or []]
+            if cfg.reward.get("config"):
+                from atlas_core.reward.interpretation import RIMReward
+
+                funcs.append(RIMReward(str(cfg.reward.config)))
             return GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, callbacks=callbacks)
         from atlas_core.training.algorithms.sft import SFTTrainer
 
