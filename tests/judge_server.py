@@ -1,4 +1,4 @@
-"""A scripted OpenAI-compatible chat-completions server on 127.0.0.1, for RIM tests and benchmarks.
+"""A scripted OpenAI-compatible server on 127.0.0.1 (judges, students), for tests and benchmarks.
 
 It is a real HTTP server (aiohttp, in its own thread): the ``openai`` client talks to it exactly
 as to vLLM. A test gives it a ``script(call) -> Reply`` deciding each answer, and reads back what
@@ -24,11 +24,13 @@ class Call:
     messages: list[dict[str, str]]
     headers: dict[str, str]
     index: int
+    n: int = 1
+    max_tokens: int | None = None
 
 
 @dataclass
 class Reply:
-    content: str = ""
+    content: str | list[str] = ""  # a list gives one choice per item (requests with n > 1)
     status: int = 200
     delay_s: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
@@ -49,8 +51,9 @@ def judgment(score: float, uncertainty: float = 0.1, rationale: str = "fine") ->
 
 
 class JudgeServer:
-    def __init__(self, script: Callable[[Call], Reply]):
+    def __init__(self, script: Callable[[Call], Reply], served_model: str = "served-model"):
         self.script = script
+        self.served_model = served_model
         self.calls: list[Call] = []
         self.in_flight = 0
         self.max_in_flight = 0
@@ -71,6 +74,8 @@ class JudgeServer:
                 messages=body["messages"],
                 headers=dict(request.headers),
                 index=len(self.calls),
+                n=int(body.get("n") or 1),
+                max_tokens=body.get("max_tokens"),
             )
             self.calls.append(call)
             self.in_flight += 1
@@ -85,6 +90,7 @@ class JudgeServer:
         if reply.status != 200:
             body = json.dumps({"error": {"message": "scripted failure"}})
             return web.Response(status=reply.status, text=body, headers=reply.headers, content_type="application/json")
+        contents = reply.content if isinstance(reply.content, list) else [reply.content] * call.n
         return web.json_response(
             {
                 "id": f"chatcmpl-{call.index}",
@@ -92,17 +98,26 @@ class JudgeServer:
                 "created": 0,
                 "model": call.model,
                 "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": reply.content}, "finish_reason": "stop"}
+                    {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                    for i, text in enumerate(contents)
                 ],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                "usage": {
+                    "prompt_tokens": 1,
+                    "completion_tokens": 3 * len(contents),
+                    "total_tokens": 1 + 3 * len(contents),
+                },
             },
             headers=reply.headers,
         )
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.served_model, "object": "model"}]})
 
     def _serve(self) -> None:
         self._loop = asyncio.new_event_loop()
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
+        app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from atlas_core.aio import BackgroundLoop
 from atlas_core.reward.backends import ChatBackend, JudgeCallError, make_backend
 from atlas_core.reward.config import ModelEndpoint, RIMConfig, load_rim_config, parse_rim_config
 from atlas_core.reward.judges import (
@@ -95,24 +96,6 @@ def combine(scores: Mapping[str, float], weights: Mapping[str, float]) -> float:
     return sum(s * weights.get(j, 1.0) for j, s in scores.items()) / total
 
 
-class _LoopThread:
-    """A private event loop in a daemon thread, so that the synchronous TRL reward call can run
-    many judge calls concurrently whether or not the caller already runs an event loop."""
-
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="rim-reward-loop", daemon=True)
-        self.thread.start()
-
-    def run(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def stop(self):
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
-        self.loop.close()
-
-
 class RIMReward:
     """Reward from multiple judges; a TRL reward function and an evaluator.
 
@@ -145,7 +128,7 @@ class RIMReward:
             self.config = parse_rim_config(dict(config))
         self.__name__ = "rim"  # TRL names reward columns after __name__: rewards/rim/mean
         self._backends = dict(backends or {})
-        self._loop: _LoopThread | None = None
+        self._loop: BackgroundLoop | None = None
         self._semaphore: asyncio.Semaphore | None = None
         self._lock = threading.Lock()
 
@@ -198,10 +181,10 @@ class RIMReward:
 
     # ------------------------------------------------------------------ internals
 
-    def _runner(self) -> _LoopThread:
+    def _runner(self) -> BackgroundLoop:
         with self._lock:
             if self._loop is None:
-                self._loop = _LoopThread()
+                self._loop = BackgroundLoop("rim-reward")
             return self._loop
 
     def _backend(self, tier: str) -> ChatBackend:

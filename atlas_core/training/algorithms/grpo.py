@@ -25,16 +25,18 @@ from atlas_core.training.callbacks import telemetry_callbacks
 RewardFunc = Callable[..., Sequence[float]] | str | torch.nn.Module
 
 
-def _custom_reward_column(*args, **kwargs):  # pragma: no cover - never called, see below
-    raise RuntimeError(
-        "compute_rewards: this trainer has no reward_funcs; its compute_rewards override must not call "
-        "super().compute_rewards()"
-    )
+def _reward_column(name: str):
+    """A subclass that overrides compute_rewards and passes no reward_funcs still needs one reward
+    column for TRL to weight and log; this placeholder names it (it is never called)."""
 
+    def column(*args, **kwargs):  # pragma: no cover - never called
+        raise RuntimeError(
+            "compute_rewards: this trainer has no reward_funcs; its compute_rewards override must not call "
+            "super().compute_rewards()"
+        )
 
-# A subclass that overrides compute_rewards and passes no reward_funcs still needs one reward
-# column for TRL to weight and log; it is named after the hook that fills it.
-_custom_reward_column.__name__ = "compute_rewards"
+    column.__name__ = name
+    return column
 
 
 class GRPOTrainer(trl.GRPOTrainer):
@@ -54,6 +56,9 @@ class GRPOTrainer(trl.GRPOTrainer):
     completion of the generation batch (all processes); after each training step
     ``current_kl`` holds its mean KL (empty when ``beta == 0``: KL is not computed then).
     """
+
+    #: Name of the single reward column of a subclass that computes its reward itself (logs: rewards/<name>/mean).
+    reward_column_name = "compute_rewards"
 
     def __init__(
         self,
@@ -84,7 +89,7 @@ class GRPOTrainer(trl.GRPOTrainer):
                 raise ValueError(
                     "reward_funcs: expected at least one reward function (or a subclass overriding compute_rewards)"
                 )
-            reward_funcs = [_custom_reward_column]
+            reward_funcs = [_reward_column(self.reward_column_name)]
 
         callbacks = [*(callbacks or []), *telemetry_callbacks(args)]
 

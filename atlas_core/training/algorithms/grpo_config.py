@@ -89,10 +89,70 @@ class AtlasArguments:
 
 
 @dataclass
-class GRPOConfig(_TRLGRPOConfig, AtlasArguments):
-    r"""TRL's [`~trl.GRPOConfig`] with Atlas's model and telemetry fields (see :class:`AtlasArguments`)."""
+class TeachingArguments:
+    r"""Fields of the teaching protocol, used by ``TeacherGRPOTrainer`` (ignored by ``GRPOTrainer``).
+
+    Parameters:
+        max_probe_tokens (`int`, *optional*, defaults to `50`):
+            Token budget of the student's diagnostic probe (its description of its approach).
+        max_guidance_tokens (`int`, *optional*, defaults to `200`):
+            Token budget of ``generate_guidance``; during training the teacher's completions are bounded by
+            ``max_completion_length``.
+        efficiency_horizon (`float`, *optional*, defaults to `200`):
+            Guidance length (tokens) at which the efficiency bonus ``max(0, 1 - L / horizon)`` reaches 0.
+        degradation_penalty (`float`, *optional*, defaults to `2.0`):
+            Subtracted from the reward when guidance makes the student worse.
+        student_samples (`int`, *optional*, defaults to `2`):
+            Student answers per task, with and without guidance: their mean is the score, their agreement
+            the diagnostic's confidence.
+        student_max_tokens (`int`, *optional*, defaults to `256`):
+            Token budget of one student answer.
+        student_temperature (`float`, *optional*, defaults to `0.7`):
+            Sampling temperature of the student (0 = greedy).
+        student_offload (`bool`, *optional*, defaults to `False`):
+            Keep a local student on the CPU instead of the trainer's device.
+    """
+
+    max_probe_tokens: int = field(default=50, metadata={"help": "Token budget of the student's diagnostic probe."})
+    max_guidance_tokens: int = field(default=200, metadata={"help": "Token budget of generate_guidance."})
+    efficiency_horizon: float = field(
+        default=200.0, metadata={"help": "Guidance tokens at which the efficiency bonus reaches 0."}
+    )
+    degradation_penalty: float = field(
+        default=2.0, metadata={"help": "Subtracted from the reward when guidance makes the student worse."}
+    )
+    student_samples: int = field(default=2, metadata={"help": "Student answers per task, with and without guidance."})
+    student_max_tokens: int = field(default=256, metadata={"help": "Token budget of one student answer."})
+    student_temperature: float = field(default=0.7, metadata={"help": "Sampling temperature of the student."})
+    student_offload: bool = field(default=False, metadata={"help": "Keep a local student on the CPU."})
+
+    def _check_teaching_fields(self) -> None:
+        problems = []
+        for name, low in (
+            ("max_probe_tokens", 1),
+            ("max_guidance_tokens", 10),
+            ("student_samples", 1),
+            ("student_max_tokens", 1),
+        ):
+            if int(getattr(self, name)) < low:
+                problems.append(f"{name}: expected at least {low}, got {getattr(self, name)}")
+        if self.efficiency_horizon <= 0:
+            problems.append(f"efficiency_horizon: expected a positive number, got {self.efficiency_horizon}")
+        if self.degradation_penalty < 0:
+            problems.append(f"degradation_penalty: expected a number >= 0, got {self.degradation_penalty}")
+        if self.student_temperature < 0:
+            problems.append(f"student_temperature: expected a number >= 0, got {self.student_temperature}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass
+class GRPOConfig(_TRLGRPOConfig, AtlasArguments, TeachingArguments):
+    r"""TRL's [`~trl.GRPOConfig`] with Atlas's model and telemetry fields (see :class:`AtlasArguments`) and the
+    teaching protocol's fields (see :class:`TeachingArguments`)."""
 
     def __post_init__(self):
         self._default_to_hardware()
         super().__post_init__()
         self._resolve_atlas_fields()
+        self._check_teaching_fields()

@@ -1,0 +1,160 @@
+"""The frozen student the teacher is trained to help: a local model or an OpenAI-compatible endpoint.
+
+Both answer a batch of conversations, several samples each, in one call: a local model with one
+``generate`` over the whole (left-padded) batch, an endpoint with concurrent requests. Failures
+raise ``RuntimeError`` naming the student.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class StudentAnswer:
+    text: str
+    tokens: int
+
+
+class Student(Protocol):
+    name: str
+
+    def generate(
+        self, conversations: list[list[dict[str, str]]], max_new_tokens: int, num_samples: int, temperature: float
+    ) -> list[list[StudentAnswer]]: ...
+
+
+def is_endpoint(student_model: Any) -> bool:
+    return isinstance(student_model, str) and student_model.startswith(("http://", "https://"))
+
+
+class LocalStudent:
+    """A model loaded frozen: no gradients, eval mode; on ``device`` or, with ``offload``, on CPU."""
+
+    def __init__(self, model: Any, tokenizer=None, device=None, offload: bool = False):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+        from atlas_core.models.tiny import resolve_model_path
+
+        if isinstance(model, str):
+            path = resolve_model_path(model)
+            try:
+                model = AutoModelForCausalLM.from_pretrained(path)
+                tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+            except OSError as exc:
+                raise ValueError(f"student_model: cannot load {path!r}: {' '.join(str(exc).split())[:200]}") from None
+        elif not isinstance(model, PreTrainedModel):
+            raise TypeError(f"student_model: expected a path, a hub id, a URL or a model, got {type(model).__name__}")
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(model.name_or_path)
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model.requires_grad_(False)
+        model.eval()
+        self.device = torch.device("cpu") if offload or device is None else torch.device(device)
+        self.model = model.to(self.device)
+        self.tokenizer = tokenizer
+        self.name = getattr(model, "name_or_path", "student")
+
+    def generate(self, conversations, max_new_tokens, num_samples=1, temperature=0.7):
+        import torch
+
+        texts = [
+            self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations
+        ]
+        batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+        try:
+            with torch.no_grad():
+                output = self.model.generate(
+                    **batch,
+                    max_new_tokens=max_new_tokens,
+                    num_return_sequences=num_samples,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    **sampling,
+                )
+        except Exception as exc:  # noqa: BLE001 - reported as the documented RuntimeError
+            raise RuntimeError(f"student {self.name!r} failed to generate: {type(exc).__name__}: {exc}") from exc
+        new = output[:, batch["input_ids"].shape[1] :]
+        answers = []
+        for row in new:
+            tokens = [t for t in row.tolist() if t != self.tokenizer.pad_token_id]
+            answers.append(StudentAnswer(self.tokenizer.decode(tokens, skip_special_tokens=True), len(tokens)))
+        return [answers[i * num_samples : (i + 1) * num_samples] for i in range(len(conversations))]
+
+
+class EndpointStudent:
+    """A student served by vLLM (``vllm serve``, the run's ``<name>-student`` Service) or any
+    OpenAI-compatible API. The served model name is read from ``/v1/models`` when not given."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        api_key_env: str | None = None,
+        timeout_s: float = 120.0,
+        max_concurrency: int = 32,
+    ):
+        import os
+
+        from atlas_core.aio import BackgroundLoop
+
+        self.base_url = base_url.rstrip("/")
+        if not self.base_url.endswith("/v1"):
+            self.base_url += "/v1"
+        self.model = model
+        self.name = self.base_url
+        self._api_key = os.environ.get(api_key_env, "") if api_key_env else "EMPTY"
+        self._timeout_s = timeout_s
+        self._max_concurrency = max_concurrency
+        self._loop = BackgroundLoop("atlas-student")
+        self._client = None
+
+    async def _served_model(self, client) -> str:
+        if self.model is None:
+            models = await client.models.list()
+            if not models.data:
+                raise RuntimeError(f"student endpoint {self.base_url} serves no model")
+            self.model = models.data[0].id
+        return self.model
+
+    async def _generate(self, conversations, max_new_tokens, num_samples, temperature):
+        import openai
+
+        if self._client is None:
+            self._client = openai.AsyncOpenAI(
+                base_url=self.base_url, api_key=self._api_key or "EMPTY", timeout=self._timeout_s, max_retries=2
+            )
+        model = await self._served_model(self._client)
+        semaphore = asyncio.Semaphore(self._max_concurrency)
+
+        async def one(messages):
+            async with semaphore:
+                response = await self._client.chat.completions.create(
+                    model=model, messages=messages, max_tokens=max_new_tokens, temperature=temperature, n=num_samples
+                )
+            per_choice = (response.usage.completion_tokens // max(1, len(response.choices))) if response.usage else 0
+            return [StudentAnswer(c.message.content or "", per_choice) for c in response.choices]
+
+        return list(await asyncio.gather(*(one(c) for c in conversations)))
+
+    def generate(self, conversations, max_new_tokens, num_samples=1, temperature=0.7):
+        import openai
+
+        try:
+            return self._loop.run(self._generate(conversations, max_new_tokens, num_samples, temperature))
+        except (openai.OpenAIError, RuntimeError) as exc:
+            raise RuntimeError(f"student endpoint {self.base_url} failed: {type(exc).__name__}") from None
+
+
+def load_student(student_model: Any, device=None, offload: bool = False, timeout_s: float = 120.0) -> Student:
+    """A URL → EndpointStudent; a path, hub id or model → LocalStudent (frozen)."""
+    if student_model is None:
+        raise ValueError("student_model: required (a path, a hub id, an OpenAI-compatible URL or a model)")
+    if is_endpoint(student_model):
+        return EndpointStudent(student_model, timeout_s=timeout_s)
+    return LocalStudent(student_model, device=device, offload=offload)

@@ -1,0 +1,277 @@
+"""TeacherGRPOTrainer: the teaching protocol on tiny teacher and student models, and its API contract."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+from datasets import Dataset
+from judge_server import JudgeServer, Reply
+
+from atlas_core.tasks.arithmetic import make_arithmetic_dataset
+from atlas_core.telemetry.metrics import TRAINER_REGISTRY
+from atlas_core.training import teaching
+from atlas_core.training.algorithms.grpo_config import GRPOConfig
+from atlas_core.training.algorithms.teacher_trainers import DiagnosticResult, TeacherGRPOTrainer
+
+
+def teacher_args(tmp_path, model_dir, **overrides) -> GRPOConfig:
+    values = dict(
+        output_dir=str(tmp_path / "teacher"),
+        model_name_or_path=str(model_dir),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=16,
+        max_steps=2,
+        learning_rate=1e-3,
+        beta=0.04,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        gradient_checkpointing=False,
+        disable_tqdm=True,
+        max_probe_tokens=8,
+        student_max_tokens=12,
+        student_samples=2,
+        seed=0,
+    )
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+def arithmetic(n=32) -> Dataset:
+    return Dataset.from_list(make_arithmetic_dataset(n, seed=3))
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory, tiny_model_dir, warm_model_dir):
+    tmp = tmp_path_factory.mktemp("teacher-api")
+    return TeacherGRPOTrainer(
+        args=teacher_args(tmp, tiny_model_dir), train_dataset=arithmetic(), student_model=str(warm_model_dir)
+    )
+
+
+# ---------------------------------------------------------------- reward formula
+
+
+@pytest.mark.parametrize(
+    ("baseline", "enhanced", "length", "expected"),
+    [
+        (0.6, 0.8, 120, 0.6),  # the design's examples
+        (0.5, 0.5, 10, 0.0),
+        (0.8, 0.6, 50, -2.2),
+        (0.0, 1.0, 0, 2.0),  # full improvement, no words: maximal efficiency bonus
+        (0.0, 1.0, 200, 1.0),  # at the horizon the bonus is gone
+        (0.0, 1.0, 500, 1.0),  # and never negative
+        (0.2, 0.3, 100, 0.6),
+        (1.0, 0.0, 0, -3.0),  # full degradation
+        (0.7, 0.7, 0, 0.0),  # no change, however short
+    ],
+)
+def test_teaching_reward_formula(trainer, baseline, enhanced, length, expected):
+    assert trainer.compute_teaching_reward(baseline, enhanced, length) == pytest.approx(expected)
+
+
+def test_horizon_and_penalty_are_config_fields(tmp_path, tiny_model_dir, warm_model_dir):
+    args = teacher_args(tmp_path, tiny_model_dir, efficiency_horizon=100, degradation_penalty=1.0)
+    other = TeacherGRPOTrainer(args=args, train_dataset=arithmetic(), student_model=str(warm_model_dir))
+    assert other.compute_teaching_reward(0.6, 0.8, 50) == pytest.approx(0.7)
+    assert other.compute_teaching_reward(0.8, 0.6, 50) == pytest.approx(-1.2)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda t: t.compute_teaching_reward(1.2, 0.5, 10), ValueError, "baseline_score"),
+        (lambda t: t.compute_teaching_reward(0.5, -0.1, 10), ValueError, "enhanced_score"),
+        (lambda t: t.compute_teaching_reward(0.5, float("nan"), 10), ValueError, "enhanced_score"),
+        (lambda t: t.compute_teaching_reward(0.5, 0.6, -1), ValueError, "teaching_length"),
+        (lambda t: t.compute_teaching_reward("0.5", 0.6, 1), TypeError, "baseline_score"),
+        (lambda t: t.compute_teaching_reward(0.5, None, 1), TypeError, "enhanced_score"),
+        (lambda t: t.compute_teaching_reward(0.5, 0.6, 1.5), TypeError, "teaching_length"),
+        (lambda t: t.diagnostic_probe(""), ValueError, "task"),
+        (lambda t: t.diagnostic_probe("   "), ValueError, "task"),
+        (lambda t: t.diagnostic_probe("2 + 2?", max_tokens=0), ValueError, "max_tokens"),
+        (lambda t: t.diagnostic_probe(42), TypeError, "task"),
+        (lambda t: t.diagnostic_probe("2 + 2?", max_tokens="5"), TypeError, "max_tokens"),
+        (lambda t: t.generate_guidance("2 + 2?", None), ValueError, "diagnostic"),
+        (lambda t: t.generate_guidance("2 + 2?", DiagnosticResult(0.5, 0.5), max_tokens=9), ValueError, "max_tokens"),
+        (lambda t: t.generate_guidance(["2 + 2?"], DiagnosticResult(0.5, 0.5)), TypeError, "task"),
+        (lambda t: t.generate_guidance("2 + 2?", {"capability_level": 0.5}), TypeError, "diagnostic"),
+    ],
+)
+def test_validation(trainer, call, error, message):
+    with pytest.raises(error, match=message):
+        call(trainer)
+
+
+def test_constructor_requires_student_and_a_way_to_score(tmp_path, tiny_model_dir, warm_model_dir):
+    with pytest.raises(ValueError, match="student_model"):
+        TeacherGRPOTrainer(args=teacher_args(tmp_path, tiny_model_dir), train_dataset=arithmetic())
+    no_truth = Dataset.from_list([{"prompt": "Explain gravity."}] * 8)
+    with pytest.raises(ValueError, match="reward_funcs"):
+        TeacherGRPOTrainer(
+            args=teacher_args(tmp_path, tiny_model_dir), train_dataset=no_truth, student_model=str(warm_model_dir)
+        )
+
+
+class BrokenStudent:
+    name = "broken"
+
+    def generate(self, *args, **kwargs):
+        raise RuntimeError("student 'broken' failed to generate: out of memory")
+
+
+def test_model_failures_are_runtime_errors(tmp_path, tiny_model_dir, warm_model_dir):
+    t = TeacherGRPOTrainer(
+        args=teacher_args(tmp_path, tiny_model_dir), train_dataset=arithmetic(), student_model=str(warm_model_dir)
+    )
+    t.student = BrokenStudent()
+    with pytest.raises(RuntimeError, match="student"):
+        t.diagnostic_probe("What is 2 + 2?")
+
+
+# ---------------------------------------------------------------- protocol pieces
+
+
+@pytest.mark.parametrize(
+    ("capability", "template"),
+    [(0.0, "walkthrough"), (0.29, "walkthrough"), (0.3, "hints"), (0.7, "hints"), (0.71, "minimal"), (1.0, "minimal")],
+)
+def test_templates_switch_with_capability(capability, template):
+    assert teaching.template_for(capability) == template
+    system = teaching.teacher_messages("What is 2 + 2?", "I add.", capability)[0]["content"]
+    assert system.startswith(teaching.TEACHER_TEMPLATES[template])
+    assert "without stating the final answer" in system
+
+
+def test_guidance_extraction_and_withheld_answer():
+    assert teaching.extract_guidance("<thinking>hm</thinking><teaching>Count up.</teaching>") == "Count up."
+    assert teaching.extract_guidance("<thinking>x</thinking>plain words") == "plain words"
+    assert teaching.extract_guidance("<teaching>cut off") == "cut off"
+    assert teaching.withhold_answer("3 + 4 is 7, not 17 or 7.5", "7") == "3 + 4 is [withheld], not 17 or 7.5"
+
+
+def test_diagnostic_probe_measures_capability_from_student_answers(tmp_path, tiny_model_dir):
+    def script(call):
+        text = call.messages[-1]["content"]
+        if teaching.PROBE_INSTRUCTION in text:
+            return Reply("I would add the two numbers.")
+        return Reply(["\\boxed{7}", "\\boxed{8}"])  # one right, one wrong, per baseline request
+
+    with JudgeServer(script, served_model="student-llm") as server:
+        t = TeacherGRPOTrainer(
+            args=teacher_args(tmp_path, tiny_model_dir), train_dataset=arithmetic(), student_model=server.base_url
+        )
+        result = t.diagnostic_probe("What is 3 + 4?", max_tokens=20, ground_truth="7")
+    assert {c.model for c in server.calls} == {"student-llm"}  # the served name, read from /v1/models
+    assert result.capability_level == 0.5 and result.baseline_score == 0.5
+    assert result.confidence_score == 0.0  # the two answers disagree
+    assert result.identified_gaps == ["answered 8 where 7 was expected"]
+    assert result.probe_response == "I would add the two numbers." and result.probe_tokens == 3
+    assert result.response_quality["answer_rate"] == 1.0
+    probe_call = next(c for c in server.calls if teaching.PROBE_INSTRUCTION in c.messages[-1]["content"])
+    assert probe_call.max_tokens == 20 and probe_call.n == 1
+
+
+def test_endpoint_student_teaching_step(tmp_path, tiny_model_dir):
+    def script(call):
+        text = call.messages[-1]["content"]
+        if teaching.GUIDANCE_INTRO in text:
+            return Reply("\\boxed{7}")  # guided: right
+        if teaching.PROBE_INSTRUCTION in text:
+            return Reply("add")
+        return Reply("\\boxed{1}")  # unguided: wrong
+
+    with JudgeServer(script) as server:
+        t = TeacherGRPOTrainer(
+            args=teacher_args(tmp_path, tiny_model_dir, student_samples=1, max_guidance_tokens=20),
+            train_dataset=arithmetic(),
+            student_model=server.base_url,
+        )
+        tasks = ["What is 3 + 4?", "What is 5 + 2?", "What is 1 + 6?"]
+        rewards = t.teaching_step({"prompts": tasks, "ground_truth": ["7", "7", "7"]})
+    assert len(rewards) == 3 and all(isinstance(r, float) and math.isfinite(r) for r in rewards)
+    guided = [c.messages[-1]["content"] for c in server.calls if teaching.GUIDANCE_INTRO in c.messages[-1]["content"]]
+    # Non-empty guidance reaches the student, who then gets it right: d = 1 plus an efficiency bonus of at
+    # more than 0 (it is far below the 200-token horizon); empty guidance leaves the student unguided (d = 0, reward 0).
+    assert sorted(r > 1.0 for r in rewards) == sorted([True] * len(guided) + [False] * (3 - len(guided)))
+    assert all(r == 0.0 for r in rewards if r <= 1.0)
+    for content in guided:  # the reference answer never reaches the student through the guidance
+        assert not re.search(r"(?<![\w.])7(?![\w]|\.\d)", content.split(teaching.GUIDANCE_INTRO)[1])
+
+
+def test_teaching_step_local_student_one_float_per_prompt(trainer):
+    rewards = trainer.teaching_step(
+        {"prompts": [f"What is {i} + 2? Put the final answer in \\boxed{{}}." for i in range(5)],
+         "ground_truth": [str(i + 2) for i in range(5)]}
+    )  # fmt: skip
+    assert len(rewards) == 5 and all(isinstance(r, float) and math.isfinite(r) for r in rewards)
+    assert all(-3.0 <= r <= 2.0 for r in rewards)
+
+
+def test_student_is_loaded_frozen(trainer):
+    model = trainer.student.model
+    assert not model.training
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+# ---------------------------------------------------------------- training
+
+
+class RecordingTeacher(TeacherGRPOTrainer):
+    """Records the token ids every policy log-prob computation sees (the user's hook, not ours)."""
+
+    seen_inputs: list[torch.Tensor] = []
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, *args, **kwargs):
+        type(self).seen_inputs.append(input_ids.detach().cpu())
+        return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
+
+
+def test_train_logs_teaching_metrics_and_keeps_the_student_frozen(tmp_path, tiny_model_dir, warm_model_dir):
+    from conftest import free_port
+
+    RecordingTeacher.seen_inputs.clear()
+    port = free_port()
+    args = teacher_args(
+        tmp_path, tiny_model_dir, metrics_port=port, metrics_host="127.0.0.1", metrics_run="teach", metrics_kind="T"
+    )
+    t = RecordingTeacher(args=args, train_dataset=arithmetic(), student_model=str(warm_model_dir))
+    before = {k: v.clone() for k, v in t.student.model.state_dict().items()}
+    t.train()
+
+    logs = [r for r in t.state.log_history if "teaching/reward" in r]
+    assert len(logs) == 2
+    for key in (
+        "teaching/reward",
+        "teaching/student_accuracy",
+        "teaching/baseline_accuracy",
+        "teaching/accuracy_delta",
+        "teaching/improvement_rate",
+        "teaching/degradation_rate",
+        "teaching/guidance_tokens_mean",
+        "teaching/guidance_tokens_std",
+    ):
+        assert all(math.isfinite(r[key]) for r in logs), key
+    assert logs[-1]["reward"] == pytest.approx(logs[-1]["teaching/reward"], abs=1e-5)
+    labels = {"namespace": "local", "run": "teach", "kind": "T"}
+    assert TRAINER_REGISTRY.get_sample_value("atlas_teaching_reward", labels) == pytest.approx(
+        logs[-1]["teaching/reward"]
+    )
+    assert TRAINER_REGISTRY.get_sample_value("atlas_teaching_guidance_tokens_mean", labels) is not None
+
+    # The frozen student is bit-identical after training.
+    after = t.student.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+    # GRPO's log-probs were computed on the teacher prompt that produced the guidance.
+    tokenizer = t.processing_class
+    texts = [
+        tokenizer.decode(ids, skip_special_tokens=False) for batch in RecordingTeacher.seen_inputs for ids in batch
+    ]
+    assert texts and all("Measured student capability" in text for text in texts)
+    assert all("The student's approach:" in text and "Task:\nWhat is" in text for text in texts)
+    assert all(any(t_.split(".")[0] in text for t_ in teaching.TEACHER_TEMPLATES.values()) for text in texts)
