@@ -1,4 +1,4 @@
-"""``atlas demo`` at its defaults: SFT warm-up then GRPO, live Prometheus, summary, metrics.jsonl, PNG."""
+"""``atlas demo`` at its defaults: SFT warm-up, GRPO, teacher GRPO; live Prometheus, summary, metrics.jsonl, PNG."""
 
 from __future__ import annotations
 
@@ -43,14 +43,18 @@ def test_demo_end_to_end(tmp_path, atlas_cache):
     assert scraped is not None, "the metrics endpoint never showed the GRPO reward"
 
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert {r["stage"] for r in records} == {"sft", "grpo"}
+    assert {r["stage"] for r in records} == {"sft", "grpo", "teacher-sft", "teacher"}
     rewards = [r["reward"] for r in records if r["stage"] == "grpo" and "reward" in r]
     assert len(rewards) == 300
     assert statistics.mean(rewards[-30:]) > statistics.mean(rewards[:30]) + 0.05
+    teaching = [r for r in records if r["stage"] == "teacher" and "teaching/reward" in r]
+    assert len(teaching) == 60
+    assert all(r["reward"] == r["teaching/reward"] for r in teaching)
+    assert statistics.mean(r["reward"] for r in teaching[-20:]) > statistics.mean(r["reward"] for r in teaching[:20])
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (out / "grpo" / "model.safetensors").exists()
-    summary_rows = [line for line in output.splitlines() if line.startswith(("│ sft", "│ grpo"))]
-    assert len(summary_rows) == 2 and "300" in summary_rows[1], output[-3000:]
+    assert (out / "grpo" / "model.safetensors").exists() and (out / "teacher" / "model.safetensors").exists()
+    summary_rows = [line for line in output.splitlines() if line.startswith(("│ sft", "│ grpo", "│ teacher"))]
+    assert len(summary_rows) == 4 and "300" in summary_rows[1], output[-3000:]
     assert "wall time" in output
     assert "Traceback" not in output
     # the endpoint is gone once the demo has finished

@@ -1,8 +1,12 @@
 """``atlas demo``: the whole pipeline on the offline tiny model, on CPU, in minutes.
 
 Stages run through the same run configurations and runner as ``python -m atlas_core.cli.train``:
-1. SFT warm-up (recipe ``tiny_sft``) teaches the answer format;
-2. GRPO (recipe ``tiny_grpo`` on the warmed-up model) raises the exact-match reward.
+1. ``sft`` — SFT warm-up (recipe ``tiny_sft``) teaches the answer format; half the tasks come with
+   teacher guidance, so the model can later serve as a student that reads guidance;
+2. ``grpo`` — GRPO (recipe ``tiny_grpo`` on the warmed-up model) raises the exact-match reward;
+3. ``teacher-sft`` — a teacher warm-up on (task, probe, guidance) examples;
+4. ``teacher`` — teacher GRPO (recipe ``tiny_teacher``): the warmed-up teacher guides the frozen
+   stage-1 student and is rewarded by the student's improvement (the teaching reward).
 
 Leaves in the output folder: one folder per stage (checkpoints, final model), ``metrics.jsonl``
 (every logged step, tagged with its stage) and ``curves.png``; prints a live progress bar and a
@@ -55,26 +59,47 @@ class _ProgressCallback(TrainerCallback):
         self.progress.update(self.task, info="  ".join(shown))
 
 
-def _stage_overrides(stage: str, output: Path, steps: int, metrics_port: int) -> list[str]:
-    common = [
+#: (stage, recipe, overrides) of each stage; {steps} and {output} are filled in.
+STAGES = (
+    ("sft", "tiny_sft", ["dataset.num_samples=4000", "dataset.guided_fraction=0.5"]),
+    (
+        "grpo",
+        "tiny_grpo",
+        [
+            "model={output}/sft",
+            "dataset.num_samples=8192",
+            "trainer.per_device_train_batch_size=32",
+            "trainer.learning_rate=5e-4",
+        ],
+    ),
+    ("teacher-sft", "tiny_sft", ["dataset.source=builtin://teacher-arithmetic", "dataset.num_samples=2000"]),
+    (
+        "teacher",
+        "tiny_teacher",
+        [
+            "model={output}/teacher-sft",
+            "student={output}/sft",
+            "dataset.num_samples=4096",
+            "trainer.per_device_train_batch_size=16",
+            "trainer.max_completion_length=48",
+            "trainer.learning_rate=5e-4",
+        ],
+    ),
+)
+
+
+def _stage_overrides(recipe: str, extra: list[str], stage: str, output: Path, steps: int, metrics_port: int):
+    return [
+        f"recipe={recipe}",
+        *(item.format(output=output) for item in extra),
         f"output_dir={output / stage}",
         f"run_name=demo-{stage}",
         f"trainer.max_steps={steps}",
         f"trainer.metrics_port={metrics_port}",
         "trainer.metrics_host=127.0.0.1",
+        "trainer.logging_steps=1",
         "trainer.save_steps=50",
         "resume=false",
-    ]
-    if stage == "sft":
-        return ["recipe=tiny_sft", *common]
-    return [
-        "recipe=tiny_grpo",
-        f"model={output / 'sft'}",
-        "dataset.num_samples=8192",
-        "trainer.per_device_train_batch_size=32",
-        "trainer.learning_rate=5e-4",
-        "trainer.logging_steps=1",
-        *common,
     ]
 
 
@@ -118,24 +143,28 @@ def _summary_table(summaries: list[StageSummary]) -> Table:
 
 
 def plot_curves(records: list[dict], path: Path) -> None:
-    """Reward and KL of the GRPO stage against the step, as a PNG."""
+    """Reward and KL of the GRPO and teacher stages against the step, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    grpo = [r for r in records if r.get("stage") == "grpo" and isinstance(r.get("reward"), (int, float))]
-    fig, (ax_reward, ax_kl) = plt.subplots(1, 2, figsize=(10, 4))
-    steps = [r["step"] for r in grpo]
-    ax_reward.plot(steps, [r["reward"] for r in grpo], color="tab:blue", alpha=0.4, label="reward")
-    if len(grpo) >= SUMMARY_WINDOW:
-        rewards = [r["reward"] for r in grpo]
-        smooth = [statistics.mean(rewards[max(0, i - SUMMARY_WINDOW + 1) : i + 1]) for i in range(len(rewards))]
-        ax_reward.plot(steps, smooth, color="tab:blue", label=f"reward ({SUMMARY_WINDOW}-step mean)")
-    ax_reward.set(title="GRPO reward (exact match)", xlabel="step", ylabel="reward")
-    ax_reward.legend()
-    ax_kl.plot(steps, [r.get("kl") for r in grpo], color="tab:red")
-    ax_kl.set(title="KL to the reference model", xlabel="step", ylabel="KL")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    panels = (("grpo", "GRPO reward (exact match)"), ("teacher", "teacher GRPO: teaching reward"))
+    for ax, (stage, title) in zip(axes, panels, strict=False):
+        rows = [r for r in records if r.get("stage") == stage and isinstance(r.get("reward"), (int, float))]
+        steps, rewards = [r["step"] for r in rows], [r["reward"] for r in rows]
+        ax.plot(steps, rewards, color="tab:blue", alpha=0.4, label="reward")
+        if len(rows) >= SUMMARY_WINDOW:
+            smooth = [statistics.mean(rewards[max(0, i - SUMMARY_WINDOW + 1) : i + 1]) for i in range(len(rewards))]
+            ax.plot(steps, smooth, color="tab:blue", label=f"{SUMMARY_WINDOW}-step mean")
+        ax.set(title=title, xlabel="step", ylabel="reward")
+        ax.legend()
+    for stage, color in (("grpo", "tab:red"), ("teacher", "tab:purple")):
+        rows = [r for r in records if r.get("stage") == stage and isinstance(r.get("kl"), (int, float))]
+        axes[2].plot([r["step"] for r in rows], [r["kl"] for r in rows], color=color, label=stage)
+    axes[2].set(title="KL to the reference model", xlabel="step", ylabel="KL")
+    axes[2].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -154,7 +183,9 @@ def _quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def run_demo(output: Path, grpo_steps: int = 300, sft_steps: int = 300, metrics_port: int = 9400) -> int:
+def run_demo(
+    output: Path, grpo_steps: int = 300, sft_steps: int = 300, teacher_steps: int = 60, metrics_port: int = 9400
+) -> int:
     from atlas_core.cli.train import report_problems
     from atlas_core.models.tiny import build_tiny_model
     from atlas_core.telemetry.metrics import stop_metrics_servers
@@ -173,11 +204,13 @@ def run_demo(output: Path, grpo_steps: int = 300, sft_steps: int = 300, metrics_
         console.print(f"Prometheus: http://127.0.0.1:{metrics_port}/metrics while it runs")
 
     summaries = []
-    columns = (TextColumn("{task.description:>5}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn("{task.description:>11}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns, TextColumn("{task.fields[info]}"), console=console) as progress:
-            for stage, steps in (("sft", sft_steps), ("grpo", grpo_steps)):
-                cfg = load_run_config(_stage_overrides(stage, output, steps, metrics_port))
+            steps_of = {"sft": sft_steps, "grpo": grpo_steps, "teacher-sft": 200, "teacher": teacher_steps}
+            for stage, recipe, extra in STAGES:
+                steps = steps_of[stage]
+                cfg = load_run_config(_stage_overrides(recipe, extra, stage, output, steps, metrics_port))
                 problems = validate_run_config(cfg)
                 if problems:
                     raise RunConfigError(problems)

@@ -37,6 +37,7 @@ def _demo(args: argparse.Namespace) -> int:
         output=Path(args.output),
         grpo_steps=args.steps,
         sft_steps=args.sft_steps,
+        teacher_steps=args.teacher_steps,
         metrics_port=args.metrics_port,
     )
 
@@ -45,9 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="atlas", description="Atlas on Kubernetes: train LLM teachers with GRPO.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="offline tiny model: SFT warm-up then GRPO on CPU, in minutes")
+    demo = commands.add_parser("demo", help="offline tiny model: SFT warm-up, GRPO, teacher GRPO on CPU, in minutes")
     demo.add_argument("--steps", type=int, default=300, help="GRPO steps (default 300)")
     demo.add_argument("--sft-steps", type=int, default=300, help="SFT warm-up steps (default 300)")
+    demo.add_argument("--teacher-steps", type=int, default=60, help="teacher GRPO steps (default 60)")
     demo.add_argument("--output", default="atlas-demo", help="output folder (default ./atlas-demo)")
     demo.add_argument(
         "--metrics-port", type=int, default=9400, help="Prometheus port on 127.0.0.1 while it runs; 0 = off"

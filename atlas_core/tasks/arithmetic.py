@@ -52,6 +52,17 @@ def solution_text(row: dict[str, Any]) -> str:
     return f"{row['question']} = {row['ground_truth']}. \\boxed{{{row['ground_truth']}}}"
 
 
+def guidance_text(row: dict[str, Any]) -> str:
+    """Teacher-style guidance for a problem that explains the method without stating the answer."""
+    a, op, b = row["question"].split()
+    method = {
+        "+": f"start at {a} and count up {b}",
+        "-": f"start at {a} and count down {b}",
+        "*": f"add {a} to itself until you have {b} of them",
+    }[op]
+    return f"To get {a} {op} {b}, {method}. Put the result in \\boxed{{}}."
+
+
 def make_sft_dataset(n: int, seed: int = 0, **kwargs: Any) -> list[dict[str, Any]]:
     """Prompt/completion pairs in chat form: TRL's SFTTrainer then trains on the completion only."""
     return [

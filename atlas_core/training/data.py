@@ -1,7 +1,7 @@
 """Datasets named by a run's ``dataset.source``.
 
 * ``builtin://arithmetic`` — the bundled verifiable task (prompt + ground_truth; prompt +
-  completion for SFT);
+  completion for SFT); ``builtin://teacher-arithmetic`` — teacher-format SFT examples;
 * a ``.jsonl``/``.json``/``.csv``/``.parquet`` file, or a folder written by ``save_to_disk``
   (in a pod: a path on the mounted PVC);
 * ``hf://org/name`` — a hub dataset (needs network; ``HF_HUB_OFFLINE=1`` forbids it).
@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 BUILTIN_ARITHMETIC = "builtin://arithmetic"
+BUILTIN_TEACHER_ARITHMETIC = "builtin://teacher-arithmetic"
+BUILTIN_SOURCES = (BUILTIN_ARITHMETIC, BUILTIN_TEACHER_ARITHMETIC)
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -26,6 +28,7 @@ def load_run_dataset(
     num_samples: int = 512,
     max_operand: int = 9,
     seed: int = 0,
+    guided_fraction: float = 0.0,
 ):
     """Load the dataset and check its columns for ``algorithm`` (grpo needs ``prompt``)."""
     from datasets import Dataset, load_dataset, load_from_disk
@@ -34,7 +37,16 @@ def load_run_dataset(
 
     if source == BUILTIN_ARITHMETIC:
         make = make_sft_dataset if algorithm == "sft" else make_arithmetic_dataset
-        return Dataset.from_list(make(num_samples, seed=seed, max_operand=max_operand))
+        rows = make(num_samples, seed=seed, max_operand=max_operand)
+        if algorithm == "sft" and guided_fraction > 0:
+            rows = _with_guidance(rows, guided_fraction, seed, max_operand)
+        return Dataset.from_list(rows)
+    if source == BUILTIN_TEACHER_ARITHMETIC:
+        from atlas_core.training.teaching import make_teacher_sft_dataset
+
+        if algorithm != "sft":
+            raise DatasetSourceError(f"dataset.source: '{source}' is an SFT dataset (use algorithm sft)")
+        return Dataset.from_list(make_teacher_sft_dataset(num_samples, seed=seed, max_operand=max_operand))
     try:
         if source.startswith("hf://"):
             dataset = load_dataset(source.removeprefix("hf://"), split=split)
@@ -63,6 +75,22 @@ def load_run_dataset(
         raise DatasetSourceError(f"dataset.source: cannot load '{source}': {reason}") from None
     _check_columns(dataset.column_names, algorithm, source)
     return dataset
+
+
+def _with_guidance(rows: list[dict], fraction: float, seed: int, max_operand: int) -> list[dict]:
+    """Show a share of the SFT tasks with teacher guidance, as the teacher protocol will, so that a
+    student warmed up on them reads guidance instead of being thrown by it."""
+    import random
+
+    from atlas_core.tasks.arithmetic import guidance_text, make_arithmetic_dataset
+    from atlas_core.training.teaching import enhanced_messages
+
+    rng = random.Random(seed)
+    problems = make_arithmetic_dataset(len(rows), seed=seed, max_operand=max_operand)
+    for row, problem in zip(rows, problems, strict=True):
+        if rng.random() < fraction:
+            row["prompt"] = enhanced_messages(problem["prompt"][0]["content"], guidance_text(problem))
+    return rows
 
 
 def _check_columns(columns: list[str], algorithm: str, source: str) -> None:

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 CONFIG_MODULE = "atlas_core.configs"
 PRIMARY_CONFIG = "train"
-ALGORITHMS = ("grpo", "sft")
+ALGORITHMS = ("grpo", "sft", "teacher")
 
 
 class RunConfigError(Exception):
@@ -35,6 +35,7 @@ def available_recipes() -> list[str]:
 
 
 def trainer_config_class(algorithm: str):
+    """SFTConfig for sft, GRPOConfig for grpo and teacher."""
     if algorithm == "sft":
         from atlas_core.training.algorithms.sft import SFTConfig
 
@@ -157,12 +158,17 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
     for name in sorted(set(kwargs) - known):
         problems.append(f"trainer.{name}: not a {trainer_config_class(cfg.algorithm).__name__} field")
 
-    if cfg.algorithm == "grpo":
+    if cfg.algorithm == "teacher":
+        if not cfg.get("student"):
+            problems.append("student: required for algorithm teacher (a hub id, a path or an OpenAI-compatible URL)")
+        elif not str(cfg.student).startswith(("http://", "https://")):
+            problems += [p.replace("model:", "student:", 1) for p in _model_problems(str(cfg.student))]
+    if cfg.algorithm in ("grpo", "teacher"):
         from atlas_core.tasks.arithmetic import REWARD_FUNCTIONS
 
         funcs = list(cfg.reward.funcs or [])
         rim = cfg.reward.get("config")
-        if not funcs and not rim:
+        if not funcs and not rim and cfg.algorithm == "grpo":
             problems.append("reward.funcs: expected at least one reward function (or a RIM reward.config)")
         for name in funcs:
             if name not in REWARD_FUNCTIONS:
@@ -220,12 +226,12 @@ def _model_problems(model: str) -> list[str]:
 def _dataset_problems(source: str) -> list[str]:
     """Local sources are checked up front so that they are listed with every other problem;
     columns are checked when the dataset loads."""
-    from atlas_core.training.data import BUILTIN_ARITHMETIC, FILE_FORMATS
+    from atlas_core.training.data import BUILTIN_SOURCES, FILE_FORMATS
 
-    if source == BUILTIN_ARITHMETIC or source.startswith("hf://"):
+    if source in BUILTIN_SOURCES or source.startswith("hf://"):
         return []
     if source.startswith("builtin://"):
-        return [f"dataset.source: unknown builtin '{source}' (available: {BUILTIN_ARITHMETIC})"]
+        return [f"dataset.source: unknown builtin '{source}' (available: {', '.join(BUILTIN_SOURCES)})"]
     path = Path(os.path.expanduser(source))
     if not path.exists():
         return [f"dataset.source: '{source}' does not exist"]

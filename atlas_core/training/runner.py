@@ -69,6 +69,7 @@ def build_trainer(cfg: DictConfig, callbacks: list | None = None):
             num_samples=int(cfg.dataset.num_samples),
             max_operand=int(cfg.dataset.max_operand),
             seed=int(cfg.dataset.seed),
+            guided_fraction=float(cfg.dataset.get("guided_fraction", 0.0)),
         )
     except DatasetSourceError as exc:
         raise RunConfigError([str(exc)]) from None
@@ -85,15 +86,27 @@ def build_trainer(cfg: DictConfig, callbacks: list | None = None):
 
     callbacks = [JsonlMetricsCallback(Path(cfg.output_dir) / METRICS_FILE), *(callbacks or [])]
     try:
-        if algorithm == "grpo":
-            from atlas_core.training.algorithms.grpo import GRPOTrainer
-
+        if algorithm in ("grpo", "teacher"):
             funcs = [REWARD_FUNCTIONS[name] for name in cfg.reward.funcs or []]
             if cfg.reward.get("config"):
                 from atlas_core.reward.interpretation import RIMReward
 
                 funcs.append(RIMReward(str(cfg.reward.config)))
+        if algorithm == "grpo":
+            from atlas_core.training.algorithms.grpo import GRPOTrainer
+
             return GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, callbacks=callbacks)
+        if algorithm == "teacher":
+            from atlas_core.training.algorithms.teacher_trainers import TeacherGRPOTrainer
+
+            return TeacherGRPOTrainer(
+                model=model,
+                reward_funcs=funcs or None,
+                args=args,
+                train_dataset=dataset,
+                callbacks=callbacks,
+                student_model=resolve_model_path(str(cfg.student)),
+            )
         from atlas_core.training.algorithms.sft import SFTTrainer
 
         return SFTTrainer(model=model, args=args, train_dataset=dataset, callbacks=callbacks)

@@ -107,9 +107,22 @@ def withhold_answer(guidance: str, ground_truth: Any) -> str:
 
 def guidance_example(row: dict[str, Any]) -> str:
     """A worked teacher completion for the bundled arithmetic task (SFT warm-up of the teacher)."""
-    a, op, b = row["question"].split()
-    verb = {"+": f"start at {a} and count up {b}", "-": f"start at {a} and count down {b}", "*": f"add {a} {b} times"}
-    return (
-        f"<thinking>The student must compute {a} {op} {b}.</thinking>"
-        f"<teaching>To get {a} {op} {b}, {verb[op]}. Put the result in \\boxed{{}}.</teaching>"
-    )
+    from atlas_core.tasks.arithmetic import guidance_text
+
+    return f"<thinking>The student must compute {row['question']}.</thinking><teaching>{guidance_text(row)}</teaching>"
+
+
+def make_teacher_sft_dataset(n: int, seed: int = 0, **kwargs: Any) -> list[dict[str, Any]]:
+    """(task, probe, guidance) examples in the teacher's format, for an SFT warm-up before RL."""
+    import random
+
+    from atlas_core.tasks.arithmetic import make_arithmetic_dataset
+
+    rng = random.Random(seed)
+    rows = []
+    for row in make_arithmetic_dataset(n, seed=seed, **kwargs):
+        task = row["prompt"][0]["content"]
+        probe = rng.choice(["I would add the numbers.", "I am not sure.", "Count on from the first number."])
+        prompt = teacher_messages(task, probe, capability=rng.random())
+        rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": guidance_example(row)}]})
+    return rows
