@@ -29,6 +29,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/grpo_overhead.py
 	$(BIN)/python bench/rim_concurrency.py
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/teaching_step.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
