@@ -61,7 +61,9 @@ def test_print_config_shows_the_composed_recipe(tmp_path):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["recipe=nope"], ["recipe: unknown recipe (available: grpo, tiny_grpo, tiny_sft)"]),
+        (["recipe=nope"], ["recipe: unknown recipe (available: grpo, teacher_rcl, tiny_grpo, tiny_sft, tiny_teacher)"]),
+        (["recipe=tiny_teacher", "student=null"], ["student: required for algorithm teacher"]),
+        (["recipe=tiny_teacher", "student=/no/student"], ["student: '/no/student' does not exist"]),
         (["trainer.bogus=1"], ["trainer.bogus: not a GRPOConfig/SFTConfig field"]),
         (["nonsense=1"], ["nonsense: unknown configuration key"]),
         (["model=/no/such/model"], ["model: '/no/such/model' does not exist"]),
