@@ -120,3 +120,29 @@ def test_presets_parse_with_deepspeed(preset):
     assert (
         parsed.zero_config.offload_optimizer is not None and parsed.zero_config.offload_optimizer.device == "cpu"
     ) == offload
+
+
+@pytest.mark.slow
+def test_teacher_two_processes_zero3(tmp_path, atlas_cache):
+    """The AtlasTeacher launch: teacher GRPO under ZeRO-3, each rank with its own frozen local student."""
+    out = tmp_path / "teacher"
+    master_port = free_port()
+    env = python_env(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(master_port),
+        PET_NNODES="1",
+        PET_NODE_RANK="0",
+        PATH=f"{REPO / '.venv' / 'bin'}:{python_env()['PATH']}",
+    )
+    command = (
+        POD_LAUNCH.format(preset="deepspeed_zero3", world=2, overrides="").replace(
+            "recipe@_global_=tiny_grpo", "recipe@_global_=tiny_teacher"
+        )
+        + f" output_dir={out} trainer.max_steps=2 trainer.save_strategy=no trainer.metrics_port=0"
+    )
+    proc = subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    output = proc.stdout + proc.stderr
+    assert "done: rank 0/2 at global step 2" in output and "done: rank 1/2 at global step 2" in output
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "teaching/reward" in r] == [1, 2]

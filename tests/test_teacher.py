@@ -275,3 +275,34 @@ def test_train_logs_teaching_metrics_and_keeps_the_student_frozen(tmp_path, tiny
     assert texts and all("Measured student capability" in text for text in texts)
     assert all("The student's approach:" in text and "Task:\nWhat is" in text for text in texts)
     assert all(any(t_.split(".")[0] in text for t_ in teaching.TEACHER_TEMPLATES.values()) for text in texts)
+
+
+def test_capability_from_the_rim_diagnostic_judge(tmp_path, tiny_model_dir):
+    """With a RIM diagnostic judge among the scorers, capability is that judge's reading of the probe."""
+    from judge_server import judgment
+
+    from atlas_core.reward.interpretation import RIMReward
+
+    def script(call):
+        if call.model == "judge":
+            return Reply(judgment(0.85, 0.05, rationale="knows the method, slips on carries"))
+        if teaching.PROBE_INSTRUCTION in call.messages[-1]["content"]:
+            return Reply("Add ones, then tens.")
+        return Reply("\\boxed{7}")
+
+    with JudgeServer(script, served_model="student") as server:
+        endpoint = {"model": "judge", "base_url": server.base_url, "api_key_env": None}
+        rim = RIMReward(config={"judges": ["accuracy", "diagnostic"], "small_model": endpoint, "large_model": endpoint})
+        t = TeacherGRPOTrainer(
+            args=teacher_args(tmp_path, tiny_model_dir),
+            reward_funcs=rim,
+            train_dataset=arithmetic(),
+            student_model=server.base_url,
+        )
+        result = t.diagnostic_probe("What is 3 + 4?", ground_truth="7")
+        rim.close()
+    assert result.capability_level == pytest.approx(0.85)
+    assert "knows the method, slips on carries" in result.identified_gaps
+    # the baseline answers are scored by RIM: mean of accuracy 1.0 (verifiable) and diagnostic 0.85
+    assert result.baseline_score == pytest.approx(0.925)
+    assert teaching.template_for(result.capability_level) == "minimal"

@@ -8,6 +8,7 @@ raise ``RuntimeError`` naming the student.
 from __future__ import annotations
 
 import asyncio
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +31,26 @@ def is_endpoint(student_model: Any) -> bool:
     return isinstance(student_model, str) and student_model.startswith(("http://", "https://"))
 
 
+@contextmanager
+def _outside_zero3_init():
+    """Load with whole weights even when the trainer runs DeepSpeed ZeRO-3.
+
+    Under ZeRO-3, transformers partitions every model created by ``from_pretrained`` across the
+    ranks; the frozen student is never trained, so each rank keeps it whole instead (its own
+    ``generate`` would otherwise fail on empty parameter shards).
+    """
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    active = hf_deepspeed._hf_deepspeed_config_weak_ref
+    config = active() if active is not None else None
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        if config is not None:
+            hf_deepspeed.set_hf_deepspeed_config(config)
+
+
 class LocalStudent:
     """A model loaded frozen: no gradients, eval mode; on ``device`` or, with ``offload``, on CPU."""
 
@@ -42,7 +63,8 @@ class LocalStudent:
         if isinstance(model, str):
             path = resolve_model_path(model)
             try:
-                model = AutoModelForCausalLM.from_pretrained(path)
+                with _outside_zero3_init():
+                    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto")
                 tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
             except OSError as exc:
                 raise ValueError(f"student_model: cannot load {path!r}: {' '.join(str(exc).split())[:200]}") from None
