@@ -187,20 +187,7 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
                 f"reward.weights: expected {expected} weights (one per reward.funcs, then RIM), got {len(weights)}"
             )
         problems += _batch_problems(kwargs)
-    problems += _precision_problems(kwargs)
     return problems
-
-
-def _precision_problems(kwargs: dict[str, Any]) -> list[str]:
-    import torch
-
-    if torch.cuda.is_available():
-        return []
-    return [
-        f"trainer.{name}: true needs a GPU; this machine has none (set trainer.{name}=false)"
-        for name in ("bf16", "fp16")
-        if kwargs.get(name) is True
-    ]
 
 
 def _model_problems(model: str) -> list[str]:

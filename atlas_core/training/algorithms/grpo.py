@@ -10,13 +10,17 @@ TRL's loop is used as is. Atlas hooks in at two points:
 
 from __future__ import annotations
 
+import inspect
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import trl
-from accelerate.utils import gather
+from accelerate.utils import gather, gather_object
+from transformers import EvalPrediction, TrainerCallback
 
 from atlas_core.models.tiny import resolve_model_path
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
@@ -48,13 +52,25 @@ class GRPOTrainer(trl.GRPOTrainer):
         reward_funcs: a reward function (``f(prompts, completions, **dataset_columns) -> list[float]``),
             a reward model id, an ``nn.Module``, or a list of them. Weighted by ``args.reward_weights``.
             May be omitted when a subclass overrides :meth:`compute_rewards`.
-        args: :class:`~atlas_core.training.algorithms.grpo_config.GRPOConfig`.
+        args: :class:`~atlas_core.training.algorithms.grpo_config.GRPOConfig` (``config`` is the same).
         train_dataset, eval_dataset, processing_class, reward_processing_classes, callbacks, optimizers:
             as in ``trl.GRPOTrainer``; any further keyword goes to it unchanged.
+        config: the trainers reference's name for ``args``.
+        tokenizer: the trainers reference's name for ``processing_class``.
+        ref_model: the reference model of the KL penalty (``beta > 0``) instead of a fresh copy of the policy.
+        reward_model: a sequence-classification reward model (or its id), added to ``reward_funcs``.
+        compute_metrics: ``f(EvalPrediction) -> dict`` run after evaluation on the generated completions
+            (``predictions``, one text per completion) and the eval dataset's ``ground_truth`` (``label_ids``).
+        accelerator: an ``accelerate.Accelerator`` the caller already made. The Trainer builds its own from
+            ``args`` (they share Accelerate's process state); a mismatch in the distributed setup is an error.
 
     After each reward computation ``current_rewards`` holds the combined reward of every
     completion of the generation batch (all processes); after each training step
-    ``current_kl`` holds its mean KL (empty when ``beta == 0``: KL is not computed then).
+    ``current_kl`` holds its mean KL (0 when ``beta == 0``: there is no KL term then).
+
+    A subclass may define Trainer-callback methods on itself (``on_epoch_begin``, ``on_step_end``,
+    ``on_evaluate``, ``on_log``, ...): they are called at those events, with the callback arguments
+    ``(args, state, control, **kwargs)`` or with none when the method takes none.
     """
 
     #: Name of the single reward column of a subclass that computes its reward itself (logs: rewards/<name>/mean).
@@ -71,8 +87,32 @@ class GRPOTrainer(trl.GRPOTrainer):
         reward_processing_classes=None,
         callbacks=None,
         optimizers=(None, None),
+        *,
+        config: GRPOConfig | None = None,
+        tokenizer=None,
+        ref_model=None,
+        reward_model=None,
+        compute_metrics: Callable[[EvalPrediction], dict] | None = None,
+        accelerator=None,
         **kwargs: Any,
     ):
+        if config is not None:
+            if args is not None and args is not config:
+                raise ValueError("config: pass either config or args (both are the GRPOConfig), not both")
+            args = config
+        if tokenizer is not None:
+            if processing_class is not None and processing_class is not tokenizer:
+                raise ValueError("tokenizer: pass either tokenizer or processing_class, not both")
+            processing_class = tokenizer
+        if reward_model is not None:
+            reward_funcs = [*_as_list(reward_funcs), reward_model]
+        if ref_model is not None and args is not None and args.beta == 0.0:
+            raise ValueError("ref_model: the reference model is only used with a KL penalty (set beta > 0)")
+        if hasattr(args, "rederive_generation_batch"):
+            args.rederive_generation_batch()
+        attn_implementation = getattr(args, "attn_implementation", None)
+        if attn_implementation and args is not None:
+            args.model_init_kwargs = {**(args.model_init_kwargs or {}), "attn_implementation": attn_implementation}
         if model is None:
             model = getattr(args, "model_name_or_path", None)
             if model is None:
@@ -91,9 +131,10 @@ class GRPOTrainer(trl.GRPOTrainer):
                 )
             reward_funcs = [_reward_column(self.reward_column_name)]
 
-        callbacks = [*(callbacks or []), *telemetry_callbacks(args)]
+        callbacks = [*(callbacks or []), *telemetry_callbacks(args), _SubclassHooks(self)]
 
         self._reward_batch: tuple[list, list] | None = None
+        self._eval_records: list[tuple[str, Any]] = []
         self.current_rewards = torch.empty(0)
         self.current_kl = torch.empty(0)
         super().__init__(
@@ -108,6 +149,35 @@ class GRPOTrainer(trl.GRPOTrainer):
             optimizers=optimizers,
             **kwargs,
         )
+        self.compute_metrics = compute_metrics
+        if accelerator is not None:
+            self._check_accelerator(accelerator)
+        if ref_model is not None:
+            self._use_ref_model(ref_model)
+
+    def _check_accelerator(self, accelerator) -> None:
+        ours = (self.accelerator.distributed_type, self.accelerator.num_processes)
+        theirs = (accelerator.distributed_type, accelerator.num_processes)
+        if ours != theirs:
+            raise ValueError(
+                f"accelerator: distributed type/processes {theirs} differ from the ones args set up {ours}; "
+                "launch with `accelerate launch` and let the trainer build its Accelerator"
+            )
+
+    def _use_ref_model(self, ref_model) -> None:
+        """Put the caller's reference model where TRL keeps its own, prepared the same way."""
+        from trl.models.utils import prepare_deepspeed
+
+        if isinstance(ref_model, str):
+            from transformers import AutoModelForCausalLM
+
+            ref_model = AutoModelForCausalLM.from_pretrained(resolve_model_path(ref_model))
+        ref_model.requires_grad_(False)
+        ref_model.eval()
+        if self.is_deepspeed_enabled:
+            self.ref_model = prepare_deepspeed(ref_model, self.accelerator)
+        else:
+            self.ref_model = self.accelerator.prepare_model(ref_model, evaluation_mode=True)
 
     # ------------------------------------------------------------------ rewards
 
@@ -137,13 +207,24 @@ class GRPOTrainer(trl.GRPOTrainer):
         reward_kwargs = {key: [row[key] for row in inputs] for key in inputs[0] if key not in skip}
         self._reward_batch = (inputs, completion_ids_list)
         try:
-            local = self.compute_rewards(completions, prompts, **reward_kwargs)
+            local = self.compute_rewards(completions, prompts, **self._accepted_reward_kwargs(reward_kwargs))
         finally:
             self._reward_batch = None
         rewards_per_func = gather(self._as_reward_matrix(local, len(prompts)))
         weights = self.reward_weights.to(rewards_per_func.device)
         self.current_rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1).detach().cpu()
+        if not self.model.training:  # kept for compute_metrics after evaluation
+            truths = reward_kwargs.get("ground_truth") or [None] * len(completions)
+            self._eval_records += [(_completion_text(c), t) for c, t in zip(completions, truths, strict=True)]
         return rewards_per_func
+
+    def _accepted_reward_kwargs(self, reward_kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The dataset columns an override's signature takes: all with ``**kwargs``, else those it names
+        (the reference's ``compute_rewards(self, completions, prompts)`` takes none)."""
+        parameters = inspect.signature(self.compute_rewards).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return reward_kwargs
+        return {k: v for k, v in reward_kwargs.items() if k in parameters}
 
     def _as_reward_matrix(self, rewards, n: int) -> torch.Tensor:
         """Shape compute_rewards' result as the (n, len(reward_funcs)) matrix TRL weights and sums."""
@@ -171,8 +252,107 @@ class GRPOTrainer(trl.GRPOTrainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
         kl = self._metrics["train"].get("kl")
-        self.current_kl = torch.tensor(kl[-1:], dtype=torch.float32) if kl else torch.empty(0)
+        self.current_kl = torch.tensor(kl[-1:] if kl else [0.0], dtype=torch.float32)
         return loss
+
+    def log(self, logs: dict[str, Any], start_time: float | None = None) -> None:
+        """TRL's log, accepting 0-d tensors (``self.current_rewards.mean()``) as the reference does."""
+        logs = {k: v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for k, v in logs.items()}
+        super().log(logs, start_time)
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None, **kwargs):
+        """TRL's evaluation (generation, rewards, loss), then ``compute_metrics`` on what was generated."""
+        self._eval_records = []
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, **kwargs)
+        prefix = kwargs.get("metric_key_prefix", "eval")
+        # TRL reports its eval metrics (reward, completion lengths, ...) only through log(); return them too.
+        for key, values in self._metrics["eval"].items():
+            valid = [v for v in values if not math.isnan(v)]
+            if valid:
+                output.metrics.setdefault(f"{prefix}_{key}", sum(valid) / len(valid))
+        if self.compute_metrics is not None and self._eval_records:
+            records = gather_object(self._eval_records)
+            prediction = EvalPrediction(
+                predictions=np.array([r[0] for r in records], dtype=object),
+                label_ids=np.array([r[1] for r in records], dtype=object),
+            )
+            for key, value in self.compute_metrics(prediction).items():
+                output.metrics[key if key.startswith(f"{prefix}_") else f"{prefix}_{key}"] = value
+        self._eval_records = []
+        return output
+
+
+class _SubclassHooks(TrainerCallback):
+    """Calls callback-named methods a trainer subclass defines on itself (the reference's override style)."""
+
+    EVENTS = (
+        "on_train_begin",
+        "on_train_end",
+        "on_epoch_begin",
+        "on_epoch_end",
+        "on_step_begin",
+        "on_step_end",
+        "on_evaluate",
+        "on_log",
+        "on_save",
+    )
+
+    def __init__(self, trainer: GRPOTrainer):
+        self.hooks = {}
+        for event in self.EVENTS:
+            method = getattr(trainer, event, None)
+            if callable(method):
+                takes_arguments = bool(inspect.signature(method).parameters)
+                self.hooks[event] = (method, takes_arguments)
+
+    def _dispatch(self, event, args, state, control, **kwargs):
+        hook = self.hooks.get(event)
+        if hook is None:
+            return None
+        method, takes_arguments = hook
+        result = method(args, state, control, **kwargs) if takes_arguments else method()
+        return result if isinstance(result, type(control)) else None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        return self._dispatch("on_train_begin", args, state, control, **kwargs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        return self._dispatch("on_train_end", args, state, control, **kwargs)
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        return self._dispatch("on_epoch_begin", args, state, control, **kwargs)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        return self._dispatch("on_epoch_end", args, state, control, **kwargs)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        return self._dispatch("on_step_begin", args, state, control, **kwargs)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        return self._dispatch("on_step_end", args, state, control, **kwargs)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        return self._dispatch("on_evaluate", args, state, control, **kwargs)
+
+    def on_log(self, args, state, control, **kwargs):
+        return self._dispatch("on_log", args, state, control, **kwargs)
+
+    def on_save(self, args, state, control, **kwargs):
+        return self._dispatch("on_save", args, state, control, **kwargs)
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _completion_text(completion) -> str:
+    from atlas_core.tasks.arithmetic import completion_text
+
+    return completion_text(completion)
 
 
 def _looks_like_path(model: str) -> bool:

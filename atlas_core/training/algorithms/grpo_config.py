@@ -33,6 +33,10 @@ class AtlasArguments:
         metrics_kind (`str`, *optional*):
             ``kind`` label (``AtlasTraining`` / ``AtlasTeacher`` in the cluster). Defaults to ``$ATLAS_KIND``,
             else ``"local"``.
+        attn_implementation (`str`, *optional*):
+            Attention kernel for a model loaded from a name or path (``"sdpa"``, ``"eager"``,
+            ``"flash_attention_2"`` on GPUs with flash-attn); read when the trainer is built, so it may be set
+            after the config is.
     """
 
     model_name_or_path: str | None = field(
@@ -52,6 +56,9 @@ class AtlasArguments:
     )
     metrics_kind: str | None = field(
         default=None, metadata={"help": "kind label of the metrics ($ATLAS_KIND, else 'local')."}
+    )
+    attn_implementation: str | None = field(
+        default=None, metadata={"help": "Attention kernel of a model loaded by name: sdpa, eager, flash_attention_2."}
     )
 
     def _default_to_hardware(self) -> None:
@@ -153,6 +160,24 @@ class GRPOConfig(_TRLGRPOConfig, AtlasArguments, TeachingArguments):
 
     def __post_init__(self):
         self._default_to_hardware()
+        # Whether TRL derives the generation batch from the batch size and accumulation steps (neither
+        # given); the trainer then derives it again, so that setting those after construction works.
+        self._derived_generation_batch = self.generation_batch_size is None and self.steps_per_generation is None
         super().__post_init__()
         self._resolve_atlas_fields()
         self._check_teaching_fields()
+
+    def rederive_generation_batch(self) -> None:
+        """Recompute TRL's generation batch from the current batch fields (they may have been set after
+        construction, as the trainers reference does) and check that whole prompt groups fit."""
+        if not getattr(self, "_derived_generation_batch", False):
+            return
+        self.steps_per_generation = self.gradient_accumulation_steps
+        self.generation_batch_size = self.per_device_train_batch_size * self.world_size * self.steps_per_generation
+        if self.generation_batch_size % self.num_generations:
+            raise ValueError(
+                f"num_generations: {self.num_generations} does not divide the generation batch of "
+                f"{self.generation_batch_size} completions (per_device_train_batch_size "
+                f"{self.per_device_train_batch_size} x {self.world_size} processes x gradient_accumulation_steps "
+                f"{self.gradient_accumulation_steps})"
+            )

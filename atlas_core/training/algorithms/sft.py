@@ -63,3 +63,25 @@ class SFTTrainer(trl.SFTTrainer):
             args.max_length = max_seq_length
         kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), *telemetry_callbacks(args)]
         super().__init__(model=model, args=args, **kwargs)
+
+    def format_dataset(self, dataset):
+        """Render each example's ``messages`` with the tokenizer's chat template into a ``text`` column."""
+        tokenizer = self.processing_class
+
+        def formatting_func(example):
+            return {"text": tokenizer.apply_chat_template(example["messages"], tokenize=False)}
+
+        if "messages" not in dataset.column_names:
+            raise ValueError(f"dataset: expected a 'messages' column, got {', '.join(dataset.column_names)}")
+        return dataset.map(formatting_func)
+
+    def pack_sequences(self, tokenized_dataset, seq_length: int | None = None):
+        """Pack tokenized examples (``input_ids``) into rows of at most ``seq_length`` tokens
+        (default ``args.max_length``) with TRL's best-fit-decreasing packing; ``seq_lengths`` keeps
+        the boundaries so attention does not cross examples."""
+        from trl.data_utils import pack_dataset
+
+        length = seq_length or self.args.max_length
+        if not length:
+            raise ValueError("seq_length: pass one, or set args.max_length (max_seq_length)")
+        return pack_dataset(tokenized_dataset, seq_length=length, strategy="bfd")
