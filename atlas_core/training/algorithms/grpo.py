@@ -272,8 +272,9 @@ class GRPOTrainer(trl.GRPOTrainer):
             valid = [v for v in values if not math.isnan(v)]
             if valid:
                 output.metrics.setdefault(f"{prefix}_{key}", sum(valid) / len(valid))
-        if self.compute_metrics is not None and self._eval_records:
-            records = gather_object(self._eval_records)
+        # every rank takes part in the gather, even one without records
+        records = gather_object(self._eval_records) if self.compute_metrics is not None else []
+        if records:
             prediction = EvalPrediction(
                 predictions=np.array([r[0] for r in records], dtype=object),
                 label_ids=np.array([r[1] for r in records], dtype=object),
