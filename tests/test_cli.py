@@ -63,6 +63,8 @@ def test_print_config_shows_the_composed_recipe(tmp_path):
     [
         (["recipe=nope"], ["recipe: unknown recipe (available: grpo, teacher_rcl, tiny_grpo, tiny_sft, tiny_teacher)"]),
         (["recipe=tiny_teacher", "student=null"], ["student: required for algorithm teacher"]),
+        (["trainer.num_generations=abc"], ["trainer.num_generations: expected a whole number >= 1, got 'abc'"]),
+        (["dataset.num_samples=abc"], ["dataset.num_samples: expected a whole number >= 1, got 'abc'"]),
         (["recipe=tiny_teacher", "student=/no/student"], ["student: '/no/student' does not exist"]),
         (["trainer.bogus=1"], ["trainer.bogus: not a GRPOConfig/SFTConfig field"]),
         (["nonsense=1"], ["nonsense: unknown configuration key"]),
@@ -113,3 +115,42 @@ def test_manifest_is_refused_with_a_reason(tmp_path):
     manifest.write_text("apiVersion: atlas.arc.computer/v1alpha1\nkind: AtlasTraining\n")
     proc = run([PYTHON, "-m", "atlas_core.cli.main", "train", str(manifest)], tmp_path)
     assert proc.returncode == 2 and "Kubernetes manifest" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_file_recipe_named_like_a_bundled_one_is_used(tmp_path):
+    own = tmp_path / "grpo.yaml"
+    own.write_text("run_name: mine\nmodel: builtin://tiny-llama\ndataset:\n  source: builtin://arithmetic\n")
+    proc = run([*TRAIN, f"recipe={own}", "--print-config"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load(proc.stdout)
+    assert cfg["run_name"] == "mine" and cfg["model"] == "builtin://tiny-llama"
+
+
+def test_data_without_ground_truth_for_exact_match(tmp_path, atlas_cache):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "Say hi."}\n' * 8)
+    for recipe in ("tiny_grpo", "tiny_teacher"):
+        proc = run(
+            [*TRAIN, f"recipe={recipe}", f"dataset.source={data}", f"output_dir={tmp_path / 'o'}", *QUICK], tmp_path
+        )
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert error_lines(proc) == [
+            f"error: dataset.source: '{data}' has no 'ground_truth' column, which exact-match scoring needs "
+            "(columns: prompt)"
+        ]
+
+
+def test_busy_metrics_port_does_not_stop_training(tmp_path, atlas_cache):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run(
+            [*TRAIN, "recipe=tiny_grpo", f"output_dir={tmp_path / 'o'}", "trainer.max_steps=1",
+             f"trainer.metrics_port={port}", "trainer.save_strategy=no"],
+            tmp_path,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "metrics_port: cannot serve /metrics" in proc.stderr

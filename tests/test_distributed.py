@@ -94,7 +94,9 @@ def test_one_node_two_processes_zero1(tmp_path, atlas_cache):
     assert len(records) == 2
 
 
-@pytest.mark.parametrize("preset", ["deepspeed_zero1", "deepspeed_zero3", "deepspeed_zero3_cpu_offloading"])
+@pytest.mark.parametrize(
+    "preset", ["deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3", "deepspeed_zero3_cpu_offloading"]
+)
 def test_presets_parse_with_deepspeed(preset):
     """The DeepSpeed section, as Accelerate and the HF Trainer fill it in, is a valid DeepSpeed config."""
     from accelerate.utils import DeepSpeedPlugin
@@ -113,7 +115,7 @@ def test_presets_parse_with_deepspeed(preset):
         GRPOConfig(output_dir="/tmp/unused", per_device_train_batch_size=4, num_generations=4)
     )
     parsed = DeepSpeedConfig(hf_config.config)
-    expected_stage = 1 if preset == "deepspeed_zero1" else 3
+    expected_stage = {"deepspeed_zero1": 1, "deepspeed_zero2": 2}.get(preset, 3)
     assert parsed.zero_optimization_stage == expected_stage
     assert parsed.train_micro_batch_size_per_gpu == 4
     offload = preset.endswith("offloading")

@@ -79,6 +79,8 @@ def test_shipped_configs_load():
         ({"retries": 1.5}, "retries: expected a whole number"),
         ({"weights": {"accuracy": 1.0}}, "weights.accuracy: not one of the configured judges"),
         ({"temperature": [0.1]}, "temperature: unknown key"),
+        ({"judges": [{"name": "process"}]}, "judges[0]: unknown judge"),
+        ({"weights": {"process": float("nan")}}, "weights.process: expected a finite number"),
     ],
 )
 def test_bad_config_names_the_key(change, message):
@@ -249,6 +251,8 @@ def test_api_key_is_sent_but_never_shown(rim_factory, monkeypatch, caplog):
         result = rim.evaluate("task", "response")
     assert server.calls[0].headers["Authorization"] == f"Bearer {secret}"
     assert secret not in result.rationale and all(secret not in e for e in result.judge_explanations.values())
+    assert all(secret not in s.rationale for r in result.judges.values() for s in r.samples)
+    assert all(secret not in r.rationale for r in result.judges.values())
     assert "[redacted]" in result.rationale
     assert secret not in repr(rim.config) and secret not in caplog.text
 
@@ -388,3 +392,12 @@ def test_rim_from_the_run_configuration(tmp_path, atlas_cache):
         env=python_env(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert bad.returncode == 2 and "error: reward.config: config_path: no RIM config 'nope'" in bad.stderr
+
+
+def test_a_key_put_in_api_key_env_is_never_echoed(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-123456")
+    with pytest.raises(RIMConfigError) as info:
+        parse_rim_config(config("http://127.0.0.1:9/v1", small_model={"model": "m", "base_url": "http://x/v1",
+                                                                      "api_key_env": "${OPENAI_API_KEY}"}))  # fmt: skip
+    assert "small_model.api_key_env: expected the name of an environment variable" in str(info.value)
+    assert "sk-secret" not in str(info.value)

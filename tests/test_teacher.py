@@ -306,3 +306,26 @@ def test_capability_from_the_rim_diagnostic_judge(tmp_path, tiny_model_dir):
     # the baseline answers are scored by RIM: mean of accuracy 1.0 (verifiable) and diagnostic 0.85
     assert result.baseline_score == pytest.approx(0.925)
     assert teaching.template_for(result.capability_level) == "minimal"
+
+
+def test_endpoint_that_ignores_n_still_gives_every_sample(tmp_path, tiny_model_dir):
+    from atlas_core.training.student import EndpointStudent
+
+    with JudgeServer(lambda call: Reply(["\\boxed{7}"])) as server:  # always one choice, whatever n says
+        student = EndpointStudent(server.base_url)
+        answers = student.generate([[{"role": "user", "content": "What is 3 + 4?"}]], 8, num_samples=3)
+    assert [a.text for a in answers[0]] == ["\\boxed{7}"] * 3
+    assert [c.n for c in server.calls] == [3, 2, 1]
+
+
+def test_student_failure_during_training_does_not_stop_it(tmp_path, tiny_model_dir, warm_model_dir):
+    t = TeacherGRPOTrainer(
+        args=teacher_args(tmp_path, tiny_model_dir, max_steps=2),
+        train_dataset=arithmetic(),
+        student_model=str(warm_model_dir),
+    )
+    t.student = BrokenStudent()
+    t.train()  # every batch is unscorable: no reward, no update, no crash
+    assert t.state.global_step == 2
+    logs = [r for r in t.state.log_history if "teaching/unscored_batches" in r]
+    assert logs and all(r["teaching/unscored_batches"] == 1.0 for r in logs)

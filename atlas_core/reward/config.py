@@ -96,6 +96,12 @@ def expand_env(value: Any) -> Any:
     return value
 
 
+def _expand_except_key_names(section: Any) -> Any:
+    if not isinstance(section, dict):
+        return expand_env(section)
+    return {k: v if k == "api_key_env" else expand_env(v) for k, v in section.items()}
+
+
 def _number(raw: dict, key: str, default: float, problems: list[str], low=None, high=None, integer=False):
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -131,7 +137,8 @@ def _endpoint(raw: dict, key: str, problems: list[str]) -> ModelEndpoint:
         problems.append(f"{key}.base_url: required for the openai backend (an OpenAI-compatible /v1 URL)")
     api_key_env = section.get("api_key_env") or None
     if api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(api_key_env)):
-        problems.append(f"{key}.api_key_env: expected the name of an environment variable, got {api_key_env!r}")
+        # the value is not shown: a misplaced key must not end up in an error message
+        problems.append(f"{key}.api_key_env: expected the name of an environment variable (like OPENAI_API_KEY)")
     return ModelEndpoint(model=model, base_url=base_url, api_key_env=api_key_env, backend=backend)
 
 
@@ -139,7 +146,11 @@ def parse_rim_config(raw: Any, source: str = "<dict>") -> RIMConfig:
     """Validate a loaded YAML mapping; raises RIMConfigError listing every problem."""
     if not isinstance(raw, dict):
         raise RIMConfigError(f"{source}: expected a mapping of RIM settings")
-    raw = expand_env(raw)
+    # ${...} references are expanded everywhere except api_key_env, which names a variable and must never
+    # be replaced by (and then echoed as) the secret it holds.
+    raw = {
+        k: _expand_except_key_names(v) if k in ("small_model", "large_model") else expand_env(v) for k, v in raw.items()
+    }
     problems: list[str] = [f"{k}: unknown key" for k in sorted(set(raw) - _TOP_LEVEL_KEYS)]
 
     judges = raw.get("judges")
@@ -147,8 +158,9 @@ def parse_rim_config(raw: Any, source: str = "<dict>") -> RIMConfig:
         problems.append(f"judges: required, a list of some of {', '.join(KNOWN_JUDGES)}")
         judges = []
     for i, judge in enumerate(judges):
-        if judge not in KNOWN_JUDGES:
+        if not isinstance(judge, str) or judge not in KNOWN_JUDGES:
             problems.append(f"judges[{i}]: unknown judge {judge!r} (known: {', '.join(KNOWN_JUDGES)})")
+    judges = [j for j in judges if isinstance(j, str)]
     if len(set(judges)) != len(judges):
         problems.append("judges: each judge may appear once")
 
@@ -171,8 +183,10 @@ def parse_rim_config(raw: Any, source: str = "<dict>") -> RIMConfig:
     for judge, weight in weights.items():
         if judge not in judges:
             problems.append(f"weights.{judge}: not one of the configured judges")
-        elif isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
-            problems.append(f"weights.{judge}: expected a number >= 0, got {weight!r}")
+        elif (
+            isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0
+        ):
+            problems.append(f"weights.{judge}: expected a finite number >= 0, got {weight!r}")
     if judges and weights and all(weights.get(j, 1.0) == 0 for j in judges):
         problems.append("weights: at least one judge needs a weight above 0")
 

@@ -19,6 +19,8 @@ leaves this module.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import math
 import statistics
 import threading
@@ -39,6 +41,8 @@ from atlas_core.reward.judges import (
 )
 from atlas_core.tasks.arithmetic import completion_text
 from atlas_core.telemetry import metrics
+
+logger = logging.getLogger(__name__)
 
 #: Reward-function keyword arguments TRL adds that are not dataset columns.
 _TRL_KWARGS = {"completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
@@ -127,6 +131,14 @@ class RIMReward:
         else:
             self.config = parse_rim_config(dict(config))
         self.__name__ = "rim"  # TRL names reward columns after __name__: rewards/rim/mean
+        for tier, endpoint in (("small_model", self.config.small_model), ("large_model", self.config.large_model)):
+            if endpoint.backend == "openai" and endpoint.api_key_env and not endpoint.api_key():
+                logger.warning(
+                    "%s.api_key_env: $%s is not set; the endpoint will likely refuse every call and each judge "
+                    "will score fallback_score",
+                    tier,
+                    endpoint.api_key_env,
+                )
         self._backends = dict(backends or {})
         self._loop: BackgroundLoop | None = None
         self._semaphore: asyncio.Semaphore | None = None
@@ -228,6 +240,13 @@ class RIMReward:
         )
 
     async def _judge(self, judge: str, prompt: str, response: str, context: dict[str, Any]) -> JudgeResult:
+        try:
+            return await self._judge_unguarded(judge, prompt, response, context)
+        except Exception as exc:  # noqa: BLE001 - whatever happens, a judge yields a score
+            error = self._redact(f"{type(exc).__name__}: {exc}")
+            return JudgeResult(judge, self.config.fallback_score, "judge failed", errors=[error], failed=True)
+
+    async def _judge_unguarded(self, judge: str, prompt: str, response: str, context: dict[str, Any]) -> JudgeResult:
         if judge == "accuracy" and context.get("ground_truth") not in (None, ""):
             verdict = verifiable_accuracy(response, context["ground_truth"])
             return JudgeResult(judge, verdict.score, verdict.rationale, samples=[verdict])
@@ -271,7 +290,9 @@ class RIMReward:
             try:
                 async with self._semaphore:
                     text = await backend.complete(messages, temperature)
-                return parse_judgment(text, temperature=temperature, tier=tier)
+                judged = parse_judgment(text, temperature=temperature, tier=tier)
+                # redacted before it is stored, shown to the large model or returned
+                return dataclasses.replace(judged, rationale=self._redact(judged.rationale))
             except JudgeCallError as exc:
                 last = str(exc)
                 if not exc.retryable:
@@ -284,7 +305,7 @@ class RIMReward:
             if attempt < self.config.retries and delay:
                 await asyncio.sleep(delay)
         metrics.rim_judge_errors.inc()
-        raise _SampleFailed(f"{tier} model at T={temperature:g}: {last}")
+        raise _SampleFailed(self._redact(f"{tier} model at T={temperature:g}: {last}"))
 
     def _redact(self, text: str) -> str:
         """API keys never appear in rationales or errors, even if a server echoes them back."""

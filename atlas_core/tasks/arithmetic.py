@@ -90,11 +90,14 @@ def normalize_answer(answer: str) -> str:
     text = answer.strip().strip("$").strip()
     text = text.rstrip(".").strip()
     candidate = text.replace(",", "").replace(" ", "")
+    if len(candidate) > 100:
+        return " ".join(text.lower().split())
     try:
         number = Decimal(candidate)
     except InvalidOperation:
         return " ".join(text.lower().split())
-    if not number.is_finite():
+    if not number.is_finite() or abs(number.adjusted()) > 60:
+        # not a plain number (or too large to print): compare as text, and never build a huge int
         return " ".join(text.lower().split())
     if number == number.to_integral_value():
         return str(int(number))

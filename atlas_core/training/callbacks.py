@@ -7,6 +7,7 @@ neither serve metrics nor write files.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -14,6 +15,8 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from atlas_core.telemetry import metrics
+
+logger = logging.getLogger(__name__)
 
 
 def _finite(value) -> float | None:
@@ -40,7 +43,11 @@ class PrometheusMetricsCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero and self.port:
-            self.bound_port = metrics.serve_metrics(self.port, self.host)
+            try:
+                self.bound_port = metrics.serve_metrics(self.port, self.host)
+            except OSError as exc:  # telemetry must not stop training
+                logger.warning("metrics_port: cannot serve /metrics on %s:%s (%s); training continues without it",
+                               self.host, self.port, exc.strerror or exc)  # fmt: skip
             self._tokens_seen = int(getattr(state, "num_input_tokens_seen", 0) or 0)
 
     def on_log(self, args, state, control, logs=None, **kwargs):

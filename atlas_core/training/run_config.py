@@ -71,7 +71,7 @@ def _prepare_overrides(overrides: list[str]) -> list[str]:
                     problems.append(f"recipe: no such run configuration file '{value}'")
                     continue
                 recipe_files.append(Path(value))
-                value = Path(value).stem
+                value = _staged_recipe_name(Path(value))  # never shadowed by a bundled recipe of that name
             prepared.append(f"recipe@_global_={value}")
             continue
         if bare.startswith("trainer.") and not key.startswith(("+", "~")):
@@ -84,6 +84,10 @@ def _prepare_overrides(overrides: list[str]) -> list[str]:
             continue
         prepared.append(override)
     return prepared, problems, recipe_files
+
+
+def _staged_recipe_name(path: Path) -> str:
+    return f"_file_{path.stem}"
 
 
 def load_run_config(overrides: list[str] | None = None) -> DictConfig:
@@ -105,7 +109,7 @@ def load_run_config(overrides: list[str] | None = None) -> DictConfig:
             # Hydra looks for recipes in <search path>/recipe/<name>.yaml.
             (Path(staging.name) / "recipe").mkdir()
             for recipe_file in recipe_files:
-                shutil.copyfile(recipe_file, Path(staging.name) / "recipe" / recipe_file.name)
+                shutil.copyfile(recipe_file, Path(staging.name) / "recipe" / f"{_staged_recipe_name(recipe_file)}.yaml")
             prepared.insert(0, f"hydra.searchpath=[file://{staging.name}]")
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
             cfg = compose(config_name=PRIMARY_CONFIG, overrides=prepared)
@@ -152,6 +156,16 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
         problems.append("dataset.source: required (builtin://arithmetic, a file, a folder or hf://org/name)")
     else:
         problems += _dataset_problems(str(cfg.dataset.source))
+
+    for name in ("num_samples", "max_operand", "seed"):
+        value = cfg.dataset.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or (name == "num_samples" and value < 1):
+            problems.append(
+                f"dataset.{name}: expected a whole number{' >= 1' if name == 'num_samples' else ''}, got {value!r}"
+            )
+    fraction = cfg.dataset.get("guided_fraction", 0.0)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+        problems.append(f"dataset.guided_fraction: expected a number in [0, 1], got {fraction!r}")
 
     kwargs = trainer_kwargs(cfg)
     known = {f.name for f in dataclasses.fields(trainer_config_class(cfg.algorithm))}
@@ -232,11 +246,16 @@ def _batch_problems(kwargs: dict[str, Any]) -> list[str]:
     from atlas_core.training.algorithms.grpo_config import GRPOConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
-    per_device = int(kwargs.get("per_device_train_batch_size", defaults["per_device_train_batch_size"]))
-    num_generations = int(kwargs.get("num_generations", defaults["num_generations"]))
-    steps = kwargs.get("steps_per_generation") or kwargs.get(
-        "gradient_accumulation_steps", defaults["gradient_accumulation_steps"]
-    )
+    values, problems = {}, []
+    for name in ("per_device_train_batch_size", "num_generations", "gradient_accumulation_steps"):
+        value = kwargs.get(name, defaults[name])
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(f"trainer.{name}: expected a whole number >= 1, got {value!r}")
+        values[name] = value
+    if problems:
+        return problems
+    per_device, num_generations = values["per_device_train_batch_size"], values["num_generations"]
+    steps = kwargs.get("steps_per_generation") or values["gradient_accumulation_steps"]
     generation_batch = kwargs.get("generation_batch_size") or per_device * world_size() * int(steps)
     if num_generations < 2:
         return [f"trainer.num_generations: expected at least 2 (GRPO compares completions), got {num_generations}"]

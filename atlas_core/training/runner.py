@@ -74,10 +74,20 @@ def build_trainer(cfg: DictConfig, callbacks: list | None = None):
     except DatasetSourceError as exc:
         raise RunConfigError([str(exc)]) from None
 
+    needs_truth = (algorithm == "grpo" and "exact_match" in (cfg.reward.funcs or [])) or (
+        algorithm == "teacher" and not cfg.reward.funcs and not cfg.reward.get("config")
+    )
+    if needs_truth and "ground_truth" not in dataset.column_names:
+        raise RunConfigError(
+            [
+                f"dataset.source: '{cfg.dataset.source}' has no 'ground_truth' column, which exact-match scoring "
+                f"needs (columns: {', '.join(dataset.column_names)})"
+            ]
+        )
     model = resolve_model_path(str(cfg.model))
     kwargs = trainer_kwargs(cfg)
     kwargs.setdefault("run_name", cfg.run_name)
-    if algorithm == "grpo" and cfg.reward.weights is not None:
+    if algorithm in ("grpo", "teacher") and cfg.reward.weights is not None:
         kwargs["reward_weights"] = [float(w) for w in cfg.reward.weights]
     try:
         args = trainer_config_class(algorithm)(output_dir=str(cfg.output_dir), model_name_or_path=model, **kwargs)
@@ -113,6 +123,8 @@ def build_trainer(cfg: DictConfig, callbacks: list | None = None):
     except OSError as exc:  # from_pretrained: missing files, no network for a hub id, unreadable weights
         reason = " ".join(str(exc).split())[:300]
         raise RunConfigError([f"model: cannot load '{cfg.model}': {reason}"]) from None
+    except (ValueError, TypeError) as exc:  # the trainers name the argument at fault
+        raise RunConfigError([" ".join(str(exc).split())]) from None
 
 
 def run_training(cfg: DictConfig, callbacks: list | None = None, quiet: bool = False) -> RunResult:

@@ -155,12 +155,23 @@ class EndpointStudent:
         semaphore = asyncio.Semaphore(self._max_concurrency)
 
         async def one(messages):
-            async with semaphore:
-                response = await self._client.chat.completions.create(
-                    model=model, messages=messages, max_tokens=max_new_tokens, temperature=temperature, n=num_samples
-                )
-            per_choice = (response.usage.completion_tokens // max(1, len(response.choices))) if response.usage else 0
-            return [StudentAnswer(c.message.content or "", per_choice) for c in response.choices]
+            answers: list[StudentAnswer] = []
+            # A server that ignores `n` returns fewer choices: ask again for the rest (bounded).
+            for _ in range(num_samples):
+                async with semaphore:
+                    response = await self._client.chat.completions.create(
+                        model=model,
+                        messages=messages,
+                        max_tokens=max_new_tokens,
+                        temperature=temperature,
+                        n=num_samples - len(answers),
+                    )
+                choices = response.choices or []
+                per_choice = (response.usage.completion_tokens // max(1, len(choices))) if response.usage else 0
+                answers += [StudentAnswer(c.message.content or "", per_choice) for c in choices]
+                if len(answers) >= num_samples:
+                    return answers[:num_samples]
+            raise RuntimeError(f"student endpoint {self.base_url} returned no answer")
 
         return list(await asyncio.gather(*(one(c) for c in conversations)))
 

@@ -190,7 +190,9 @@ class GRPOTrainer(trl.GRPOTrainer):
         tensor or list), used as is. ``reward_kwargs`` are the dataset's extra columns
         (e.g. ``ground_truth``), one value per completion.
 
-        The default runs ``reward_funcs`` exactly as ``trl.GRPOTrainer`` does.
+        The default runs ``reward_funcs`` exactly as ``trl.GRPOTrainer`` does, including its gather
+        across processes: called outside the training loop in a multi-process run, every rank must
+        call it (with its own, equally long batch).
         """
         if self._reward_batch is not None:
             inputs, completion_ids = self._reward_batch
@@ -199,7 +201,7 @@ class GRPOTrainer(trl.GRPOTrainer):
             completion_ids = [self.processing_class(text=str(c))["input_ids"] for c in completions]
         # TRL's implementation gathers across processes; keep this process's rows.
         everyone = super()._calculate_rewards(inputs, prompts, completions, completion_ids)
-        start = self.accelerator.process_index * len(prompts) if self._reward_batch is not None else 0
+        start = self.accelerator.process_index * len(prompts)
         return everyone[start : start + len(prompts)]
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

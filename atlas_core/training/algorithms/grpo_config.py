@@ -79,8 +79,9 @@ class AtlasArguments:
         self.use_cpu = True
 
     def _resolve_atlas_fields(self) -> None:
-        if not 0 <= int(self.metrics_port) <= 65535:
-            raise ValueError(f"metrics_port: expected 0 (off) or a TCP port up to 65535, got {self.metrics_port}")
+        port = self.metrics_port
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"metrics_port: expected 0 (off) or a TCP port up to 65535, got {port!r}")
         self.metrics_namespace = self.metrics_namespace or os.environ.get("ATLAS_NAMESPACE") or "local"
         self.metrics_run = (
             self.metrics_run
@@ -134,6 +135,8 @@ class TeachingArguments:
     student_offload: bool = field(default=False, metadata={"help": "Keep a local student on the CPU."})
 
     def _check_teaching_fields(self) -> None:
+        import math
+
         problems = []
         for name, low in (
             ("max_probe_tokens", 1),
@@ -141,14 +144,18 @@ class TeachingArguments:
             ("student_samples", 1),
             ("student_max_tokens", 1),
         ):
-            if int(getattr(self, name)) < low:
-                problems.append(f"{name}: expected at least {low}, got {getattr(self, name)}")
-        if self.efficiency_horizon <= 0:
-            problems.append(f"efficiency_horizon: expected a positive number, got {self.efficiency_horizon}")
-        if self.degradation_penalty < 0:
-            problems.append(f"degradation_penalty: expected a number >= 0, got {self.degradation_penalty}")
-        if self.student_temperature < 0:
-            problems.append(f"student_temperature: expected a number >= 0, got {self.student_temperature}")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                problems.append(f"{name}: expected a whole number >= {low}, got {value!r}")
+        for name, low, strict in (
+            ("efficiency_horizon", 0.0, True),
+            ("degradation_penalty", 0.0, False),
+            ("student_temperature", 0.0, False),
+        ):
+            value = getattr(self, name)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not ok or value < low or (strict and value == low):
+                problems.append(f"{name}: expected a finite number {'>' if strict else '>='} {low:g}, got {value!r}")
         if problems:
             raise ValueError("; ".join(problems))
 

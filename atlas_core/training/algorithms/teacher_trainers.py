@@ -17,6 +17,7 @@ Student answers are scored by ``reward_funcs`` when given (e.g. ``RIMReward``), 
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections import Counter
@@ -29,6 +30,8 @@ from atlas_core.tasks.arithmetic import completion_text, extract_answer, normali
 from atlas_core.training import teaching
 from atlas_core.training.algorithms.grpo import GRPOTrainer
 from atlas_core.training.student import Student, load_student
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -185,7 +188,14 @@ class TeacherGRPOTrainer(GRPOTrainer):
         unique = list(dict.fromkeys(tasks))
         first_row = {task: x for task, x in zip(reversed(tasks), reversed(inputs), strict=True)}
         contexts = [{k: v for k, v in first_row[t].items() if k != "prompt"} for t in unique]
-        diagnosed = dict(zip(unique, self._diagnose(unique, contexts, self.args.max_probe_tokens), strict=True))
+        try:
+            diagnoses = self._diagnose(unique, contexts, self.args.max_probe_tokens)
+        except RuntimeError as exc:  # the student is down: this batch is unscorable, training goes on
+            logger.warning("teacher: diagnosis failed, this batch gets no teaching reward: %s", exc)
+            diagnoses = [DiagnosticResult(0.0, 0.0, [f"student unavailable: {exc}"], baseline_score=math.nan)] * len(
+                unique
+            )
+        diagnosed = dict(zip(unique, diagnoses, strict=True))
         teacher_inputs = []
         for row, task in zip(inputs, tasks, strict=True):
             d = diagnosed[task]
@@ -208,7 +218,15 @@ class TeacherGRPOTrainer(GRPOTrainer):
         if baselines is None:  # called outside the loop: diagnose first
             baselines = [d.baseline_score for d in self._diagnose(tasks, contexts, self.args.max_probe_tokens)]
         guidances = [teaching.extract_guidance(completion_text(c)) for c in completions]
-        rewards, stats = self._teaching_rewards(tasks, contexts, baselines, guidances, log=True)
+        try:
+            rewards, stats = self._teaching_rewards(tasks, contexts, baselines, guidances, log=True)
+        except (RuntimeError, ValueError) as exc:
+            # A failing student, a missing ground truth or a failed diagnosis (NaN baseline) must not stop
+            # training: NaN rewards mark the completions unscorable, and TRL gives them no advantage.
+            logger.warning("teacher: no teaching reward for this batch: %s", exc)
+            self._log_metric("teaching/unscored_batches", 1.0)
+            return torch.full((len(completions),), float("nan"))
+        self._log_metric("teaching/unscored_batches", 0.0)
         for name, value in stats.items():
             self._log_metric(name, value)
         return torch.tensor(rewards, dtype=torch.float32)
