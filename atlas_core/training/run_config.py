@@ -176,7 +176,7 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
         if not cfg.get("student"):
             problems.append("student: required for algorithm teacher (a hub id, a path or an OpenAI-compatible URL)")
         elif not str(cfg.student).startswith(("http://", "https://")):
-            problems += [p.replace("model:", "student:", 1) for p in _model_problems(str(cfg.student))]
+            problems += _model_problems(str(cfg.student), field="student")
     if cfg.algorithm in ("grpo", "teacher"):
         from atlas_core.tasks.arithmetic import REWARD_FUNCTIONS
 
@@ -204,7 +204,7 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
     return problems
 
 
-def _model_problems(model: str) -> list[str]:
+def _model_problems(model: str, field: str = "model") -> list[str]:
     from atlas_core.models.tiny import TINY_MODEL_URI
 
     if model == TINY_MODEL_URI:
@@ -214,13 +214,13 @@ def _model_problems(model: str) -> list[str]:
     if not looks_local:
         return []  # a hub id: resolved when the model loads
     if not path.exists():
-        return [f"model: '{model}' does not exist (expected a saved model folder or a hub id org/name)"]
+        return [f"{field}: '{model}' does not exist (expected a saved model folder or a hub id org/name)"]
     if not path.is_dir():
-        return [f"model: '{model}' is a file; expected a folder saved with save_pretrained"]
+        return [f"{field}: '{model}' is a file; expected a folder saved with save_pretrained"]
     if not os.access(path, os.R_OK | os.X_OK):
-        return [f"model: '{model}' is not readable"]
+        return [f"{field}: '{model}' is not readable"]
     if not (path / "config.json").is_file():
-        return [f"model: '{model}' has no config.json; expected a folder saved with save_pretrained"]
+        return [f"{field}: '{model}' has no config.json; expected a folder saved with save_pretrained"]
     return []
 
 

@@ -23,6 +23,7 @@ from accelerate.utils import gather, gather_object
 from transformers import EvalPrediction, TrainerCallback
 
 from atlas_core.models.tiny import resolve_model_path
+from atlas_core.tasks.arithmetic import completion_text
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
 from atlas_core.training.callbacks import telemetry_callbacks
 
@@ -217,7 +218,7 @@ class GRPOTrainer(trl.GRPOTrainer):
         self.current_rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1).detach().cpu()
         if not self.model.training:  # kept for compute_metrics after evaluation
             truths = reward_kwargs.get("ground_truth") or [None] * len(completions)
-            self._eval_records += [(_completion_text(c), t) for c, t in zip(completions, truths, strict=True)]
+            self._eval_records += [(completion_text(c), t) for c, t in zip(completions, truths, strict=True)]
         return rewards_per_func
 
     def _accepted_reward_kwargs(self, reward_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -318,44 +319,23 @@ class _SubclassHooks(TrainerCallback):
         result = method(args, state, control, **kwargs) if takes_arguments else method()
         return result if isinstance(result, type(control)) else None
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        return self._dispatch("on_train_begin", args, state, control, **kwargs)
 
-    def on_train_end(self, args, state, control, **kwargs):
-        return self._dispatch("on_train_end", args, state, control, **kwargs)
+def _forwarder(event: str):
+    def forward(self, args, state, control, **kwargs):
+        return self._dispatch(event, args, state, control, **kwargs)
 
-    def on_epoch_begin(self, args, state, control, **kwargs):
-        return self._dispatch("on_epoch_begin", args, state, control, **kwargs)
+    forward.__name__ = event
+    return forward
 
-    def on_epoch_end(self, args, state, control, **kwargs):
-        return self._dispatch("on_epoch_end", args, state, control, **kwargs)
 
-    def on_step_begin(self, args, state, control, **kwargs):
-        return self._dispatch("on_step_begin", args, state, control, **kwargs)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        return self._dispatch("on_step_end", args, state, control, **kwargs)
-
-    def on_evaluate(self, args, state, control, **kwargs):
-        return self._dispatch("on_evaluate", args, state, control, **kwargs)
-
-    def on_log(self, args, state, control, **kwargs):
-        return self._dispatch("on_log", args, state, control, **kwargs)
-
-    def on_save(self, args, state, control, **kwargs):
-        return self._dispatch("on_save", args, state, control, **kwargs)
+for _event in _SubclassHooks.EVENTS:
+    setattr(_SubclassHooks, _event, _forwarder(_event))
 
 
 def _as_list(value) -> list:
     if value is None:
         return []
     return list(value) if isinstance(value, list) else [value]
-
-
-def _completion_text(completion) -> str:
-    from atlas_core.tasks.arithmetic import completion_text
-
-    return completion_text(completion)
 
 
 def _looks_like_path(model: str) -> bool:
