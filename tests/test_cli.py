@@ -110,11 +110,15 @@ def test_file_model_and_unreadable_hub_id(tmp_path, atlas_cache):
     assert error_lines(proc)[0].startswith("error: model: cannot load 'some-org/not-cached'")
 
 
-def test_manifest_is_refused_with_a_reason(tmp_path):
+def test_invalid_manifest_lists_every_problem(tmp_path):
     manifest = tmp_path / "run.yaml"
-    manifest.write_text("apiVersion: atlas.arc.computer/v1alpha1\nkind: AtlasTraining\n")
+    manifest.write_text("apiVersion: atlas.arc.computer/v1alpha1\nkind: AtlasTraining\nmetadata: {name: r}\n")
     proc = run([PYTHON, "-m", "atlas_core.cli.main", "train", str(manifest)], tmp_path)
-    assert proc.returncode == 2 and "Kubernetes manifest" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [
+        "error: spec.model: required (HF id or path of the policy to train (the teacher for AtlasTeacher))",
+        "error: spec.dataset: required (training prompts)",
+    ]
 
 
 def test_file_recipe_named_like_a_bundled_one_is_used(tmp_path):

@@ -1,4 +1,4 @@
-"""The ``atlas`` command: ``atlas demo`` and ``atlas train``."""
+"""The ``atlas`` command: ``atlas demo``, ``atlas train``, ``atlas render``, ``atlas operator``."""
 
 from __future__ import annotations
 
@@ -21,12 +21,9 @@ def _train(args: argparse.Namespace) -> int:
             print(f"error: {target}: not valid YAML ({' '.join(str(exc).split())})", file=sys.stderr)
             return 2
         if isinstance(document, dict) and "apiVersion" in document:
-            print(
-                f"error: {target}: a Kubernetes manifest; this release runs run configurations "
-                "(the shape of atlas_core/configs/recipe/*.yaml)",
-                file=sys.stderr,
-            )
-            return 2
+            from atlas_operator.cli import train_manifest
+
+            return train_manifest(target, args.overrides)
     return train_main([f"recipe={target}", *args.overrides])
 
 
@@ -57,13 +54,35 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
 
     train = commands.add_parser("train", help="run a recipe or a run configuration file locally")
-    train.add_argument("target", help="recipe name (tiny_sft, tiny_grpo, grpo) or a run configuration YAML")
+    train.add_argument(
+        "target", help="recipe name (tiny_sft, tiny_grpo, grpo), a run configuration YAML, or an AtlasTraining/"
+        "AtlasTeacher manifest"
+    )
     train.add_argument("overrides", nargs="*", help="key=value overrides (Hydra syntax)")
     train.set_defaults(func=_train)
+
+    render = commands.add_parser("render", add_help=False, help="print the objects the operator creates for a run")
+    render.add_argument("args", nargs=argparse.REMAINDER)
+    render.set_defaults(func=lambda a: _delegate("render_main", a.args))
+    operator = commands.add_parser("operator", add_help=False, help="run the operator (kopf run options accepted)")
+    operator.add_argument("args", nargs=argparse.REMAINDER)
+    operator.set_defaults(func=lambda a: _delegate("operator_main", a.args))
     return parser
 
 
+DELEGATED = {"render": "render_main", "operator": "operator_main"}
+
+
+def _delegate(function: str, argv: list[str]) -> int:
+    import atlas_operator.cli
+
+    return getattr(atlas_operator.cli, function)(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:  # their own parsers (and kopf's options) take every argument
+        return _delegate(DELEGATED[argv[0]], argv[1:])
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return args.func(args)

@@ -1,0 +1,206 @@
+"""``atlas render``, ``atlas operator`` and the manifest side of ``atlas train``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from atlas_operator.spec import InvalidRun, Run, parse_run
+
+
+def load_manifests(path: str) -> list[dict[str, Any]]:
+    """The documents of a YAML file; raises InvalidRun with a readable problem."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise InvalidRun([f"{path}: {exc.strerror or exc}"]) from exc
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise InvalidRun([f"{path}: not valid YAML ({' '.join(str(exc).split())})"]) from exc
+    if not documents:
+        raise InvalidRun([f"{path}: no YAML document"])
+    return documents
+
+
+def parse_file(path: str, namespace: str | None = None) -> list[Run]:
+    """Every run in the file; InvalidRun lists every problem of every document."""
+    runs, problems = [], []
+    documents = load_manifests(path)
+    for index, document in enumerate(documents):
+        try:
+            runs.append(parse_run(document, namespace))
+        except InvalidRun as invalid:
+            prefix = f"document {index + 1}: " if len(documents) > 1 else ""
+            problems += [prefix + p for p in invalid.problems]
+    if problems:
+        raise InvalidRun(problems)
+    return runs
+
+
+def render_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="atlas render", description="Print the objects the operator would create for a run."
+    )
+    parser.add_argument("file", help="AtlasTraining / AtlasTeacher manifest (- for stdin)")
+    parser.add_argument("-n", "--namespace", help="namespace (default: the manifest's, else default)")
+    parser.add_argument("--trainer-image", default=os.environ.get("ATLAS_TRAINER_IMAGE"))
+    parser.add_argument("--rollout-image", default=os.environ.get("ATLAS_ROLLOUT_IMAGE"))
+    args = parser.parse_args(argv)
+    from atlas_operator.reconcile import reward_yaml
+    from atlas_operator.render import Images, render_children
+
+    defaults = Images()
+    images = Images(
+        trainer=args.trainer_image or defaults.trainer,
+        rollout=args.rollout_image or args.trainer_image or defaults.rollout,
+    )
+    try:
+        runs = parse_file(args.file, args.namespace)
+        documents = [child for run in runs for child in render_children(run, images, reward_yaml(run))]
+    except InvalidRun as invalid:
+        for problem in invalid.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    print(dump_documents(documents), end="")
+    return 0
+
+
+class _LiteralDumper(yaml.SafeDumper):
+    """Multi-line strings (the ConfigMap's files) as readable ``|`` blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str):
+    style = "|" if "\n" in value and not any(line != line.rstrip() for line in value.splitlines()) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_LiteralDumper.add_representer(str, _str)
+
+
+def dump_documents(documents: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(documents, Dumper=_LiteralDumper, sort_keys=False, width=120)
+
+
+# --------------------------------------------------------------------------- atlas train FILE.yaml
+
+
+def local_run_config(run: Run) -> tuple[dict[str, Any], list[str]]:
+    """The run configuration for one local process, and what differs from the cluster's (told to the user)."""
+    from atlas_operator.render import run_config
+
+    config = run_config(run)
+    notes = []
+    trainer = config["trainer"]
+    config["output_dir"] = f"outputs/{run.name}"
+    notes.append(f"output in {config['output_dir']} (the cluster uses {run.spec.checkpoint.path}/{run.name})")
+    trainer["metrics_host"] = "127.0.0.1"
+    if trainer.pop("use_vllm", False):
+        for key in ("vllm_mode", "vllm_server_base_url", "vllm_group_port"):
+            trainer.pop(key, None)
+        notes.append("generating inside the trainer (spec.rollout applies on the cluster)")
+    if run.kind == "AtlasTeacher" and run.spec.student and run.spec.student.rollout.replicas:
+        config["student"] = run.spec.student.model
+        notes.append(
+            f"student {run.spec.student.model} loaded in this process (spec.student.rollout applies on the cluster)"
+        )
+    if run.spec.reward.config:
+        config["reward"]["config"] = run.spec.reward.config
+    if run.spec.reward.config_map_ref:
+        raise InvalidRun(["spec.reward.configMapRef: a ConfigMap cannot be read locally; use spec.reward.config"])
+    nodes = run.spec.resources.nodes * run.spec.resources.processes()
+    if nodes > 1:
+        notes.append(
+            f"one process (the cluster runs {nodes}: {run.spec.resources.nodes} nodes x "
+            f"{run.spec.resources.processes()})"
+        )
+    return config, notes
+
+
+def train_manifest(path: str, overrides: list[str]) -> int:
+    """``atlas train run.yaml``: the manifest's run configuration, trained here in one process."""
+    import tempfile
+
+    try:
+        runs = parse_file(path)
+        if len(runs) != 1:
+            raise InvalidRun([f"{path}: expected one run, found {len(runs)}"])
+        config, notes = local_run_config(runs[0])
+    except InvalidRun as invalid:
+        for problem in invalid.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    from atlas_core.cli.train import main as train_main
+
+    with tempfile.TemporaryDirectory(prefix="atlas-run-") as staging:
+        recipe = Path(staging) / f"{runs[0].name}.yaml"
+        recipe.write_text(yaml.safe_dump(config, sort_keys=False))
+        return train_main([f"recipe={recipe}", *overrides])
+
+
+# --------------------------------------------------------------------------- atlas operator
+
+
+def operator_main(argv: list[str] | None = None) -> int:
+    """``atlas operator [options] [kopf run options]``: our options become ATLAS_* settings, the rest
+    goes to ``kopf run`` (e.g. --verbose, --liveness, --peering)."""
+    parser = argparse.ArgumentParser(prog="atlas operator", description="Run the Atlas operator (kopf).")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=None,
+        help="namespace to watch (repeatable; default $ATLAS_WATCH_NAMESPACES, else all)",
+    )
+    parser.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    parser.add_argument("--trainer-image", help="default trainer image ($ATLAS_TRAINER_IMAGE)")
+    parser.add_argument("--rollout-image", help="default vLLM image ($ATLAS_ROLLOUT_IMAGE)")
+    parser.add_argument(
+        "--progress-interval",
+        type=float,
+        help="seconds between status refreshes ($ATLAS_PROGRESS_INTERVAL, default 15)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="port of /metrics and /healthz ($ATLAS_OPERATOR_METRICS_PORT, default 8080; 0 = off)",
+    )
+    parser.add_argument("--metrics-url-template", help="trainer metrics URL ($ATLAS_METRICS_URL_TEMPLATE)")
+    parser.add_argument(
+        "--log-format", choices=("json", "plain", "full"), default=os.environ.get("ATLAS_LOG_FORMAT", "plain")
+    )
+    args, kopf_args = parser.parse_known_args(argv)
+    for value, variable in (
+        (args.trainer_image, "ATLAS_TRAINER_IMAGE"),
+        (args.rollout_image, "ATLAS_ROLLOUT_IMAGE"),
+        (args.progress_interval, "ATLAS_PROGRESS_INTERVAL"),
+        (args.metrics_port, "ATLAS_OPERATOR_METRICS_PORT"),
+        (args.metrics_url_template, "ATLAS_METRICS_URL_TEMPLATE"),
+    ):
+        if value is not None:
+            os.environ[variable] = str(value)
+    namespaces = args.namespace or [n for n in os.environ.get("ATLAS_WATCH_NAMESPACES", "").split(",") if n.strip()]
+    scope = (
+        ["--all-namespaces"]
+        if args.all_namespaces or not namespaces
+        else [part for n in namespaces for part in ("--namespace", n.strip())]
+    )
+    command = [
+        "run",
+        "--standalone",
+        f"--log-format={args.log_format}",
+        *scope,
+        *kopf_args,
+        "-m",
+        "atlas_operator.handlers",
+    ]
+    from kopf.cli import main as kopf_main
+
+    return kopf_main(args=command, prog_name="atlas operator")

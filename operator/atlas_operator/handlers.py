@@ -1,0 +1,131 @@
+"""kopf handlers: parse → render → apply → report, for AtlasTraining and AtlasTeacher.
+
+Run with ``atlas operator`` (or ``kopf run -A --standalone -m atlas_operator.handlers``). Settings
+come from the environment (see :class:`atlas_operator.config.OperatorConfig`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+
+import kopf
+
+from atlas_operator import metrics
+from atlas_operator.config import OperatorConfig
+from atlas_operator.kube import ApiError, Kube
+from atlas_operator.reconcile import Reconciler, Result, RetryLater
+from atlas_operator.spec import GROUP, KINDS, VERSION
+from atlas_operator.status import merge_conditions, now
+
+CONFIG = OperatorConfig.from_env()
+log = logging.getLogger("atlas_operator")
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
+    # kopf's bookkeeping lives in status (one write per reconciliation instead of status + annotations).
+    settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.lastHandledConfiguration")
+    settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
+    settings.persistence.finalizer = f"{GROUP}/cleanup"
+    settings.posting.level = logging.WARNING
+    settings.execution.max_workers = CONFIG.workers
+    settings.watching.connect_timeout = 30
+    memo.reconciler = Reconciler(Kube(), CONFIG.reconciler_settings())
+    memo.phases = metrics.RunPhases()
+    memo.metrics_server = await metrics.serve(CONFIG.metrics_host, CONFIG.metrics_port) if CONFIG.metrics_port else None
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_) -> None:
+    if memo.get("metrics_server"):
+        await memo.metrics_server.cleanup()
+
+
+def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, scrape: bool) -> None:
+    kind = body["kind"]
+    started = time.perf_counter()
+    try:
+        result = memo.reconciler.reconcile(plain(body), kopf.adopt, scrape=scrape)
+    except (ApiError, RetryLater) as exc:
+        metrics.RECONCILE_TOTAL.labels(kind, "error").inc()
+        raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
+    except Exception:
+        metrics.RECONCILE_TOTAL.labels(kind, "error").inc()
+        raise
+    finally:
+        metrics.RECONCILE_DURATION.labels(kind).observe(time.perf_counter() - started)
+    metrics.RECONCILE_TOTAL.labels(kind, "success").inc()
+    memo.phases.set(kind, body.metadata.namespace, body.metadata.name, result.phase)
+    report(body, patch, result)
+
+
+def plain(body: kopf.Body) -> dict:
+    """kopf's read-only Body view → a plain dict (what the pure code takes)."""
+    return copy.deepcopy(dict(body))
+
+
+def report(body: kopf.Body, patch: kopf.Patch, result: Result) -> None:
+    """Write only the status fields that changed; post an Event for each transition."""
+    old = dict(body.get("status") or {})
+    at = now()
+    new = {
+        "phase": result.phase,
+        "observedGeneration": body.metadata.get("generation"),
+        "conditions": merge_conditions(old.get("conditions"), result.conditions, at),
+        "children": result.children or None,
+    }
+    for condition in new["conditions"]:
+        condition["observedGeneration"] = new["observedGeneration"]
+    if result.progress is not None:
+        progress = {k: v for k, v in (old.get("progress") or {}).items() if k != "updatedAt"}
+        if progress != result.progress:
+            new["progress"] = {**result.progress, "updatedAt": at}
+    for key, value in new.items():
+        if old.get(key) != value:
+            patch.status[key] = value
+    if old.get("phase") != result.phase:
+        warning = result.phase in ("Failed", "Invalid")
+        kopf.event(
+            body, type="Warning" if warning else "Normal", reason=result.phase, message=_transition_message(result)
+        )
+    old_reasons = {(c.get("reason"), c.get("message")) for c in old.get("conditions") or []}
+    for event in result.events:
+        if event.reason == "JobRecreated" or (event.reason, event.message) not in old_reasons:
+            if old.get("phase") != result.phase and event.type == "Warning" and result.phase in ("Invalid", "Pending"):
+                continue  # already said by the transition event
+            kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+
+
+def _transition_message(result: Result) -> str:
+    failing = [c for c in result.conditions if c["status"] == "False" and c["type"] != "Training"]
+    if failing:
+        return failing[0]["message"]
+    training = next((c for c in result.conditions if c["type"] == "Training"), None)
+    return training["message"] if training else result.phase
+
+
+for _plural in KINDS.values():
+
+    @kopf.on.resume(GROUP, VERSION, _plural)
+    @kopf.on.create(GROUP, VERSION, _plural)
+    @kopf.on.update(GROUP, VERSION, _plural)
+    def reconcile_run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_) -> None:
+        """Make the children match the spec (idempotent: compare, then create or patch)."""
+        _reconcile(body, patch, memo, scrape=False)
+
+    @kopf.timer(GROUP, VERSION, _plural, interval=CONFIG.progress_interval, initial_delay=CONFIG.progress_interval)
+    def observe_run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_) -> None:
+        """Periodically: recreate deleted children, follow the PyTorchJob, mirror the trainer's metrics."""
+        _reconcile(body, patch, memo, scrape=True)
+
+    @kopf.on.delete(GROUP, VERSION, _plural)
+    def delete_run(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_) -> None:
+        """Delete the children (owner references would let the garbage collector do it too)."""
+        try:
+            deleted = memo.reconciler.delete_children(plain(body))
+        except ApiError as exc:
+            raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
+        memo.phases.set(body["kind"], body.metadata.namespace, body.metadata.name, None)
+        logger.info("deleted %s", ", ".join(deleted) or "nothing (no children left)")

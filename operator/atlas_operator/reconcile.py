@@ -1,0 +1,355 @@
+"""One reconciliation of a run: parse → check prerequisites → render → apply → observe status.
+
+Idempotent by construction: children have fixed names, an existing child is compared with what
+the run renders and patched only when it differs, and a 409 on create means "someone made it
+first" (a previous operator process, a racing handler) and turns into that comparison. Nothing
+here knows about kopf: the handlers hand in ``adopt`` and the previous status, and write what
+comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from atlas_operator import kube
+from atlas_operator.kube import ApiError, Kube
+from atlas_operator.render import SPEC_HASH_ANNOTATION, Images, child_names, render_children
+from atlas_operator.spec import InvalidRun, Run, parse_run
+from atlas_operator.status import FINISHED, job_phase, last_job_condition, parse_progress
+
+log = logging.getLogger("atlas_operator")
+
+KUBEFLOW_INSTALL = (
+    "install the Kubeflow Training Operator v1 (kubectl apply --server-side -k "
+    '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0")'
+)
+
+
+class RetryLater(Exception):
+    """A transient condition (API error, an old job still terminating): retry the reconciliation."""
+
+
+@dataclass
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Result:
+    """What a reconciliation observed: the status fields to write and the events to post."""
+
+    phase: str
+    conditions: list[dict[str, Any]]
+    children: dict[str, str] = field(default_factory=dict)
+    progress: dict[str, Any] | None = None
+    events: list[Event] = field(default_factory=list)
+    actions: dict[str, str] = field(default_factory=dict)  # child → created | patched | recreated
+
+
+@dataclass
+class Settings:
+    images: Images = field(default_factory=Images)
+    # {name}, {namespace}, {service}, {port}: where the trainer's metrics are read from.
+    metrics_url_template: str = "http://{service}.{namespace}.svc:{port}/metrics"
+    scrape_timeout_s: float = 5.0
+    crd_cache_s: float = 60.0
+
+
+def _cond(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+    return {"type": type_, "status": "True" if ok else "False", "reason": reason, "message": message}
+
+
+class Reconciler:
+    def __init__(self, client: Kube, settings: Settings | None = None):
+        self.kube = client
+        self.settings = settings or Settings()
+        self._pytorchjob_crd_seen_at = 0.0
+
+    # ------------------------------------------------------------------ entry point
+
+    def reconcile(self, body: dict[str, Any], adopt: Callable[[dict, dict], None], scrape: bool = False) -> Result:
+        try:
+            run = parse_run(body)
+        except InvalidRun as invalid:
+            message = "; ".join(invalid.problems)
+            return Result(
+                "Invalid",
+                [_cond("Valid", False, "InvalidSpec", message)],
+                events=[Event("Warning", "InvalidSpec", message)],
+            )
+        conditions = [_cond("Valid", True, "SpecValid", "the spec passed validation")]
+
+        missing = self.missing_prerequisites(run)
+        if missing:
+            reason, message = missing
+            conditions.append(_cond("PrerequisitesMet", False, reason, message))
+            return Result("Pending", conditions, events=[Event("Warning", reason, message)])
+        conditions.append(_cond("PrerequisitesMet", True, "Found", "PyTorchJob CRD and referenced objects exist"))
+
+        result = Result("Pending", conditions, children=child_names(run))
+        job = None
+        for child in render_children(run, self.settings.images, reward_yaml(run)):
+            adopt(child, body)
+            observed, action = self.apply(run, child, result)
+            if action:
+                result.actions[f"{child['kind']}/{child['metadata']['name']}"] = action
+            if child["kind"] == "PyTorchJob":
+                job = observed
+        created = [k for k, v in result.actions.items() if v == "created"]
+        conditions.append(
+            _cond(
+                "ChildrenReady",
+                True,
+                "Applied",
+                f"created {', '.join(created)}" if created else "all children exist and match the spec",
+            )
+        )
+        if not any(c["type"] == "SpecApplied" for c in conditions):
+            conditions.append(_cond("SpecApplied", True, "UpToDate", "the running job matches the spec"))
+        conditions.append(self.rollout_condition(run))
+
+        result.phase = job_phase(job, run.spec.suspend)
+        last = last_job_condition(job)
+        conditions.append(
+            _cond(
+                "Training",
+                result.phase == "Running",
+                last["type"] if last else "JobPending",
+                (last.get("message") or f"PyTorchJob {last['type']}")
+                if last
+                else "waiting for the PyTorchJob to start",
+            )
+        )
+        if scrape and job is not None and result.phase in ("Running", *FINISHED):
+            result.progress = self.scrape_progress(run)
+        return result
+
+    # ------------------------------------------------------------------ prerequisites
+
+    def missing_prerequisites(self, run: Run) -> tuple[str, str] | None:
+        if not self.pytorchjob_crd_installed():
+            return "PyTorchJobCRDMissing", f"the cluster has no kubeflow.org/v1 PyTorchJob CRD: {KUBEFLOW_INSTALL}"
+        pvc = run.spec.checkpoint.pvc
+        if pvc and not self.kube.exists(kube.PVC, run.namespace, pvc):
+            return "CheckpointPVCMissing", (
+                f"spec.checkpoint.pvc: PersistentVolumeClaim '{pvc}' does not exist in namespace {run.namespace}"
+            )
+        for ref in run.spec.image_pull_secrets:
+            if not self.kube.secret_exists(run.namespace, ref.name):
+                return "ImagePullSecretMissing", (
+                    f"spec.imagePullSecrets: Secret '{ref.name}' does not exist in namespace {run.namespace}"
+                )
+        if run.spec.reward.config_map_ref:
+            ref = run.spec.reward.config_map_ref
+            if not self.kube.exists(kube.CONFIG_MAP, run.namespace, ref.name):
+                return "RewardConfigMapMissing", (
+                    f"spec.reward.configMapRef: ConfigMap '{ref.name}' does not exist in namespace {run.namespace}"
+                )
+        return None
+
+    def pytorchjob_crd_installed(self) -> bool:
+        if time.monotonic() - self._pytorchjob_crd_seen_at < self.settings.crd_cache_s:
+            return True
+        if self.kube.serves(kube.PYTORCH_JOB):
+            self._pytorchjob_crd_seen_at = time.monotonic()
+            return True
+        return False
+
+    # ------------------------------------------------------------------ applying children
+
+    def apply(self, run: Run, desired: dict[str, Any], result: Result) -> tuple[dict[str, Any] | None, str | None]:
+        """Create, patch or (PyTorchJob) recreate one child; returns (the object as observed, action)."""
+        resource = kube.resource_of(desired)
+        name = desired["metadata"]["name"]
+        existing = self.kube.get(resource, run.namespace, name)
+        if existing is None:
+            try:
+                return self.kube.create(desired), "created"
+            except ApiError as exc:
+                if exc.not_found and resource is kube.PYTORCH_JOB:
+                    self._pytorchjob_crd_seen_at = 0.0  # uninstalled under us: report it next time
+                if not exc.conflict:
+                    raise
+                existing = self.kube.get(resource, run.namespace, name)  # created meanwhile
+                if existing is None:
+                    raise RetryLater(f"{desired['kind']} {name}: conflict on create, then not found") from exc
+        if resource is kube.PYTORCH_JOB:
+            return self.apply_job(run, desired, existing, result)
+        patch = _managed_patch(desired, existing)
+        if patch is None:
+            return existing, None
+        return self.kube.patch(resource, run.namespace, name, patch), "patched"
+
+    def apply_job(
+        self, run: Run, desired: dict[str, Any], existing: dict[str, Any], result: Result
+    ) -> tuple[dict[str, Any], str | None]:
+        """A running PyTorchJob's pods never change, so a spec change recreates the job; the trainer then
+        resumes from the newest checkpoint on spec.checkpoint.pvc. Without a PVC the checkpoints die with
+        the pods, so the job is left running and SpecApplied says why."""
+        name = desired["metadata"]["name"]
+        if existing.get("metadata", {}).get("deletionTimestamp"):
+            raise RetryLater(f"PyTorchJob {name} is still being deleted")
+        wanted = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+        current = (existing.get("metadata", {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
+        if current != wanted:
+            finished = job_phase(existing, False) in FINISHED
+            if run.spec.checkpoint.pvc or finished:
+                self.kube.delete(kube.PYTORCH_JOB, run.namespace, name)
+                result.events.append(
+                    Event(
+                        "Normal",
+                        "JobRecreated",
+                        (
+                            f"spec changed: recreated PyTorchJob {name}; training resumes from the newest checkpoint "
+                            "in "
+                            f"{run.spec.checkpoint.path}/{run.name}"
+                            if run.spec.checkpoint.pvc
+                            else f"spec changed after the job finished: started PyTorchJob {name} again"
+                        ),
+                    )
+                )
+                try:
+                    return self.kube.create(desired), "recreated"
+                except ApiError as exc:
+                    if exc.conflict:  # the old job is still terminating
+                        raise RetryLater(f"PyTorchJob {name} is still being deleted") from exc
+                    raise
+            result.conditions.append(
+                _cond(
+                    "SpecApplied",
+                    False,
+                    "RestartNeedsCheckpoint",
+                    "the spec changed, but a running PyTorchJob cannot be updated and spec.checkpoint.pvc is not set, "
+                    f"so a restart would lose all progress; delete PyTorchJob {name} to restart from scratch "
+                    "(the operator recreates it), or set spec.checkpoint.pvc for future runs",
+                )
+            )
+        patch = _managed_patch(
+            {
+                "metadata": {
+                    k: desired["metadata"][k] for k in ("labels", "ownerReferences") if k in desired["metadata"]
+                },
+                "spec": {"runPolicy": {"suspend": run.spec.suspend}},
+            },
+            existing,
+        )
+        if patch is None:
+            return existing, None
+        return self.kube.patch(kube.PYTORCH_JOB, run.namespace, name, patch), "patched"
+
+    # ------------------------------------------------------------------ observing
+
+    def rollout_condition(self, run: Run) -> dict[str, Any]:
+        names = child_names(run)
+        servers = [names[c] for c in ("rollout", "student") if c in names]
+        if not servers:
+            return _cond("RolloutReady", True, "NotNeeded", "generation runs inside the trainer")
+        waiting = []
+        for name in servers:
+            deployment = self.kube.get(kube.DEPLOYMENT, run.namespace, name) or {}
+            wanted = (deployment.get("spec") or {}).get("replicas", 0)
+            ready = (deployment.get("status") or {}).get("readyReplicas", 0) or 0
+            if ready < wanted:
+                waiting.append(f"{name} {ready}/{wanted} ready")
+        if waiting:
+            return _cond("RolloutReady", False, "Waiting", "; ".join(waiting))
+        return _cond("RolloutReady", True, "Ready", f"{', '.join(servers)} ready")
+
+    def metrics_url(self, run: Run) -> str:
+        return self.settings.metrics_url_template.format(
+            name=run.name, namespace=run.namespace, service=f"{run.name}-metrics", port=9400
+        )
+
+    def scrape_progress(self, run: Run) -> dict[str, Any] | None:
+        """The trainer's step/reward/kl, or None when its endpoint cannot be read (not up yet)."""
+        url = self.metrics_url(run)
+        try:
+            with urllib.request.urlopen(url, timeout=self.settings.scrape_timeout_s) as response:
+                text = response.read().decode("utf-8", "replace")
+        except (OSError, ValueError) as exc:
+            log.debug("metrics of %s/%s not readable at %s: %s", run.namespace, run.name, url, exc)
+            return None
+        try:
+            return parse_progress(text, run.name, run.namespace) or None
+        except ValueError as exc:
+            log.warning("metrics of %s/%s at %s are not Prometheus text: %s", run.namespace, run.name, url, exc)
+            return None
+
+    # ------------------------------------------------------------------ deletion
+
+    def delete_children(self, body: dict[str, Any]) -> list[str]:
+        """Delete what the run owns (the API server's garbage collector would too, through the owner
+        references; doing it here also covers a GC that is slow or off)."""
+        namespace, name = body["metadata"].get("namespace", "default"), body["metadata"]["name"]
+        deleted = []
+        targets = [
+            (kube.PYTORCH_JOB, name),
+            (kube.DEPLOYMENT, f"{name}-rollout"),
+            (kube.DEPLOYMENT, f"{name}-student"),
+            (kube.SERVICE, f"{name}-rollout"),
+            (kube.SERVICE, f"{name}-student"),
+            (kube.SERVICE, f"{name}-metrics"),
+            (kube.CONFIG_MAP, f"{name}-config"),
+        ]
+        uid = body["metadata"].get("uid")
+        for resource, child in targets:
+            if resource is kube.PYTORCH_JOB and not self.pytorchjob_crd_installed():
+                continue
+            existing = self.kube.get(resource, namespace, child)
+            if existing is None or not _owned_by(existing, uid, body):
+                continue  # never delete what someone else made under the same name
+            if self.kube.delete(resource, namespace, child):
+                deleted.append(f"{resource.kind}/{child}")
+        return deleted
+
+
+def reward_yaml(run: Run) -> str | None:
+    """The named RIM config (reward_system/<spec.reward.config>.yaml), embedded in the run's ConfigMap."""
+    if not run.spec.reward.config:
+        return None
+    from atlas_core.reward.config import resolve_config_path
+
+    return resolve_config_path(run.spec.reward.config).read_text()
+
+
+def _owned_by(obj: dict[str, Any], uid: str | None, owner: dict[str, Any]) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(
+        (ref.get("uid") == uid if uid else True)
+        and ref.get("kind") == owner.get("kind")
+        and ref.get("name") == owner["metadata"]["name"]
+        for ref in refs
+    )
+
+
+def _managed_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any] | None:
+    """A merge patch of the fields the operator manages (labels, owner references, spec/data), or
+    None when the existing object already has them. Fields the API server adds are not compared."""
+    patch: dict[str, Any] = {}
+    meta = {k: desired["metadata"][k] for k in ("labels", "ownerReferences") if k in desired.get("metadata", {})}
+    if meta and not _contains(existing.get("metadata", {}), meta):
+        patch["metadata"] = meta
+    for key in ("spec", "data"):
+        if key in desired and not _contains(existing.get(key), desired[key]):
+            patch[key] = desired[key]
+    return patch or None
+
+
+def _contains(actual: Any, wanted: Any) -> bool:
+    """``wanted`` is a sub-document of ``actual`` (quantities compared as text: 8 == "8")."""
+    if isinstance(wanted, dict):
+        return isinstance(actual, dict) and all(_contains(actual.get(k), v) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(wanted)
+            and all(_contains(a, w) for a, w in zip(actual, wanted, strict=True))
+        )
+    return actual == wanted or (actual is not None and str(actual) == str(wanted))

@@ -1,0 +1,480 @@
+"""Pure functions from a parsed run to the Kubernetes objects the operator owns.
+
+No API calls here: ``render_children(run, images)`` returns plain dicts in the order they are
+applied (ConfigMap, Services, Deployments, PyTorchJob last so its pods find everything they
+mount and call). ``atlas render`` prints exactly these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from atlas_operator.presets import accelerate_config
+from atlas_operator.schema import camel
+from atlas_operator.spec import AtlasTeacherSpec, RolloutSpec, Run, TrainingSpec, reward_funcs
+
+CONFIG_DIR = "/etc/atlas"
+REWARD_REF_DIR = "/etc/atlas-reward"  # a second ConfigMap volume cannot nest inside the first
+CACHE_DIR = "/var/cache/atlas"
+TRAINER_METRICS_PORT = 9400
+RENDEZVOUS_PORT = 23456  # Kubeflow's default for the `pytorchjob-port` container port
+VLLM_PORT = 8000
+WEIGHT_SYNC_PORT = 51216  # TRL's vllm_group_port: the NCCL group the trainer joins to push weights
+RUN_AS_USER = 65532  # the trainer image's `atlas` user (trainer_image/Dockerfile)
+SPEC_HASH_ANNOTATION = "atlas.arc.computer/spec-hash"
+MANAGED_BY = "atlas-operator"
+NCCL_ENV = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+
+
+@dataclass(frozen=True)
+class Images:
+    """Operator-wide defaults (flags/env of ``atlas operator``); a run's spec.image wins."""
+
+    trainer: str = "ghcr.io/arc-computer/atlas-trainer:0.1.0"
+    rollout: str = "ghcr.io/arc-computer/atlas-trainer:0.1.0"  # the trainer image carries vLLM
+
+
+def child_names(run: Run) -> dict[str, str]:
+    """status.children: the names of what the run owns (rollout/student only when they exist)."""
+    names = {"pytorchJob": run.name, "configMap": f"{run.name}-config", "metricsService": f"{run.name}-metrics"}
+    if run.spec.rollout.replicas:
+        names["rollout"] = f"{run.name}-rollout"
+    if isinstance(run.spec, AtlasTeacherSpec) and run.spec.student and run.spec.student.rollout.replicas:
+        names["student"] = f"{run.name}-student"
+    return names
+
+
+def labels(run: Run, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "atlas",
+        "app.kubernetes.io/instance": run.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def _selector(run: Run, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": run.name, "app.kubernetes.io/component": component}
+
+
+def _metadata(run: Run, name: str, component: str) -> dict[str, Any]:
+    return {"name": name, "namespace": run.namespace, "labels": labels(run, component)}
+
+
+# --------------------------------------------------------------------------- run configuration
+
+
+def output_dir(run: Run) -> str:
+    return f"{run.spec.checkpoint.path.rstrip('/')}/{run.name}"
+
+
+def student_endpoint(run: Run) -> str:
+    return f"http://{run.name}-student.{run.namespace}.svc:{VLLM_PORT}/v1"
+
+
+def rollout_endpoint(run: Run) -> str:
+    return f"http://{run.name}-rollout.{run.namespace}.svc:{VLLM_PORT}"
+
+
+def run_config(run: Run) -> dict[str, Any]:
+    """The run configuration the trainer pods load (`atlas_core.cli.train recipe=run.yaml`)."""
+    spec = run.spec
+    trainer = training_fields(spec.training)
+    trainer.update(
+        save_strategy="steps",
+        save_steps=spec.checkpoint.save_steps,
+        metrics_port=TRAINER_METRICS_PORT,
+        metrics_host="0.0.0.0",  # scraped by Prometheus and the operator through <name>-metrics
+        report_to=[],
+    )
+    if spec.resources.gpus_per_node == 0:
+        trainer["bf16"] = False
+    else:
+        trainer.setdefault("bf16", True)
+    if spec.rollout.replicas and spec.algorithm != "sft":
+        trainer.update(
+            use_vllm=True,
+            vllm_mode="server",
+            vllm_server_base_url=rollout_endpoint(run),
+            vllm_group_port=WEIGHT_SYNC_PORT,
+        )
+    config: dict[str, Any] = {
+        "algorithm": spec.algorithm,
+        "model": spec.model,
+        "run_name": run.name,
+        "output_dir": output_dir(run),
+        "resume": True,
+        "dataset": {"source": spec.dataset.source, "split": spec.dataset.split},
+        "reward": {"funcs": reward_funcs(run), "config": reward_config_path(run), "weights": spec.reward.weights},
+        "trainer": trainer,
+    }
+    if isinstance(spec, AtlasTeacherSpec) and spec.student:
+        config["student"] = student_endpoint(run) if spec.student.rollout.replicas else spec.student.model
+        teaching = spec.teaching
+        trainer.update(
+            max_probe_tokens=teaching.max_probe_tokens,
+            max_guidance_tokens=teaching.max_guidance_tokens,
+            efficiency_horizon=teaching.efficiency_horizon,
+            degradation_penalty=teaching.degradation_penalty,
+        )
+        for name in ("student_samples", "student_max_tokens"):
+            if getattr(teaching, name) is not None:
+                trainer[name] = getattr(teaching, name)
+    return config
+
+
+def training_fields(training: TrainingSpec) -> dict[str, Any]:
+    """spec.training (camelCase fields that are set, plus extra) → trainer kwargs (snake_case)."""
+    fields = {name: value for name, value in vars(training).items() if name != "extra" and value is not None}
+    fields.update(training.extra)
+    return fields
+
+
+def reward_config_path(run: Run) -> str | None:
+    if run.spec.reward.config_map_ref:
+        return f"{REWARD_REF_DIR}/{run.spec.reward.config_map_ref.key}"
+    if run.spec.reward.config:
+        return f"{CONFIG_DIR}/reward.yaml"
+    return None
+
+
+def config_map(run: Run, reward_yaml: str | None = None) -> dict[str, Any]:
+    """``<name>-config``: run.yaml, accelerate.yaml and (named RIM config) reward.yaml.
+
+    ``reward_yaml`` is the text of ``reward_system/<spec.reward.config>.yaml`` (read by the caller, so
+    this stays pure)."""
+    res = run.spec.resources
+    mixed = "no" if res.gpus_per_node == 0 or run.spec.training.bf16 is False else "bf16"
+    accelerate = accelerate_config(
+        run.spec.deepspeed, num_machines=res.nodes, num_processes=res.nodes * res.processes(), mixed_precision=mixed
+    )
+    data = {
+        "run.yaml": _yaml_text(run_config(run), f"Run configuration of {run.kind} {run.namespace}/{run.name}"),
+        "accelerate.yaml": _yaml_text(accelerate, f"Accelerate config: DeepSpeed preset {run.spec.deepspeed}"),
+    }
+    if run.spec.reward.config and reward_yaml is not None:
+        data["reward.yaml"] = reward_yaml
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(run, f"{run.name}-config", "trainer"),
+        "data": data,
+    }
+
+
+def _yaml_text(document: dict[str, Any], title: str) -> str:
+    return f"# {title} (rendered by atlas-operator; edit the run, not this file)\n" + yaml.safe_dump(
+        document, sort_keys=False
+    )
+
+
+# --------------------------------------------------------------------------- PyTorchJob
+
+
+def launch_command(run: Run) -> list[str]:
+    """The trainer container's command: accelerate on every node with the topology Kubeflow injects
+    (PET_NNODES, PET_NODE_RANK = node index, PET_NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT)."""
+    script = (
+        "exec accelerate launch"
+        f" --config_file {CONFIG_DIR}/accelerate.yaml"
+        ' --num_machines "$PET_NNODES" --machine_rank "$PET_NODE_RANK"'
+        ' --num_processes "$((PET_NNODES * PET_NPROC_PER_NODE))"'
+        ' --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT"'
+        f" -m atlas_core.cli.train recipe={CONFIG_DIR}/run.yaml"
+    )
+    return ["/bin/bash", "-c", "set -eu\n" + script]
+
+
+def _env(run: Run) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "ATLAS_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "ATLAS_RUN", "value": run.name},
+        {"name": "ATLAS_KIND", "value": run.kind},
+        {"name": "HF_HOME", "value": f"{run.spec.checkpoint.path.rstrip('/')}/.cache/huggingface"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    env += [{"name": k, "value": v} for k, v in NCCL_ENV.items()]
+    own = {e["name"] for e in env}
+    for var in run.spec.env:  # the user's values win over ours
+        entry = {"name": var.name}
+        if var.value_from is not None:
+            entry["valueFrom"] = var.value_from
+        else:
+            entry["value"] = var.value or ""
+        if var.name in own:
+            env = [e for e in env if e["name"] != var.name]
+        env.append(entry)
+    return env
+
+
+def _resources(gpus: int, cpu: str | None, memory: str | None) -> dict[str, Any]:
+    amounts: dict[str, Any] = {}
+    if cpu:
+        amounts["cpu"] = cpu
+    if memory:
+        amounts["memory"] = memory
+    limits = dict(amounts)
+    if gpus:
+        limits["nvidia.com/gpu"] = gpus
+    resources: dict[str, Any] = {}
+    if amounts:
+        resources["requests"] = amounts
+    if limits:
+        resources["limits"] = limits
+    return resources
+
+
+def _placement(run: Run) -> dict[str, Any]:
+    spec = run.spec
+    placement: dict[str, Any] = {}
+    if spec.service_account_name:
+        placement["serviceAccountName"] = spec.service_account_name
+    if spec.image_pull_secrets:
+        placement["imagePullSecrets"] = [{"name": ref.name} for ref in spec.image_pull_secrets]
+    if spec.resources.node_selector:
+        placement["nodeSelector"] = dict(spec.resources.node_selector)
+    if spec.resources.tolerations:
+        placement["tolerations"] = [_toleration(t) for t in spec.resources.tolerations]
+    return placement
+
+
+def _toleration(toleration) -> dict[str, Any]:
+    return {camel(k): v for k, v in vars(toleration).items() if v is not None}
+
+
+_CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def _pod_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
+    spec = run.spec
+    res, checkpoint = spec.resources, spec.checkpoint
+    mounts = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "checkpoints", "mountPath": checkpoint.path},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": f"{run.name}-config"}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size}},
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": checkpoint.pvc}}
+        if checkpoint.pvc
+        else {"name": "checkpoints", "emptyDir": {}},
+    ]
+    if spec.reward.config_map_ref:
+        mounts.append({"name": "reward-config", "mountPath": REWARD_REF_DIR, "readOnly": True})
+        volumes.append({"name": "reward-config", "configMap": {"name": spec.reward.config_map_ref.name}})
+    container = {
+        "name": "pytorch",  # the name Kubeflow's PyTorchJob controller looks for
+        "image": image,
+        "command": launch_command(run),
+        "env": _env(run),
+        "ports": [
+            {"name": "pytorchjob-port", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": TRAINER_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "volumeMounts": mounts,
+        "securityContext": dict(_CONTAINER_SECURITY),
+    }
+    resources = _resources(res.gpus_per_node, res.cpu, res.memory)
+    if resources:
+        container["resources"] = resources
+    return {
+        "metadata": {"labels": labels(run, "trainer")},
+        "spec": {**_placement(run), "securityContext": _pod_security(), "containers": [container], "volumes": volumes},
+    }
+
+
+def pytorch_job(run: Run, images: Images) -> dict[str, Any]:
+    spec = run.spec
+    template = trainer_pod_template(run, spec.image or images.trainer)
+    replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
+    if spec.resources.nodes > 1:
+        replicas["Worker"] = {"replicas": spec.resources.nodes - 1, "restartPolicy": "OnFailure", "template": template}
+    job_spec = {
+        "nprocPerNode": str(spec.resources.processes()),
+        "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": 3, "suspend": spec.suspend},
+        "pytorchReplicaSpecs": replicas,
+    }
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": _metadata(run, run.name, "trainer"),
+        "spec": job_spec,
+    }
+    job["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: job_spec_hash(job)}
+    return job
+
+
+def job_spec_hash(job: dict[str, Any]) -> str:
+    """Identity of what a running job's pods were made from: everything but runPolicy.suspend, which
+    Kubeflow applies in place."""
+    spec = json.loads(json.dumps(job["spec"]))
+    spec.get("runPolicy", {}).pop("suspend", None)
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- vLLM servers
+
+
+def _vllm_deployment(
+    run: Run,
+    component: str,
+    rollout: RolloutSpec,
+    image: str,
+    command: list[str],
+    args: list[str],
+    probe_path: str,
+    ports: list[dict[str, Any]],
+) -> dict[str, Any]:
+    container = {
+        "name": "vllm",
+        "image": image,
+        "command": command,
+        "args": args,
+        "env": [{"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"}, {"name": "HOME", "value": CACHE_DIR}],
+        "ports": ports,
+        # Loading weights takes minutes: the startup probe allows 20 of them before liveness applies.
+        "startupProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 10, "failureThreshold": 120},
+        "readinessProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 10},
+        "livenessProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 30, "failureThreshold": 5},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "cache", "mountPath": CACHE_DIR}],
+        "securityContext": dict(_CONTAINER_SECURITY),
+    }
+    resources = _resources(rollout.gpus, rollout.cpu, rollout.memory)
+    if resources:
+        container["resources"] = resources
+    name = f"{run.name}-{component}"
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(run, name, component),
+        "spec": {
+            "replicas": 0 if run.spec.suspend else rollout.replicas,
+            "selector": {"matchLabels": _selector(run, component)},
+            "strategy": {"type": "Recreate"},  # GPUs: never two generations of servers at once
+            "template": {
+                "metadata": {"labels": labels(run, component)},
+                "spec": {
+                    **_placement(run),
+                    "securityContext": _pod_security(),
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": run.spec.resources.shm_size}},
+                        {"name": "cache", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def _server_args(rollout: RolloutSpec) -> list[str]:
+    args = ["--tensor-parallel-size", str(rollout.tensor_parallel_size)]
+    if rollout.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(rollout.gpu_memory_utilization)]
+    if rollout.max_model_len is not None:
+        args += ["--max-model-len", str(rollout.max_model_len)]
+    return args
+
+
+def rollout_deployment(run: Run, images: Images) -> dict[str, Any]:
+    rollout = run.spec.rollout
+    args = [
+        "--model",
+        run.spec.model,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(VLLM_PORT),
+        *_server_args(rollout),
+        "--data-parallel-size",
+        str(rollout.gpus // rollout.tensor_parallel_size),
+        *rollout.args,
+    ]
+    ports = [
+        {"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"},
+        {"name": "weight-sync", "containerPort": WEIGHT_SYNC_PORT, "protocol": "TCP"},
+    ]
+    return _vllm_deployment(
+        run, "rollout", rollout, rollout.image or images.rollout, ["trl", "vllm-serve"], args, "/health/", ports
+    )
+
+
+def student_deployment(run: Run, images: Images) -> dict[str, Any]:
+    student = run.spec.student
+    rollout = student.rollout
+    args = [
+        student.model,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(VLLM_PORT),
+        "--served-model-name",
+        student.model,
+        *_server_args(rollout),
+        *rollout.args,
+    ]
+    ports = [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}]
+    return _vllm_deployment(
+        run, "student", rollout, rollout.image or images.rollout, ["vllm", "serve"], args, "/health", ports
+    )
+
+
+def service(
+    run: Run, name: str, component: str, ports: list[tuple[str, int]], selector: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(run, name, component),
+        "spec": {
+            "selector": selector or _selector(run, component),
+            "ports": [
+                {"name": port_name, "port": port, "targetPort": port_name, "protocol": "TCP"}
+                for port_name, port in ports
+            ],
+        },
+    }
+
+
+def metrics_service(run: Run) -> dict[str, Any]:
+    # Only the Master pod (rank 0) serves metrics; Kubeflow labels pods with their replica type.
+    selector = {**_selector(run, "trainer"), "training.kubeflow.org/replica-type": "master"}
+    return service(run, f"{run.name}-metrics", "trainer", [("metrics", TRAINER_METRICS_PORT)], selector)
+
+
+def render_children(run: Run, images: Images | None = None, reward_yaml: str | None = None) -> list[dict[str, Any]]:
+    """Every child of ``run``, in apply order."""
+    images = images or Images()
+    children = [config_map(run, reward_yaml)]
+    if run.spec.rollout.replicas:
+        children.append(
+            service(run, f"{run.name}-rollout", "rollout", [("http", VLLM_PORT), ("weight-sync", WEIGHT_SYNC_PORT)])
+        )
+    if "student" in child_names(run):
+        children.append(service(run, f"{run.name}-student", "student", [("http", VLLM_PORT)]))
+    children.append(metrics_service(run))
+    if run.spec.rollout.replicas:
+        children.append(rollout_deployment(run, images))
+    if "student" in child_names(run):
+        children.append(student_deployment(run, images))
+    children.append(pytorch_job(run, images))
+    return children

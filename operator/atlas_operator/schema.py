@@ -1,0 +1,240 @@
+"""Typed spec models → OpenAPI v3 schema and a parser that reports every problem.
+
+The run specs (:mod:`atlas_operator.spec`) are plain dataclasses whose fields carry their
+documentation and constraints in ``metadata``; this module turns them into the CRD's
+``openAPIV3Schema`` and parses a manifest's ``spec`` into them. Python names are snake_case,
+the API's are camelCase (``per_device_train_batch_size`` ↔ ``perDeviceTrainBatchSize``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from typing import Any, Union
+
+REQUIRED = "required"
+
+
+def spec_field(
+    doc: str,
+    default: Any = None,
+    *,
+    required: bool = False,
+    enum: tuple | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive_minimum: bool = False,
+    pattern: str | None = None,
+    schema_default: bool = True,
+    preserve_unknown: bool = False,
+) -> Any:
+    """A documented field. ``default`` None means "unset" (the trainer's own default applies).
+
+    ``schema_default`` False keeps a Python default out of the CRD (so that the API server does not
+    write it into every object) — used where "unset" and the default mean different things.
+    """
+    metadata = {
+        "doc": doc,
+        REQUIRED: required,
+        "enum": enum,
+        "minimum": minimum,
+        "maximum": maximum,
+        "exclusive_minimum": exclusive_minimum,
+        "pattern": pattern,
+        "schema_default": schema_default,
+        "preserve_unknown": preserve_unknown,
+    }
+    if isinstance(default, (list, dict)) or (isinstance(default, type) and dataclasses.is_dataclass(default)):
+        factory = default if isinstance(default, type) else (lambda d=default: type(d)(d))
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def openapi_schema(cls: type, description: str | None = None) -> dict[str, Any]:
+    """The OpenAPI v3 (structural) schema of a spec dataclass."""
+    hints = _type_hints(cls)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        prop = _type_schema(_unwrap_optional(hints[f.name]), meta)
+        prop["description"] = meta["doc"]
+        for key, schema_key in (
+            ("enum", "enum"),
+            ("minimum", "minimum"),
+            ("maximum", "maximum"),
+            ("pattern", "pattern"),
+        ):
+            if meta.get(key) is not None:
+                prop[schema_key] = list(meta[key]) if key == "enum" else meta[key]
+        if meta.get("exclusive_minimum"):
+            prop["exclusiveMinimum"] = True
+        default = _default_of(f)
+        if default is not None and meta.get("schema_default", True) and not dataclasses.is_dataclass(default):
+            prop["default"] = default
+        if meta.get(REQUIRED):
+            required.append(camel(f.name))
+        properties[camel(f.name)] = prop
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = required
+    if description or cls.__doc__:
+        schema["description"] = description or " ".join(cls.__doc__.split())
+    return schema
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+        return value if value not in ([], {}) else None
+    return None
+
+
+def _type_schema(annotation: Any, meta: dict | None = None) -> dict[str, Any]:
+    meta = meta or {}
+    if dataclasses.is_dataclass(annotation):
+        schema = openapi_schema(annotation)
+        schema.pop("description", None)
+        return schema
+    origin = typing.get_origin(annotation)
+    if annotation is str:
+        return {"type": "string"}
+    if annotation is bool:
+        return {"type": "boolean"}
+    if annotation is int:
+        return {"type": "integer"}
+    if annotation is float:
+        return {"type": "number"}
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        return {"type": "array", "items": _type_schema(item, {"preserve_unknown": meta.get("preserve_unknown")})}
+    if origin is dict:
+        _, value = typing.get_args(annotation)
+        if value is Any:
+            return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        return {"type": "object", "additionalProperties": _type_schema(value)}
+    if annotation is Any or annotation is dict:
+        return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    raise TypeError(f"no schema for {annotation!r}")
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse(cls: type, data: Any, path: str, problems: list[str]) -> Any:
+    """``data`` (camelCase mapping) → an instance of ``cls``; appends every problem to ``problems``
+    as ``"<path>.<field>: expected …, got …"`` and uses the default for a field that is wrong."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        problems.append(f"{path}: expected an object, got {_shown(data)}")
+        data = {}
+    hints = _type_hints(cls)
+    fields = {camel(f.name): f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            problems.append(f"{path}.{key}: unknown field (known: {', '.join(fields)})")
+    values = {}
+    for key, f in fields.items():
+        where = f"{path}.{key}"
+        if key not in data or data[key] is None:
+            if f.metadata.get(REQUIRED):
+                problems.append(f"{where}: required ({f.metadata['doc']})")
+            continue
+        annotation = _unwrap_optional(hints[f.name])
+        value = _parse_value(annotation, data[key], where, problems)
+        if value is _INVALID:
+            continue
+        if _constraint_problem(f.metadata, value, where, problems):
+            continue
+        values[f.name] = value
+    return cls(**values)
+
+
+_INVALID = object()
+
+
+def _parse_value(annotation: Any, value: Any, where: str, problems: list[str]) -> Any:
+    if dataclasses.is_dataclass(annotation):
+        return parse(annotation, value, where, problems)
+    origin = typing.get_origin(annotation)
+    expected = None
+    if annotation is str and not isinstance(value, str):
+        expected = "a string"
+    elif annotation is bool and not isinstance(value, bool):
+        expected = "true or false"
+    elif annotation is int and (isinstance(value, bool) or not isinstance(value, int)):
+        expected = "a whole number"
+    elif annotation is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        expected = "a number"
+    elif origin is list:
+        if not isinstance(value, list):
+            expected = "a list"
+        else:
+            (item,) = typing.get_args(annotation)
+            parsed = [_parse_value(item, v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
+            return _INVALID if any(p is _INVALID for p in parsed) else parsed
+    elif (origin is dict or annotation in (dict, Any)) and not isinstance(value, dict):
+        expected = "an object"
+    elif origin is dict:
+        _, item = typing.get_args(annotation)
+        if item is not Any:
+            parsed = {k: _parse_value(item, v, f"{where}.{k}", problems) for k, v in value.items()}
+            return _INVALID if any(p is _INVALID for p in parsed.values()) else parsed
+    if expected:
+        problems.append(f"{where}: expected {expected}, got {_shown(value)}")
+        return _INVALID
+    return float(value) if annotation is float else value
+
+
+def _constraint_problem(meta: dict, value: Any, where: str, problems: list[str]) -> bool:
+    enum, minimum, maximum, pattern = meta.get("enum"), meta.get("minimum"), meta.get("maximum"), meta.get("pattern")
+    problem = None
+    if enum is not None and value not in enum:
+        problem = f"expected one of {', '.join(map(str, enum))}, got {_shown(value)}"
+    elif minimum is not None and isinstance(value, (int, float)):
+        if meta.get("exclusive_minimum") and value <= minimum:
+            problem = f"expected a number > {minimum}, got {_shown(value)}"
+        elif value < minimum:
+            problem = f"expected a number >= {minimum}, got {_shown(value)}"
+    if problem is None and maximum is not None and isinstance(value, (int, float)) and value > maximum:
+        problem = f"expected a number <= {maximum}, got {_shown(value)}"
+    if problem is None and pattern is not None and isinstance(value, str) and not re.fullmatch(pattern, value):
+        problem = f"expected a value matching {pattern}, got {_shown(value)}"
+    if problem:
+        problems.append(f"{where}: {problem}")
+    return problem is not None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

