@@ -32,6 +32,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = CONFIG.workers
     settings.watching.connect_timeout = 30
+    # A deleted run waits for its timer to exit; check every second, not kopf's default minute.
+    settings.background.cancellation_polling = 1
     memo.reconciler = Reconciler(Kube(), CONFIG.reconciler_settings())
     memo.phases = metrics.RunPhases()
     memo.metrics_server = await metrics.serve(CONFIG.metrics_host, CONFIG.metrics_port) if CONFIG.metrics_port else None
@@ -44,6 +46,8 @@ async def cleanup(memo: kopf.Memo, **_) -> None:
 
 
 def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, scrape: bool) -> None:
+    if body.metadata.get("deletionTimestamp"):
+        return  # being deleted: recreating children now would race the delete handler
     kind = body["kind"]
     started = time.perf_counter()
     try:
@@ -99,10 +103,12 @@ def report(body: kopf.Body, patch: kopf.Patch, result: Result) -> None:
 
 
 def _transition_message(result: Result) -> str:
-    failing = [c for c in result.conditions if c["status"] == "False" and c["type"] != "Training"]
-    if failing:
-        return failing[0]["message"]
-    training = next((c for c in result.conditions if c["type"] == "Training"), None)
+    """Invalid/Pending: what blocks the run; otherwise what the PyTorchJob said."""
+    by_type = {c["type"]: c for c in result.conditions}
+    for blocking in ("Valid", "PrerequisitesMet", "SpecApplied"):
+        if by_type.get(blocking, {}).get("status") == "False":
+            return by_type[blocking]["message"]
+    training = by_type.get("Training")
     return training["message"] if training else result.phase
 
 

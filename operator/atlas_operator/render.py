@@ -27,6 +27,7 @@ VLLM_PORT = 8000
 WEIGHT_SYNC_PORT = 51216  # TRL's vllm_group_port: the NCCL group the trainer joins to push weights
 RUN_AS_USER = 65532  # the trainer image's `atlas` user (trainer_image/Dockerfile)
 SPEC_HASH_ANNOTATION = "atlas.arc.computer/spec-hash"
+CONFIG_HASH_ANNOTATION = "atlas.arc.computer/config-hash"
 MANAGED_BY = "atlas-operator"
 NCCL_ENV = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 
@@ -302,9 +303,14 @@ def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
     }
 
 
-def pytorch_job(run: Run, images: Images) -> dict[str, Any]:
+def pytorch_job(run: Run, images: Images, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``config`` is the run's ConfigMap: its checksum in the pod template makes a configuration change
+    a spec change (the trainer reads run.yaml once, at start)."""
     spec = run.spec
     template = trainer_pod_template(run, spec.image or images.trainer)
+    if config is not None:
+        checksum = hashlib.sha256(json.dumps(config["data"], sort_keys=True).encode()).hexdigest()[:16]
+        template["metadata"]["annotations"] = {CONFIG_HASH_ANNOTATION: checksum}
     replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
     if spec.resources.nodes > 1:
         replicas["Worker"] = {"replicas": spec.resources.nodes - 1, "restartPolicy": "OnFailure", "template": template}
@@ -464,7 +470,8 @@ def metrics_service(run: Run) -> dict[str, Any]:
 def render_children(run: Run, images: Images | None = None, reward_yaml: str | None = None) -> list[dict[str, Any]]:
     """Every child of ``run``, in apply order."""
     images = images or Images()
-    children = [config_map(run, reward_yaml)]
+    config = config_map(run, reward_yaml)
+    children = [config]
     if run.spec.rollout.replicas:
         children.append(
             service(run, f"{run.name}-rollout", "rollout", [("http", VLLM_PORT), ("weight-sync", WEIGHT_SYNC_PORT)])
@@ -476,5 +483,5 @@ def render_children(run: Run, images: Images | None = None, reward_yaml: str | N
         children.append(rollout_deployment(run, images))
     if "student" in child_names(run):
         children.append(student_deployment(run, images))
-    children.append(pytorch_job(run, images))
+    children.append(pytorch_job(run, images, config))
     return children

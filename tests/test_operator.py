@@ -1,0 +1,460 @@
+"""The operator process (`atlas operator`) against a real HTTP Kubernetes API (kmock's emulator).
+
+Runs, PyTorchJob status and faults go in through the API like kubectl and the Kubeflow controller
+would; assertions read the emulator's stored objects and its request log.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import kubernetes
+import pytest
+from conftest import REPO, free_port, python_env
+from kube_emulator import PYTORCHJOBS, TEACHERS, TRAININGS, EmulatorThread, wait_for, write_kubeconfig
+from operator_support import teacher, training
+
+pytestmark = pytest.mark.timeout(300)
+
+GROUP, VERSION = "atlas.arc.computer", "v1alpha1"
+NS = "team-a"
+ATLAS = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "atlas")
+TIMEOUT = 30
+
+
+class OperatorProcess:
+    """`atlas operator` as users run it, against the emulator, with fast timers for tests."""
+
+    def __init__(self, kubeconfig: Path, log: Path, metrics_url: str = "http://127.0.0.1:1/metrics"):
+        self.metrics_port = free_port()
+        self.env = python_env(
+            KUBECONFIG=str(kubeconfig),
+            ATLAS_PROGRESS_INTERVAL="1",
+            ATLAS_RETRY_DELAY="0.5",
+            ATLAS_OPERATOR_METRICS_PORT=str(self.metrics_port),
+            ATLAS_OPERATOR_METRICS_HOST="127.0.0.1",
+            ATLAS_METRICS_URL_TEMPLATE=metrics_url,
+            ATLAS_TRAINER_IMAGE="registry.example/atlas-trainer:test",
+        )
+        self.log = log
+        self.proc = None
+
+    def start(self) -> OperatorProcess:
+        import sys
+
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "atlas_core.cli.main", "operator", "--verbose"],
+                env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> int:
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def get(self, path: str) -> tuple[int, str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+
+
+class Cluster:
+    def __init__(self, emulator, kubeconfig: Path, operator: OperatorProcess):
+        self.emu = emulator
+        self.operator = operator
+        self.api_client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
+        self.custom = kubernetes.client.CustomObjectsApi(self.api_client)
+        self.created: list[dict] = []
+
+    # kubectl-like writes
+    def apply(self, manifest: dict) -> dict:
+        plural = "atlasteachers" if manifest["kind"] == "AtlasTeacher" else "atlastrainings"
+        self.created.append(manifest)
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, plural, manifest)
+
+    def delete_created(self) -> None:
+        """Keep the shared operator's load flat: each test's runs go when it ends."""
+        for manifest in self.created:
+            if self.run(manifest) is not None:
+                self.delete_run(manifest)
+        self.created.clear()
+
+    def patch_spec(self, manifest: dict, spec: dict) -> None:
+        plural = "atlasteachers" if manifest["kind"] == "AtlasTeacher" else "atlastrainings"
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, NS, plural, manifest["metadata"]["name"],
+                                                   {"spec": spec})
+
+    def delete_run(self, manifest: dict) -> None:
+        plural = "atlasteachers" if manifest["kind"] == "AtlasTeacher" else "atlastrainings"
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, plural, manifest["metadata"]["name"])
+
+    def set_job_conditions(self, name: str, *types: str, message: str = "") -> None:
+        """What the Kubeflow controller writes: conditions in order, the last one True."""
+        conditions = [{"type": t, "status": "True" if i == len(types) - 1 else "False", "reason": f"PyTorchJob{t}",
+                       "message": message or f"PyTorchJob {name} is {t.lower()}."} for i, t in enumerate(types)]
+        self.custom.patch_namespaced_custom_object_status("kubeflow.org", "v1", NS, "pytorchjobs", name,
+                                                          {"status": {"conditions": conditions}})
+
+    # reads
+    def run(self, manifest: dict) -> dict | None:
+        resource = TEACHERS if manifest["kind"] == "AtlasTeacher" else TRAININGS
+        return self.emu.get(resource, NS, manifest["metadata"]["name"])
+
+    def status(self, manifest: dict) -> dict:
+        return (self.run(manifest) or {}).get("status") or {}
+
+    def wait_status(self, manifest: dict, predicate, what: str) -> dict:
+        try:
+            wait_for(lambda: predicate(self.status(manifest)), timeout=TIMEOUT, what=what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; status: {self.status(manifest)}\n{self.operator.output()[-3000:]}") from None
+        return self.status(manifest)
+
+    def condition(self, manifest: dict, type_: str) -> dict:
+        return next((c for c in self.status(manifest).get("conditions", []) if c["type"] == type_), {})
+
+    def events(self, name: str) -> list[dict]:
+        return [e for e in self.emu.list("v1/events", NS) if e.get("involvedObject", {}).get("name") == name]
+
+
+def children_of(name: str, teacher_run: bool = True) -> dict[str, tuple[str, str]]:
+    names = {"config": ("v1/configmaps", f"{name}-config"), "metrics": ("v1/services", f"{name}-metrics"),
+             "rollout-svc": ("v1/services", f"{name}-rollout"), "rollout": ("apps/v1/deployments", f"{name}-rollout"),
+             "job": (PYTORCHJOBS, name)}
+    if teacher_run:
+        names |= {"student-svc": ("v1/services", f"{name}-student"),
+                  "student": ("apps/v1/deployments", f"{name}-student")}
+    return names
+
+
+def start_cluster(tmp_path: Path, metrics_url: str = "http://127.0.0.1:1/metrics", **emulator_options):
+    server = EmulatorThread(**emulator_options).__enter__()
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.url)
+    operator = OperatorProcess(kubeconfig, tmp_path / "operator.log", metrics_url).start()
+    return server, Cluster(server.emulator, kubeconfig, operator)
+
+
+@pytest.fixture(scope="module")
+def trainer_metrics_port():
+    """The trainer's real Prometheus endpoint (its own registry), served here on 127.0.0.1."""
+    from atlas_core.telemetry.metrics import serve_metrics
+
+    return serve_metrics(free_port(), host="127.0.0.1")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, trainer_metrics_port):
+    server, cluster = start_cluster(tmp_path_factory.mktemp("cluster"),
+                                    metrics_url=f"http://127.0.0.1:{trainer_metrics_port}/metrics")
+    yield cluster
+    cluster.operator.stop()
+    server.__exit__(None, None, None)
+
+
+@pytest.fixture(autouse=True)
+def _cleanup_runs(request):
+    yield
+    if "cluster" in request.fixturenames:
+        request.getfixturevalue("cluster").delete_created()
+
+
+def wait_children(cluster: Cluster, name: str, teacher_run: bool = True) -> dict[str, dict]:
+    wanted = children_of(name, teacher_run)
+    wait_for(lambda: all(cluster.emu.get(r, NS, n) for r, n in wanted.values()), timeout=TIMEOUT,
+             what=f"children of {name}")
+    return {key: cluster.emu.get(r, NS, n) for key, (r, n) in wanted.items()}
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_create_makes_every_child_owned_by_the_run(cluster):
+    manifest = teacher("create-run")
+    run = cluster.apply(manifest)
+    objects = wait_children(cluster, "create-run")
+    uid = cluster.run(manifest)["metadata"]["uid"]
+    assert uid == run["metadata"]["uid"]
+    for obj in objects.values():
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert ref["uid"] == uid and ref["kind"] == "AtlasTeacher" and ref["controller"] is True
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "atlas-operator"
+    container = objects["job"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry.example/atlas-trainer:test"  # the operator's default image
+    status = cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending" and s.get("children"), "Pending")
+    assert status["children"] == {"pytorchJob": "create-run", "configMap": "create-run-config",
+                                  "metricsService": "create-run-metrics", "rollout": "create-run-rollout",
+                                  "student": "create-run-student"}
+    assert status["observedGeneration"] == 1
+    assert cluster.condition(manifest, "Valid")["status"] == "True"
+    assert cluster.condition(manifest, "RolloutReady")["reason"] == "Waiting"
+    wait_for(lambda: any(e["reason"] == "Pending" for e in cluster.events("create-run")), timeout=TIMEOUT,
+             what="a Pending event")
+    # Settled: further timer passes write nothing.
+    cluster.wait_status(manifest, lambda s: "kopf" in s, "kopf's bookkeeping")
+    before = len(cluster.emu.writes(name="create-run"))
+    wait_for(lambda: len(cluster.operator.output().split("Timer 'observe_run' succeeded")) > 6, timeout=TIMEOUT)
+    assert len(cluster.emu.writes(name="create-run")) == before
+
+
+def test_phase_and_conditions_follow_the_pytorchjob(cluster):
+    manifest = training("phase-run")
+    cluster.apply(manifest)
+    wait_children(cluster, "phase-run", teacher_run=False)
+    cluster.set_job_conditions("phase-run", "Created")
+    cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending", "Pending")
+    cluster.set_job_conditions("phase-run", "Created", "Running", message="all pods are running")
+    cluster.wait_status(manifest, lambda s: s.get("phase") == "Running", "Running")
+    training_condition = cluster.condition(manifest, "Training")
+    assert training_condition["status"] == "True" and training_condition["reason"] == "Running"
+    assert training_condition["message"] == "all pods are running"
+    cluster.set_job_conditions("phase-run", "Created", "Running", "Restarting")
+    cluster.wait_status(manifest, lambda s: cluster.condition(manifest, "Training").get("reason") == "Restarting",
+                        "Restarting")
+    assert cluster.status(manifest)["phase"] == "Running"
+    cluster.set_job_conditions("phase-run", "Created", "Running", "Failed", message="Worker exited with code 1")
+    cluster.wait_status(manifest, lambda s: s.get("phase") == "Failed", "Failed")
+    wait_for(lambda: {"Running", "Failed"} <= {e["reason"] for e in cluster.events("phase-run")}, timeout=TIMEOUT,
+             what="transition events")
+    failed = next(e for e in cluster.events("phase-run") if e["reason"] == "Failed")
+    assert failed["type"] == "Warning" and "code 1" in failed["message"]
+
+
+def test_deleted_children_are_recreated(cluster):
+    manifest = training("recreate-run")
+    cluster.apply(manifest)
+    objects = wait_children(cluster, "recreate-run", teacher_run=False)
+    core = kubernetes.client.CoreV1Api(cluster.api_client)
+    apps = kubernetes.client.AppsV1Api(cluster.api_client)
+    apps.delete_namespaced_deployment("recreate-run-rollout", NS)
+    core.delete_namespaced_config_map("recreate-run-config", NS)
+    for key, resource, name in (("rollout", "apps/v1/deployments", "recreate-run-rollout"),
+                                ("config", "v1/configmaps", "recreate-run-config")):
+        old_uid = objects[key]["metadata"]["uid"]
+        wait_for(lambda r=resource, n=name, u=old_uid: (cluster.emu.get(r, NS, n) or {}).get("metadata", {}).get("uid")
+                 not in (None, u), timeout=TIMEOUT, what=f"{name} recreated")
+    assert len(cluster.emu.list(PYTORCHJOBS, NS)) == len({j["metadata"]["name"] for j in cluster.emu.list(PYTORCHJOBS, NS)})
+
+
+def test_invalid_spec_gets_every_problem_and_no_children(cluster):
+    manifest = training("invalid-run", training={"perDeviceTrainBatchSize": 3, "numGenerations": 5},
+                        rollout={"replicas": 1, "gpus": 3, "tensorParallelSize": 2})
+    cluster.apply(manifest)
+    status = cluster.wait_status(manifest, lambda s: s.get("phase") == "Invalid", "Invalid")
+    message = cluster.condition(manifest, "Valid")["message"]
+    assert "spec.training.numGenerations: 5 does not divide" in message
+    assert "spec.rollout.tensorParallelSize: 2 does not divide spec.rollout.gpus (3)" in message
+    assert "children" not in status
+    assert not any(cluster.emu.get(r, NS, n) for r, n in children_of("invalid-run", False).values())
+    assert not cluster.emu.writes("v1/configmaps", name="invalid-run-config")
+    wait_for(lambda: any(e["reason"] == "Invalid" and e["type"] == "Warning" for e in cluster.events("invalid-run")),
+             timeout=TIMEOUT, what="an Invalid event")
+    # Fixing the spec makes the run whole.
+    cluster.patch_spec(manifest, {"training": {"perDeviceTrainBatchSize": 4, "numGenerations": 4},
+                                  "rollout": {"replicas": 1, "gpus": 2, "tensorParallelSize": 2}})
+    wait_children(cluster, "invalid-run", teacher_run=False)
+    cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending", "Pending after the fix")
+
+
+def test_api_errors_are_retried_until_the_run_converges(cluster):
+    cluster.emu.fail_next("POST", "apps/v1/deployments", status=500, namespace=NS)
+    cluster.emu.fail_next("POST", "v1/services", status=409, namespace=NS)  # "already exists", yet it does not
+    manifest = teacher("fault-run")
+    cluster.apply(manifest)
+    wait_children(cluster, "fault-run")
+    deployment_posts = cluster.emu.calls(lambda c: c.method == "POST" and c.resource == "deployments"
+                                         and c.body["metadata"]["name"].startswith("fault-run"))
+    assert [c.status for c in deployment_posts][:2] == [500, 201]
+    service_posts = cluster.emu.calls(lambda c: c.method == "POST" and c.resource == "services"
+                                      and c.body["metadata"]["name"].startswith("fault-run"))
+    assert service_posts[0].status == 409 and all(c.status == 201 for c in service_posts[1:])
+    for resource, name in children_of("fault-run").values():
+        created = [c for c in cluster.emu.writes(resource, name=name) if c.method == "POST" and c.status == 201]
+        assert len(created) == 1, name
+    cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending" and s.get("children"), "converged")
+
+
+def test_suspend_and_resume(cluster):
+    manifest = teacher("suspend-run")
+    cluster.apply(manifest)
+    wait_children(cluster, "suspend-run")
+    cluster.set_job_conditions("suspend-run", "Created", "Running")
+    cluster.wait_status(manifest, lambda s: s.get("phase") == "Running", "Running")
+    cluster.patch_spec(manifest, {"suspend": True})
+
+    def suspended(flag: bool, replicas: int) -> bool:
+        job = cluster.emu.get(PYTORCHJOBS, NS, "suspend-run")
+        deployments = [cluster.emu.get("apps/v1/deployments", NS, f"suspend-run-{c}") for c in ("rollout", "student")]
+        return job["spec"]["runPolicy"]["suspend"] is flag and all(d["spec"]["replicas"] == replicas
+                                                                   for d in deployments)
+
+    wait_for(lambda: suspended(True, 0), timeout=TIMEOUT, what="suspended job and servers")
+    cluster.wait_status(manifest, lambda s: s.get("phase") == "Suspended", "Suspended")
+    job_uid = cluster.emu.get(PYTORCHJOBS, NS, "suspend-run")["metadata"]["uid"]
+    cluster.patch_spec(manifest, {"suspend": False})
+    wait_for(lambda: suspended(False, 1), timeout=TIMEOUT, what="resumed job and servers")
+    cluster.wait_status(manifest, lambda s: s.get("phase") == "Running", "Running again")
+    assert cluster.emu.get(PYTORCHJOBS, NS, "suspend-run")["metadata"]["uid"] == job_uid  # patched, not recreated
+
+
+def test_progress_is_mirrored_from_the_trainer_metrics(cluster):
+    from atlas_core.telemetry import metrics
+
+    labels = {"namespace": NS, "run": "progress-run", "kind": "AtlasTraining"}
+    manifest = training("progress-run")
+    cluster.apply(manifest)
+    wait_children(cluster, "progress-run", teacher_run=False)
+    metrics.training_step.labels(**labels).set(7)
+    metrics.training_reward.labels(**labels).set(0.25)
+    cluster.set_job_conditions("progress-run", "Created", "Running")
+    status = cluster.wait_status(manifest, lambda s: (s.get("progress") or {}).get("step") == 7, "step 7")
+    assert status["progress"]["reward"] == 0.25 and "kl" not in status["progress"]  # beta 0: no KL, no error
+    assert status["progress"]["updatedAt"]
+    metrics.training_step.labels(**labels).set(8)
+    metrics.training_reward.labels(**labels).set(0.5)
+    metrics.training_kl.labels(**labels).set(0.013)
+    status = cluster.wait_status(manifest, lambda s: (s.get("progress") or {}).get("step") == 8, "step 8")
+    assert status["progress"]["reward"] == 0.5 and status["progress"]["kl"] == 0.013
+
+
+def test_spec_change_recreates_the_job_from_the_checkpoint_volume(cluster):
+    core = kubernetes.client.CoreV1Api(cluster.api_client)
+    core.create_namespaced_persistent_volume_claim(NS, {"metadata": {"name": "ckpt"}, "spec": {
+        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
+    manifest = training("change-run", checkpoint={"pvc": "ckpt"})
+    cluster.apply(manifest)
+    objects = wait_children(cluster, "change-run", teacher_run=False)
+    cluster.set_job_conditions("change-run", "Created", "Running")
+    cluster.patch_spec(manifest, {"training": {"perDeviceTrainBatchSize": 4, "numGenerations": 4, "maxSteps": 10,
+                                               "learningRate": 2e-6},
+                                  "rollout": {"replicas": 1, "gpus": 4, "tensorParallelSize": 2}})
+    old_uid = objects["job"]["metadata"]["uid"]
+    wait_for(lambda: (cluster.emu.get(PYTORCHJOBS, NS, "change-run") or {}).get("metadata", {}).get("uid")
+             not in (None, old_uid), timeout=TIMEOUT, what="a recreated PyTorchJob")
+    rollout = cluster.emu.get("apps/v1/deployments", NS, "change-run-rollout")
+    assert rollout["metadata"]["uid"] == objects["rollout"]["metadata"]["uid"]  # patched in place
+    assert rollout["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert "learning_rate: 2.0e-06" in cluster.emu.get("v1/configmaps", NS, "change-run-config")["data"]["run.yaml"]
+    wait_for(lambda: any(e["reason"] == "JobRecreated" for e in cluster.events("change-run")), timeout=TIMEOUT)
+
+
+def test_spec_change_without_checkpoint_volume_is_reported(cluster):
+    manifest = training("nockpt-run")
+    cluster.apply(manifest)
+    objects = wait_children(cluster, "nockpt-run", teacher_run=False)
+    cluster.set_job_conditions("nockpt-run", "Created", "Running")
+    cluster.patch_spec(manifest, {"training": {"perDeviceTrainBatchSize": 4, "numGenerations": 4, "maxSteps": 20}})
+    cluster.wait_status(manifest, lambda s: cluster.condition(manifest, "SpecApplied").get("status") == "False",
+                        "SpecApplied False")
+    assert cluster.condition(manifest, "SpecApplied")["reason"] == "RestartNeedsCheckpoint"
+    assert cluster.emu.get(PYTORCHJOBS, NS, "nockpt-run")["metadata"]["uid"] == objects["job"]["metadata"]["uid"]
+    assert cluster.status(manifest)["phase"] == "Running"
+
+
+def test_missing_references_are_reported_then_picked_up(cluster):
+    manifest = teacher("prereq-run", checkpoint={"pvc": "missing-ckpt"}, imagePullSecrets=[{"name": "regcred"}])
+    cluster.apply(manifest)
+    cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending" and s.get("conditions"), "Pending")
+    condition = cluster.condition(manifest, "PrerequisitesMet")
+    assert condition["status"] == "False" and condition["reason"] == "CheckpointPVCMissing"
+    assert "missing-ckpt" in condition["message"]
+    assert cluster.emu.get(PYTORCHJOBS, NS, "prereq-run") is None
+    core = kubernetes.client.CoreV1Api(cluster.api_client)
+    core.create_namespaced_persistent_volume_claim(NS, {"metadata": {"name": "missing-ckpt"}, "spec": {
+        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
+    cluster.wait_status(manifest, lambda s: cluster.condition(manifest, "PrerequisitesMet").get("reason")
+                        == "ImagePullSecretMissing", "the pull secret reported next")
+    core.create_namespaced_secret(NS, {"metadata": {"name": "regcred"}, "type": "Opaque", "data": {"k": "dmFsdWU="}})
+    wait_children(cluster, "prereq-run")
+    cluster.wait_status(manifest, lambda s: cluster.condition(manifest, "PrerequisitesMet").get("status") == "True",
+                        "prerequisites met")
+    secret_reads = cluster.emu.calls(lambda c: c.resource == "secrets" and c.method == "GET")
+    assert secret_reads  # asked for metadata only: the Secret's data is never needed
+
+
+def test_deleting_the_run_leaves_nothing(cluster):
+    manifest = teacher("delete-run")
+    cluster.apply(manifest)
+    wait_children(cluster, "delete-run")
+    cluster.delete_run(manifest)
+    wait_for(lambda: cluster.run(manifest) is None, timeout=TIMEOUT, what="the run gone (finalizer released)")
+    assert not any(cluster.emu.get(r, NS, n) for r, n in children_of("delete-run").values())
+
+
+def test_operator_metrics_and_health(cluster):
+    manifest = training("metrics-run")
+    cluster.apply(manifest)
+    wait_children(cluster, "metrics-run", teacher_run=False)
+    cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending", "Pending")  # written after the metrics
+    status, body = cluster.operator.get("/healthz")
+    assert status == 200
+    status, text = cluster.operator.get("/metrics")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("atlas_operator_reconcile_total", (("kind", "AtlasTraining"), ("result", "success")))] >= 1
+    assert samples[("atlas_operator_reconcile_duration_seconds_count", (("kind", "AtlasTraining"),))] >= 1
+    assert samples[("atlas_operator_runs", (("kind", "AtlasTraining"), ("phase", "Pending")))] >= 1
+    assert ("atlas_operator_runs", (("kind", "AtlasTeacher"), ("phase", "Invalid"))) in samples
+
+
+# --------------------------------------------------------------------------- clusters of their own
+
+
+def test_missing_pytorchjob_crd_is_a_condition_not_a_crash(tmp_path):
+    server, cluster = start_cluster(tmp_path, pytorchjobs=False)
+    try:
+        first, second = training("no-crd-1"), teacher("no-crd-2")
+        cluster.apply(first)
+        cluster.apply(second)
+        for manifest in (first, second):
+            cluster.wait_status(manifest, lambda s: cluster.condition(manifest, "PrerequisitesMet")  # noqa: B023
+                                .get("reason") == "PyTorchJobCRDMissing", "PyTorchJobCRDMissing")
+            condition = cluster.condition(manifest, "PrerequisitesMet")
+            assert "Kubeflow Training Operator" in condition["message"] and "kubectl apply" in condition["message"]
+            assert cluster.status(manifest)["phase"] == "Pending"
+        assert cluster.emu.get("v1/configmaps", NS, "no-crd-1-config") is None
+        assert cluster.operator.alive()
+    finally:
+        cluster.operator.stop()
+        server.__exit__(None, None, None)
+
+
+def test_operator_killed_mid_reconcile_makes_no_duplicates(tmp_path):
+    server, cluster = start_cluster(tmp_path)
+    try:
+        fault = cluster.emu.fail_next("POST", PYTORCHJOBS, status=500, times=10**6)
+        manifest = teacher("crash-run")
+        cluster.apply(manifest)
+        wait_for(lambda: cluster.emu.get("apps/v1/deployments", NS, "crash-run-student") and fault.hits >= 1,
+                 timeout=TIMEOUT, what="a reconciliation stuck on the PyTorchJob")
+        cluster.operator.kill()
+        fault.times = 0
+        cluster.operator.start()
+        wait_children(cluster, "crash-run")
+        cluster.wait_status(manifest, lambda s: s.get("children"), "status after restart")
+        for resource, name in children_of("crash-run").values():
+            created = [c for c in cluster.emu.writes(resource, name=name) if c.method == "POST" and c.status == 201]
+            assert len(created) == 1, f"{name} created {len(created)} times"
+    finally:
+        cluster.operator.stop()
+        server.__exit__(None, None, None)
