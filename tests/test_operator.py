@@ -48,7 +48,10 @@ class OperatorProcess:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "atlas_core.cli.main", "operator", "--verbose"],
-                env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         return self
 
@@ -100,8 +103,9 @@ class Cluster:
 
     def patch_spec(self, manifest: dict, spec: dict) -> None:
         plural = "atlasteachers" if manifest["kind"] == "AtlasTeacher" else "atlastrainings"
-        self.custom.patch_namespaced_custom_object(GROUP, VERSION, NS, plural, manifest["metadata"]["name"],
-                                                   {"spec": spec})
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, NS, plural, manifest["metadata"]["name"], {"spec": spec}
+        )
 
     def delete_run(self, manifest: dict) -> None:
         plural = "atlasteachers" if manifest["kind"] == "AtlasTeacher" else "atlastrainings"
@@ -109,10 +113,18 @@ class Cluster:
 
     def set_job_conditions(self, name: str, *types: str, message: str = "") -> None:
         """What the Kubeflow controller writes: conditions in order, the last one True."""
-        conditions = [{"type": t, "status": "True" if i == len(types) - 1 else "False", "reason": f"PyTorchJob{t}",
-                       "message": message or f"PyTorchJob {name} is {t.lower()}."} for i, t in enumerate(types)]
-        self.custom.patch_namespaced_custom_object_status("kubeflow.org", "v1", NS, "pytorchjobs", name,
-                                                          {"status": {"conditions": conditions}})
+        conditions = [
+            {
+                "type": t,
+                "status": "True" if i == len(types) - 1 else "False",
+                "reason": f"PyTorchJob{t}",
+                "message": message or f"PyTorchJob {name} is {t.lower()}.",
+            }
+            for i, t in enumerate(types)
+        ]
+        self.custom.patch_namespaced_custom_object_status(
+            "kubeflow.org", "v1", NS, "pytorchjobs", name, {"status": {"conditions": conditions}}
+        )
 
     # reads
     def run(self, manifest: dict) -> dict | None:
@@ -137,12 +149,18 @@ class Cluster:
 
 
 def children_of(name: str, teacher_run: bool = True) -> dict[str, tuple[str, str]]:
-    names = {"config": ("v1/configmaps", f"{name}-config"), "metrics": ("v1/services", f"{name}-metrics"),
-             "rollout-svc": ("v1/services", f"{name}-rollout"), "rollout": ("apps/v1/deployments", f"{name}-rollout"),
-             "job": (PYTORCHJOBS, name)}
+    names = {
+        "config": ("v1/configmaps", f"{name}-config"),
+        "metrics": ("v1/services", f"{name}-metrics"),
+        "rollout-svc": ("v1/services", f"{name}-rollout"),
+        "rollout": ("apps/v1/deployments", f"{name}-rollout"),
+        "job": (PYTORCHJOBS, name),
+    }
     if teacher_run:
-        names |= {"student-svc": ("v1/services", f"{name}-student"),
-                  "student": ("apps/v1/deployments", f"{name}-student")}
+        names |= {
+            "student-svc": ("v1/services", f"{name}-student"),
+            "student": ("apps/v1/deployments", f"{name}-student"),
+        }
     return names
 
 
@@ -163,8 +181,9 @@ def trainer_metrics_port():
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, trainer_metrics_port):
-    server, cluster = start_cluster(tmp_path_factory.mktemp("cluster"),
-                                    metrics_url=f"http://127.0.0.1:{trainer_metrics_port}/metrics")
+    server, cluster = start_cluster(
+        tmp_path_factory.mktemp("cluster"), metrics_url=f"http://127.0.0.1:{trainer_metrics_port}/metrics"
+    )
     yield cluster
     cluster.operator.stop()
     server.__exit__(None, None, None)
@@ -179,8 +198,9 @@ def _cleanup_runs(request):
 
 def wait_children(cluster: Cluster, name: str, teacher_run: bool = True) -> dict[str, dict]:
     wanted = children_of(name, teacher_run)
-    wait_for(lambda: all(cluster.emu.get(r, NS, n) for r, n in wanted.values()), timeout=TIMEOUT,
-             what=f"children of {name}")
+    wait_for(
+        lambda: all(cluster.emu.get(r, NS, n) for r, n in wanted.values()), timeout=TIMEOUT, what=f"children of {name}"
+    )
     return {key: cluster.emu.get(r, NS, n) for key, (r, n) in wanted.items()}
 
 
@@ -200,14 +220,21 @@ def test_create_makes_every_child_owned_by_the_run(cluster):
     container = objects["job"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert container["image"] == "registry.example/atlas-trainer:test"  # the operator's default image
     status = cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending" and s.get("children"), "Pending")
-    assert status["children"] == {"pytorchJob": "create-run", "configMap": "create-run-config",
-                                  "metricsService": "create-run-metrics", "rollout": "create-run-rollout",
-                                  "student": "create-run-student"}
+    assert status["children"] == {
+        "pytorchJob": "create-run",
+        "configMap": "create-run-config",
+        "metricsService": "create-run-metrics",
+        "rollout": "create-run-rollout",
+        "student": "create-run-student",
+    }
     assert status["observedGeneration"] == 1
     assert cluster.condition(manifest, "Valid")["status"] == "True"
     assert cluster.condition(manifest, "RolloutReady")["reason"] == "Waiting"
-    wait_for(lambda: any(e["reason"] == "Pending" for e in cluster.events("create-run")), timeout=TIMEOUT,
-             what="a Pending event")
+    wait_for(
+        lambda: any(e["reason"] == "Pending" for e in cluster.events("create-run")),
+        timeout=TIMEOUT,
+        what="a Pending event",
+    )
     # Settled: further timer passes write nothing.
     cluster.wait_status(manifest, lambda s: "kopf" in s, "kopf's bookkeeping")
     before = len(cluster.emu.writes(name="create-run"))
@@ -227,13 +254,17 @@ def test_phase_and_conditions_follow_the_pytorchjob(cluster):
     assert training_condition["status"] == "True" and training_condition["reason"] == "Running"
     assert training_condition["message"] == "all pods are running"
     cluster.set_job_conditions("phase-run", "Created", "Running", "Restarting")
-    cluster.wait_status(manifest, lambda s: cluster.condition(manifest, "Training").get("reason") == "Restarting",
-                        "Restarting")
+    cluster.wait_status(
+        manifest, lambda s: cluster.condition(manifest, "Training").get("reason") == "Restarting", "Restarting"
+    )
     assert cluster.status(manifest)["phase"] == "Running"
     cluster.set_job_conditions("phase-run", "Created", "Running", "Failed", message="Worker exited with code 1")
     cluster.wait_status(manifest, lambda s: s.get("phase") == "Failed", "Failed")
-    wait_for(lambda: {"Running", "Failed"} <= {e["reason"] for e in cluster.events("phase-run")}, timeout=TIMEOUT,
-             what="transition events")
+    wait_for(
+        lambda: {"Running", "Failed"} <= {e["reason"] for e in cluster.events("phase-run")},
+        timeout=TIMEOUT,
+        what="transition events",
+    )
     failed = next(e for e in cluster.events("phase-run") if e["reason"] == "Failed")
     assert failed["type"] == "Warning" and "code 1" in failed["message"]
 
@@ -246,17 +277,29 @@ def test_deleted_children_are_recreated(cluster):
     apps = kubernetes.client.AppsV1Api(cluster.api_client)
     apps.delete_namespaced_deployment("recreate-run-rollout", NS)
     core.delete_namespaced_config_map("recreate-run-config", NS)
-    for key, resource, name in (("rollout", "apps/v1/deployments", "recreate-run-rollout"),
-                                ("config", "v1/configmaps", "recreate-run-config")):
+    for key, resource, name in (
+        ("rollout", "apps/v1/deployments", "recreate-run-rollout"),
+        ("config", "v1/configmaps", "recreate-run-config"),
+    ):
         old_uid = objects[key]["metadata"]["uid"]
-        wait_for(lambda r=resource, n=name, u=old_uid: (cluster.emu.get(r, NS, n) or {}).get("metadata", {}).get("uid")
-                 not in (None, u), timeout=TIMEOUT, what=f"{name} recreated")
-    assert len(cluster.emu.list(PYTORCHJOBS, NS)) == len({j["metadata"]["name"] for j in cluster.emu.list(PYTORCHJOBS, NS)})
+        wait_for(
+            lambda r=resource, n=name, u=old_uid: (
+                (cluster.emu.get(r, NS, n) or {}).get("metadata", {}).get("uid") not in (None, u)
+            ),
+            timeout=TIMEOUT,
+            what=f"{name} recreated",
+        )
+    assert len(cluster.emu.list(PYTORCHJOBS, NS)) == len(
+        {j["metadata"]["name"] for j in cluster.emu.list(PYTORCHJOBS, NS)}
+    )
 
 
 def test_invalid_spec_gets_every_problem_and_no_children(cluster):
-    manifest = training("invalid-run", training={"perDeviceTrainBatchSize": 3, "numGenerations": 5},
-                        rollout={"replicas": 1, "gpus": 3, "tensorParallelSize": 2})
+    manifest = training(
+        "invalid-run",
+        training={"perDeviceTrainBatchSize": 3, "numGenerations": 5},
+        rollout={"replicas": 1, "gpus": 3, "tensorParallelSize": 2},
+    )
     cluster.apply(manifest)
     status = cluster.wait_status(manifest, lambda s: s.get("phase") == "Invalid", "Invalid")
     message = cluster.condition(manifest, "Valid")["message"]
@@ -265,11 +308,19 @@ def test_invalid_spec_gets_every_problem_and_no_children(cluster):
     assert "children" not in status
     assert not any(cluster.emu.get(r, NS, n) for r, n in children_of("invalid-run", False).values())
     assert not cluster.emu.writes("v1/configmaps", name="invalid-run-config")
-    wait_for(lambda: any(e["reason"] == "Invalid" and e["type"] == "Warning" for e in cluster.events("invalid-run")),
-             timeout=TIMEOUT, what="an Invalid event")
+    wait_for(
+        lambda: any(e["reason"] == "Invalid" and e["type"] == "Warning" for e in cluster.events("invalid-run")),
+        timeout=TIMEOUT,
+        what="an Invalid event",
+    )
     # Fixing the spec makes the run whole.
-    cluster.patch_spec(manifest, {"training": {"perDeviceTrainBatchSize": 4, "numGenerations": 4},
-                                  "rollout": {"replicas": 1, "gpus": 2, "tensorParallelSize": 2}})
+    cluster.patch_spec(
+        manifest,
+        {
+            "training": {"perDeviceTrainBatchSize": 4, "numGenerations": 4},
+            "rollout": {"replicas": 1, "gpus": 2, "tensorParallelSize": 2},
+        },
+    )
     wait_children(cluster, "invalid-run", teacher_run=False)
     cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending", "Pending after the fix")
 
@@ -280,11 +331,15 @@ def test_api_errors_are_retried_until_the_run_converges(cluster):
     manifest = teacher("fault-run")
     cluster.apply(manifest)
     wait_children(cluster, "fault-run")
-    deployment_posts = cluster.emu.calls(lambda c: c.method == "POST" and c.resource == "deployments"
-                                         and c.body["metadata"]["name"].startswith("fault-run"))
+    deployment_posts = cluster.emu.calls(
+        lambda c: (
+            c.method == "POST" and c.resource == "deployments" and c.body["metadata"]["name"].startswith("fault-run")
+        )
+    )
     assert [c.status for c in deployment_posts][:2] == [500, 201]
-    service_posts = cluster.emu.calls(lambda c: c.method == "POST" and c.resource == "services"
-                                      and c.body["metadata"]["name"].startswith("fault-run"))
+    service_posts = cluster.emu.calls(
+        lambda c: c.method == "POST" and c.resource == "services" and c.body["metadata"]["name"].startswith("fault-run")
+    )
     assert service_posts[0].status == 409 and all(c.status == 201 for c in service_posts[1:])
     for resource, name in children_of("fault-run").values():
         created = [c for c in cluster.emu.writes(resource, name=name) if c.method == "POST" and c.status == 201]
@@ -303,8 +358,9 @@ def test_suspend_and_resume(cluster):
     def suspended(flag: bool, replicas: int) -> bool:
         job = cluster.emu.get(PYTORCHJOBS, NS, "suspend-run")
         deployments = [cluster.emu.get("apps/v1/deployments", NS, f"suspend-run-{c}") for c in ("rollout", "student")]
-        return job["spec"]["runPolicy"]["suspend"] is flag and all(d["spec"]["replicas"] == replicas
-                                                                   for d in deployments)
+        return job["spec"]["runPolicy"]["suspend"] is flag and all(
+            d["spec"]["replicas"] == replicas for d in deployments
+        )
 
     wait_for(lambda: suspended(True, 0), timeout=TIMEOUT, what="suspended job and servers")
     cluster.wait_status(manifest, lambda s: s.get("phase") == "Suspended", "Suspended")
@@ -337,18 +393,32 @@ def test_progress_is_mirrored_from_the_trainer_metrics(cluster):
 
 def test_spec_change_recreates_the_job_from_the_checkpoint_volume(cluster):
     core = kubernetes.client.CoreV1Api(cluster.api_client)
-    core.create_namespaced_persistent_volume_claim(NS, {"metadata": {"name": "ckpt"}, "spec": {
-        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
+    core.create_namespaced_persistent_volume_claim(
+        NS,
+        {
+            "metadata": {"name": "ckpt"},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+    )
     manifest = training("change-run", checkpoint={"pvc": "ckpt"})
     cluster.apply(manifest)
     objects = wait_children(cluster, "change-run", teacher_run=False)
     cluster.set_job_conditions("change-run", "Created", "Running")
-    cluster.patch_spec(manifest, {"training": {"perDeviceTrainBatchSize": 4, "numGenerations": 4, "maxSteps": 10,
-                                               "learningRate": 2e-6},
-                                  "rollout": {"replicas": 1, "gpus": 4, "tensorParallelSize": 2}})
+    cluster.patch_spec(
+        manifest,
+        {
+            "training": {"perDeviceTrainBatchSize": 4, "numGenerations": 4, "maxSteps": 10, "learningRate": 2e-6},
+            "rollout": {"replicas": 1, "gpus": 4, "tensorParallelSize": 2},
+        },
+    )
     old_uid = objects["job"]["metadata"]["uid"]
-    wait_for(lambda: (cluster.emu.get(PYTORCHJOBS, NS, "change-run") or {}).get("metadata", {}).get("uid")
-             not in (None, old_uid), timeout=TIMEOUT, what="a recreated PyTorchJob")
+    wait_for(
+        lambda: (
+            (cluster.emu.get(PYTORCHJOBS, NS, "change-run") or {}).get("metadata", {}).get("uid") not in (None, old_uid)
+        ),
+        timeout=TIMEOUT,
+        what="a recreated PyTorchJob",
+    )
     rollout = cluster.emu.get("apps/v1/deployments", NS, "change-run-rollout")
     assert rollout["metadata"]["uid"] == objects["rollout"]["metadata"]["uid"]  # patched in place
     assert rollout["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
@@ -362,8 +432,9 @@ def test_spec_change_without_checkpoint_volume_is_reported(cluster):
     objects = wait_children(cluster, "nockpt-run", teacher_run=False)
     cluster.set_job_conditions("nockpt-run", "Created", "Running")
     cluster.patch_spec(manifest, {"training": {"perDeviceTrainBatchSize": 4, "numGenerations": 4, "maxSteps": 20}})
-    cluster.wait_status(manifest, lambda s: cluster.condition(manifest, "SpecApplied").get("status") == "False",
-                        "SpecApplied False")
+    cluster.wait_status(
+        manifest, lambda s: cluster.condition(manifest, "SpecApplied").get("status") == "False", "SpecApplied False"
+    )
     assert cluster.condition(manifest, "SpecApplied")["reason"] == "RestartNeedsCheckpoint"
     assert cluster.emu.get(PYTORCHJOBS, NS, "nockpt-run")["metadata"]["uid"] == objects["job"]["metadata"]["uid"]
     assert cluster.status(manifest)["phase"] == "Running"
@@ -378,14 +449,23 @@ def test_missing_references_are_reported_then_picked_up(cluster):
     assert "missing-ckpt" in condition["message"]
     assert cluster.emu.get(PYTORCHJOBS, NS, "prereq-run") is None
     core = kubernetes.client.CoreV1Api(cluster.api_client)
-    core.create_namespaced_persistent_volume_claim(NS, {"metadata": {"name": "missing-ckpt"}, "spec": {
-        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
-    cluster.wait_status(manifest, lambda s: cluster.condition(manifest, "PrerequisitesMet").get("reason")
-                        == "ImagePullSecretMissing", "the pull secret reported next")
+    core.create_namespaced_persistent_volume_claim(
+        NS,
+        {
+            "metadata": {"name": "missing-ckpt"},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+    )
+    cluster.wait_status(
+        manifest,
+        lambda s: cluster.condition(manifest, "PrerequisitesMet").get("reason") == "ImagePullSecretMissing",
+        "the pull secret reported next",
+    )
     core.create_namespaced_secret(NS, {"metadata": {"name": "regcred"}, "type": "Opaque", "data": {"k": "dmFsdWU="}})
     wait_children(cluster, "prereq-run")
-    cluster.wait_status(manifest, lambda s: cluster.condition(manifest, "PrerequisitesMet").get("status") == "True",
-                        "prerequisites met")
+    cluster.wait_status(
+        manifest, lambda s: cluster.condition(manifest, "PrerequisitesMet").get("status") == "True", "prerequisites met"
+    )
     secret_reads = cluster.emu.calls(lambda c: c.resource == "secrets" and c.method == "GET")
     assert secret_reads  # asked for metadata only: the Secret's data is never needed
 
@@ -409,8 +489,11 @@ def test_operator_metrics_and_health(cluster):
     status, text = cluster.operator.get("/metrics")
     from prometheus_client.parser import text_string_to_metric_families
 
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(text) for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
     assert samples[("atlas_operator_reconcile_total", (("kind", "AtlasTraining"), ("result", "success")))] >= 1
     assert samples[("atlas_operator_reconcile_duration_seconds_count", (("kind", "AtlasTraining"),))] >= 1
     assert samples[("atlas_operator_runs", (("kind", "AtlasTraining"), ("phase", "Pending")))] >= 1
@@ -427,8 +510,14 @@ def test_missing_pytorchjob_crd_is_a_condition_not_a_crash(tmp_path):
         cluster.apply(first)
         cluster.apply(second)
         for manifest in (first, second):
-            cluster.wait_status(manifest, lambda s: cluster.condition(manifest, "PrerequisitesMet")  # noqa: B023
-                                .get("reason") == "PyTorchJobCRDMissing", "PyTorchJobCRDMissing")
+            cluster.wait_status(
+                manifest,
+                lambda s: (
+                    cluster.condition(manifest, "PrerequisitesMet").get("reason")  # noqa: B023
+                    == "PyTorchJobCRDMissing"
+                ),
+                "PyTorchJobCRDMissing",
+            )
             condition = cluster.condition(manifest, "PrerequisitesMet")
             assert "Kubeflow Training Operator" in condition["message"] and "kubectl apply" in condition["message"]
             assert cluster.status(manifest)["phase"] == "Pending"
@@ -445,8 +534,11 @@ def test_operator_killed_mid_reconcile_makes_no_duplicates(tmp_path):
         fault = cluster.emu.fail_next("POST", PYTORCHJOBS, status=500, times=10**6)
         manifest = teacher("crash-run")
         cluster.apply(manifest)
-        wait_for(lambda: cluster.emu.get("apps/v1/deployments", NS, "crash-run-student") and fault.hits >= 1,
-                 timeout=TIMEOUT, what="a reconciliation stuck on the PyTorchJob")
+        wait_for(
+            lambda: cluster.emu.get("apps/v1/deployments", NS, "crash-run-student") and fault.hits >= 1,
+            timeout=TIMEOUT,
+            what="a reconciliation stuck on the PyTorchJob",
+        )
         cluster.operator.kill()
         fault.times = 0
         cluster.operator.start()
