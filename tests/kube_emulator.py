@@ -137,6 +137,7 @@ class Call:
     name: str | None
     subresource: str | None
     content_type: str | None
+    user_agent: str | None  # who called: "kopf/…", "atlas-operator/…", the test's client
     status: int | None  # the HTTP status answered; None while still streaming (watches)
 
     @property
@@ -262,6 +263,7 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
                         resource=res.plural if res else None, namespace=req.namespace, name=req.name,
                         subresource=req.subresource,
                         content_type=next((v for k, v in req.headers.items() if k.lower() == 'content-type'), None),
+                        user_agent=next((v for k, v in req.headers.items() if k.lower() == 'user-agent'), None),
                         status=self._statuses.get(id(req)))
             if predicate is None or predicate(call):
                 result.append(call)

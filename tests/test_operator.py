@@ -550,3 +550,82 @@ def test_operator_killed_mid_reconcile_makes_no_duplicates(tmp_path):
     finally:
         cluster.operator.stop()
         server.__exit__(None, None, None)
+
+
+def _rbac_rules() -> set[tuple[str, str, str]]:
+    import yaml
+
+    rules = yaml.safe_load((REPO / "charts/atlas-operator/files/rbac-rules.yaml").read_text())
+    return {
+        (group, resource, verb)
+        for scope in ("namespaced", "cluster")
+        for rule in rules[scope]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
+    """Every (group, resource, verb) the operator process uses — its own client and kopf's — over a run's
+    whole life, against the chart's RBAC rules: nothing missing, nothing unused."""
+    server, cluster = start_cluster(tmp_path)
+    try:
+        core = kubernetes.client.CoreV1Api(cluster.api_client)
+        core.create_namespaced_persistent_volume_claim(
+            NS,
+            {
+                "metadata": {"name": "ckpt"},
+                "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+            },
+        )
+        core.create_namespaced_secret(NS, {"metadata": {"name": "regcred"}, "type": "Opaque"})
+        core.create_namespaced_config_map(NS, {"metadata": {"name": "judges"}, "data": {"reward.yaml": "judges: []"}})
+        manifest = teacher(
+            "rbac-run",
+            checkpoint={"pvc": "ckpt"},
+            imagePullSecrets=[{"name": "regcred"}],
+            reward={"configMapRef": {"name": "judges"}},
+        )
+        cluster.apply(manifest)
+        wait_children(cluster, "rbac-run")
+        cluster.set_job_conditions("rbac-run", "Created", "Running")
+        cluster.wait_status(manifest, lambda s: s.get("phase") == "Running", "Running")
+        cluster.patch_spec(manifest, {"suspend": True})  # patches the job and the servers
+        cluster.wait_status(manifest, lambda s: s.get("phase") == "Suspended", "Suspended")
+        job_uid = cluster.emu.get(PYTORCHJOBS, NS, "rbac-run")["metadata"]["uid"]
+        cluster.patch_spec(
+            manifest, {"training": {"perDeviceTrainBatchSize": 4, "numGenerations": 4, "maxSteps": 99}}
+        )  # recreates the job
+        wait_for(
+            lambda: (
+                (cluster.emu.get(PYTORCHJOBS, NS, "rbac-run") or {}).get("metadata", {}).get("uid")
+                not in (None, job_uid)
+            ),
+            timeout=TIMEOUT,
+            what="the job recreated",
+        )
+        kubernetes.client.AppsV1Api(cluster.api_client).delete_namespaced_deployment("rbac-run-student", NS)
+        wait_for(lambda: cluster.emu.get("apps/v1/deployments", NS, "rbac-run-student"), timeout=TIMEOUT)
+        core.patch_namespaced_service("rbac-run-metrics", NS, {"spec": {"ports": [{"name": "metrics", "port": 1}]}})
+        wait_for(
+            lambda: cluster.emu.get("v1/services", NS, "rbac-run-metrics")["spec"]["ports"][0]["port"] == 9400,
+            timeout=TIMEOUT,
+            what="a drifted Service patched back",
+        )
+        other = training("rbac-training")
+        cluster.apply(other)
+        cluster.wait_status(other, lambda s: s.get("phase") == "Pending", "the AtlasTraining reconciled")
+        for run in (manifest, other):
+            cluster.delete_run(run)
+            wait_for(lambda r=run: cluster.run(r) is None, timeout=TIMEOUT, what="the run deleted")
+        operator_calls = cluster.emu.calls(
+            lambda c: (c.user_agent or "").startswith(("atlas-operator/", "kopf/")) and c.verb is not None
+        )
+    finally:
+        cluster.operator.stop()
+        server.__exit__(None, None, None)
+    used = {(c.group, c.resource + (f"/{c.subresource}" if c.subresource else ""), c.verb) for c in operator_calls}
+    granted = _rbac_rules()
+    assert used - granted == set(), "calls the chart's RBAC does not allow"
+    assert granted - used == set(), "permissions the operator never uses"

@@ -328,3 +328,27 @@ def test_progress_from_real_trainer_metrics():
     text = generate_latest(metrics.TRAINER_REGISTRY).decode()
     assert parse_progress(text, "progress-run", "team-a") == {"step": 121, "reward": 0.61, "kl": 0.013}
     assert parse_progress(text, "other-run", "team-a") == {}
+
+
+def test_local_teacher_example_trains_here(tmp_path, tiny_model_dir):
+    """`atlas train examples/local-teacher.yaml` on this CPU: the manifest's run, one process."""
+    proc = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "atlas_core.cli.main",
+            "train",
+            str(REPO / "examples/local-teacher.yaml"),
+            "trainer.metrics_port=0",
+        ],
+        capture_output=True,
+        text=True,
+        env=python_env(),
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "note: generating inside the trainer" not in proc.stderr  # rollout.replicas is 0 already
+    assert "note: one process (the cluster runs 2: 2 nodes x 1)" in proc.stderr
+    out = tmp_path / "outputs/local-teacher"
+    assert (out / "checkpoint-4" / "trainer_state.json").is_file() and (out / "metrics.jsonl").is_file()

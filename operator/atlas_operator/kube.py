@@ -35,6 +35,7 @@ PVC = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 SECRET = Resource("", "v1", "secrets", "Secret")
 DEPLOYMENT = Resource("apps", "v1", "deployments", "Deployment")
 PYTORCH_JOB = Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+USER_AGENT = "atlas-operator/0.1.0"
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 RESOURCES = {r.kind: r for r in (CONFIG_MAP, SERVICE, DEPLOYMENT, PYTORCH_JOB)}
 
@@ -65,6 +66,7 @@ class Kube:
     def __init__(self, api_client=None, timeout: float = 30.0):
         if api_client is None:
             api_client = default_api_client()
+        api_client.user_agent = USER_AGENT  # tells the operator's calls apart in audit logs
         self.api = api_client
         self.timeout = timeout
 
