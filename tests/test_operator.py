@@ -6,169 +6,13 @@ would; assertions read the emulator's stored objects and its request log.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import urllib.request
-from pathlib import Path
-
 import kubernetes
 import pytest
-from conftest import REPO, free_port, python_env
-from kube_emulator import PYTORCHJOBS, TEACHERS, TRAININGS, EmulatorThread, wait_for, write_kubeconfig
-from operator_support import teacher, training
+from conftest import REPO, free_port
+from kube_emulator import PYTORCHJOBS, wait_for
+from operator_support import NS, TIMEOUT, children_of, start_cluster, teacher, training, wait_children
 
 pytestmark = pytest.mark.timeout(300)
-
-GROUP, VERSION = "atlas.arc.computer", "v1alpha1"
-NS = "team-a"
-ATLAS = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "atlas")
-TIMEOUT = 30
-
-
-class OperatorProcess:
-    """`atlas operator` as users run it, against the emulator, with fast timers for tests."""
-
-    def __init__(self, kubeconfig: Path, log: Path, metrics_url: str = "http://127.0.0.1:1/metrics"):
-        self.metrics_port = free_port()
-        self.env = python_env(
-            KUBECONFIG=str(kubeconfig),
-            ATLAS_PROGRESS_INTERVAL="1",
-            ATLAS_RETRY_DELAY="0.5",
-            ATLAS_OPERATOR_METRICS_PORT=str(self.metrics_port),
-            ATLAS_OPERATOR_METRICS_HOST="127.0.0.1",
-            ATLAS_METRICS_URL_TEMPLATE=metrics_url,
-            ATLAS_TRAINER_IMAGE="registry.example/atlas-trainer:test",
-        )
-        self.log = log
-        self.proc = None
-
-    def start(self) -> OperatorProcess:
-        import sys
-
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "atlas_core.cli.main", "operator", "--verbose"],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return self
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def stop(self) -> int:
-        if self.alive():
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def get(self, path: str) -> tuple[int, str]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-
-
-class Cluster:
-    def __init__(self, emulator, kubeconfig: Path, operator: OperatorProcess):
-        self.emu = emulator
-        self.operator = operator
-        self.api_client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
-        self.custom = kubernetes.client.CustomObjectsApi(self.api_client)
-        self.created: list[dict] = []
-
-    # kubectl-like writes
-    def apply(self, manifest: dict) -> dict:
-        plural = "atlasteachers" if manifest["kind"] == "AtlasTeacher" else "atlastrainings"
-        self.created.append(manifest)
-        return self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, plural, manifest)
-
-    def delete_created(self) -> None:
-        """Keep the shared operator's load flat: each test's runs go when it ends."""
-        for manifest in self.created:
-            if self.run(manifest) is not None:
-                self.delete_run(manifest)
-        self.created.clear()
-
-    def patch_spec(self, manifest: dict, spec: dict) -> None:
-        plural = "atlasteachers" if manifest["kind"] == "AtlasTeacher" else "atlastrainings"
-        self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, NS, plural, manifest["metadata"]["name"], {"spec": spec}
-        )
-
-    def delete_run(self, manifest: dict) -> None:
-        plural = "atlasteachers" if manifest["kind"] == "AtlasTeacher" else "atlastrainings"
-        self.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, plural, manifest["metadata"]["name"])
-
-    def set_job_conditions(self, name: str, *types: str, message: str = "") -> None:
-        """What the Kubeflow controller writes: conditions in order, the last one True."""
-        conditions = [
-            {
-                "type": t,
-                "status": "True" if i == len(types) - 1 else "False",
-                "reason": f"PyTorchJob{t}",
-                "message": message or f"PyTorchJob {name} is {t.lower()}.",
-            }
-            for i, t in enumerate(types)
-        ]
-        self.custom.patch_namespaced_custom_object_status(
-            "kubeflow.org", "v1", NS, "pytorchjobs", name, {"status": {"conditions": conditions}}
-        )
-
-    # reads
-    def run(self, manifest: dict) -> dict | None:
-        resource = TEACHERS if manifest["kind"] == "AtlasTeacher" else TRAININGS
-        return self.emu.get(resource, NS, manifest["metadata"]["name"])
-
-    def status(self, manifest: dict) -> dict:
-        return (self.run(manifest) or {}).get("status") or {}
-
-    def wait_status(self, manifest: dict, predicate, what: str) -> dict:
-        try:
-            wait_for(lambda: predicate(self.status(manifest)), timeout=TIMEOUT, what=what)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; status: {self.status(manifest)}\n{self.operator.output()[-3000:]}") from None
-        return self.status(manifest)
-
-    def condition(self, manifest: dict, type_: str) -> dict:
-        return next((c for c in self.status(manifest).get("conditions", []) if c["type"] == type_), {})
-
-    def events(self, name: str) -> list[dict]:
-        return [e for e in self.emu.list("v1/events", NS) if e.get("involvedObject", {}).get("name") == name]
-
-
-def children_of(name: str, teacher_run: bool = True) -> dict[str, tuple[str, str]]:
-    names = {
-        "config": ("v1/configmaps", f"{name}-config"),
-        "metrics": ("v1/services", f"{name}-metrics"),
-        "rollout-svc": ("v1/services", f"{name}-rollout"),
-        "rollout": ("apps/v1/deployments", f"{name}-rollout"),
-        "job": (PYTORCHJOBS, name),
-    }
-    if teacher_run:
-        names |= {
-            "student-svc": ("v1/services", f"{name}-student"),
-            "student": ("apps/v1/deployments", f"{name}-student"),
-        }
-    return names
-
-
-def start_cluster(tmp_path: Path, metrics_url: str = "http://127.0.0.1:1/metrics", **emulator_options):
-    server = EmulatorThread(**emulator_options).__enter__()
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.url)
-    operator = OperatorProcess(kubeconfig, tmp_path / "operator.log", metrics_url).start()
-    return server, Cluster(server.emulator, kubeconfig, operator)
 
 
 @pytest.fixture(scope="module")
@@ -194,14 +38,6 @@ def _cleanup_runs(request):
     yield
     if "cluster" in request.fixturenames:
         request.getfixturevalue("cluster").delete_created()
-
-
-def wait_children(cluster: Cluster, name: str, teacher_run: bool = True) -> dict[str, dict]:
-    wanted = children_of(name, teacher_run)
-    wait_for(
-        lambda: all(cluster.emu.get(r, NS, n) for r, n in wanted.values()), timeout=TIMEOUT, what=f"children of {name}"
-    )
-    return {key: cluster.emu.get(r, NS, n) for key, (r, n) in wanted.items()}
 
 
 # --------------------------------------------------------------------------- tests

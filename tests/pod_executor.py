@@ -1,0 +1,362 @@
+"""A local stand-in for the Kubeflow Training Operator + kubelet, for end-to-end tests (not a product feature).
+
+It watches PyTorchJobs on the Kubernetes API (the kmock emulator) and runs each replica's ``pytorch``
+container as a local process group, with what a cluster would give it:
+
+* the environment the Kubeflow controller injects: MASTER_ADDR=127.0.0.1, MASTER_PORT (one free port
+  per job), PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, WORLD_SIZE, RANK — plus the container's
+  own ``env`` (values, ``fieldRef`` metadata.namespace, ``secretKeyRef`` read from the API);
+* volumes under a temp dir: a ConfigMap's keys written as files, an emptyDir per pod, a PVC shared by
+  every pod that claims it; every mount path is remapped (in the command, env values and the
+  ConfigMap files) to its directory here;
+* PyTorchJob status written as the controller would: Created → Running → Succeeded, or Failed with the
+  exit code; Restarting when a replica exits non-zero and the restart policy (OnFailure) allows it,
+  up to runPolicy.backoffLimit; ``replicaStatuses`` with active/succeeded/failed counts.
+
+Jobs run one at a time (a one-node cluster: every Master binds the trainer's metrics port 9400).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+
+HOST_ENV = ("HOME", "LANG", "HF_HUB_OFFLINE", "ATLAS_CACHE_DIR", "TOKENIZERS_PARALLELISM", "TMPDIR")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Replica:
+    """One pod: its process, its remapped directories and restart count."""
+
+    job: str
+    replica_type: str  # Master | Worker
+    index: int
+    node_rank: int
+    template: dict[str, Any]
+    restart_policy: str
+    root: Path
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    exit_code: int | None = None
+    master_port: int = 0
+    log: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = self.root / f"{self.name}.log"
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}-{self.replica_type.lower()}-{self.index}"
+
+    def kill(self) -> None:
+        """SIGKILL every process of the "container" — the launcher and all it started, even in their own
+        sessions (torch elastic starts its workers that way) — as a container runtime kills a cgroup."""
+        if self.proc is None:
+            return
+        for pid in [*_descendants(self.proc.pid), self.proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+class PodExecutor:
+    def __init__(self, api_client, workdir: Path, namespace: str, python_bin: Path, poll_s: float = 0.2):
+        self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.workdir = workdir
+        self.namespace = namespace
+        self.python_bin = python_bin
+        self.poll_s = poll_s
+        self.replicas: dict[str, list[Replica]] = {}  # job uid → pods
+        self.done: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> PodExecutor:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        for pods in self.replicas.values():
+            for pod in pods:
+                pod.kill()
+
+    def pods(self, job: str) -> list[Replica]:
+        return next((pods for pods in self.replicas.values() if pods and pods[0].job == job), [])
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._step()
+            except Exception as exc:  # keep serving; the test sees the job stall and the log
+                print(f"pod executor: {exc!r}", file=sys.stderr)
+            time.sleep(self.poll_s)
+
+    def _step(self) -> None:
+        jobs = self.custom.list_namespaced_custom_object("kubeflow.org", "v1", self.namespace, "pytorchjobs")["items"]
+        running = [uid for uid, pods in self.replicas.items() if uid not in self.done]
+        for job in jobs:
+            uid = job["metadata"]["uid"]
+            if uid in self.done:
+                continue
+            if uid in self.replicas:
+                self._supervise(job)
+            elif not running and not job["spec"].get("runPolicy", {}).get("suspend"):
+                self._launch(job)
+                running.append(uid)
+        present = {j["metadata"]["uid"] for j in jobs}
+        for uid in [u for u in self.replicas if u not in present and u not in self.done]:
+            for pod in self.replicas[uid]:  # the job was deleted: its pods go
+                pod.kill()
+            self.done.add(uid)
+
+    # ------------------------------------------------------------------ pods
+
+    def _launch(self, job: dict[str, Any]) -> None:
+        name, uid = job["metadata"]["name"], job["metadata"]["uid"]
+        root = self.workdir / f"{name}-{uid[:8]}"
+        root.mkdir(parents=True)
+        specs = job["spec"]["pytorchReplicaSpecs"]
+        pods, node_rank = [], 0
+        for replica_type in ("Master", "Worker"):
+            spec = specs.get(replica_type)
+            for index in range((spec or {}).get("replicas", 0)):
+                pods.append(
+                    Replica(
+                        name, replica_type, index, node_rank, spec["template"], spec.get("restartPolicy", "Never"), root
+                    )
+                )
+                node_rank += 1
+        self.replicas[uid] = pods
+        self._write_status(job, [("Created", f"PyTorchJob {name} is created.")])
+        master_port = _free_port()
+        for pod in pods:
+            self._start_pod(job, pod, len(pods), master_port)
+        self._write_status(
+            job, [("Created", f"PyTorchJob {name} is created."), ("Running", f"PyTorchJob {name} is running.")]
+        )
+
+    def _start_pod(self, job: dict[str, Any], pod: Replica, nnodes: int, master_port: int) -> None:
+        spec = pod.template["spec"]
+        (container,) = [c for c in spec["containers"] if c["name"] == "pytorch"]
+        mounts = self._mount_volumes(job, pod, spec, container)
+
+        def remap(text: str) -> str:
+            for mount_path, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+                text = text.replace(mount_path, str(local))
+            return text
+
+        for local in mounts.values():  # ConfigMap files refer to other mounts (run.yaml → /checkpoints)
+            if (local / ".configmap").exists():
+                for path in local.iterdir():
+                    if path.name != ".configmap":
+                        path.write_text(remap(path.read_text()))
+        env = {k: os.environ[k] for k in HOST_ENV if k in os.environ}
+        env["PATH"] = f"{self.python_bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"
+        env.update(
+            {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(master_port),
+                "PET_MASTER_ADDR": "127.0.0.1",
+                "PET_MASTER_PORT": str(master_port),
+                "PET_NNODES": str(nnodes),
+                "PET_NODE_RANK": str(pod.node_rank),
+                "PET_NPROC_PER_NODE": str(job["spec"].get("nprocPerNode", "1")),
+                "WORLD_SIZE": str(nnodes),
+                "RANK": str(pod.node_rank),
+            }
+        )
+        for var in container.get("env", []):
+            env[var["name"]] = remap(self._env_value(job, var))
+        command = [remap(part) for part in container.get("command", []) + container.get("args", [])]
+        pod.master_port = master_port
+        with open(pod.log, "ab") as log:
+            pod.proc = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=pod.root, start_new_session=True
+            )
+        pod.exit_code = None
+
+    def _mount_volumes(self, job, pod: Replica, spec, container) -> dict[str, Path]:
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        mounts: dict[str, Path] = {}
+        for mount in container.get("volumeMounts", []):
+            volume = volumes[mount["name"]]
+            if "persistentVolumeClaim" in volume:  # shared by every pod, like a ReadWriteMany claim
+                local = self.workdir / "pvc" / volume["persistentVolumeClaim"]["claimName"]
+            else:
+                local = pod.root / pod.name / mount["name"]
+            if "configMap" in volume:  # written afresh at each (re)start, as the kubelet projects it
+                shutil.rmtree(local, ignore_errors=True)
+                local.mkdir(parents=True)
+                data = self.core.read_namespaced_config_map(volume["configMap"]["name"], self.namespace).data or {}
+                for key, value in data.items():
+                    (local / key).write_text(value)
+                (local / ".configmap").write_text("")
+            local.mkdir(parents=True, exist_ok=True)
+            mounts[mount["mountPath"]] = local
+        return mounts
+
+    def _env_value(self, job, var: dict[str, Any]) -> str:
+        source = var.get("valueFrom")
+        if not source:
+            return str(var.get("value", ""))
+        if "fieldRef" in source and source["fieldRef"]["fieldPath"] == "metadata.namespace":
+            return job["metadata"]["namespace"]
+        if "secretKeyRef" in source:
+            import base64
+
+            ref = source["secretKeyRef"]
+            secret = self.core.read_namespaced_secret(ref["name"], self.namespace)
+            return base64.b64decode(secret.data[ref["key"]]).decode()
+        raise ValueError(f"unsupported env source {source}")
+
+    # ------------------------------------------------------------------ supervision
+
+    def _supervise(self, job: dict[str, Any]) -> None:
+        uid, name = job["metadata"]["uid"], job["metadata"]["name"]
+        pods = self.replicas[uid]
+        backoff_limit = job["spec"].get("runPolicy", {}).get("backoffLimit", 3)
+        for pod in pods:
+            if pod.proc is None or pod.exit_code is not None:
+                continue
+            code = pod.proc.poll()
+            if code is None:
+                continue
+            pod.exit_code = code
+            if code != 0 and pod.restart_policy in ("OnFailure", "Always", "ExitCode") and pod.restarts < backoff_limit:
+                pod.restarts += 1
+                self._write_status(
+                    job,
+                    [
+                        ("Created", ""),
+                        ("Running", ""),
+                        (
+                            "Restarting",
+                            f"PyTorchJob {name} is restarting because {pod.replica_type} replica(s) failed.",
+                        ),
+                    ],
+                )
+                self._start_pod(job, pod, len(pods), pod.master_port)
+                self._write_status(
+                    job, [("Created", ""), ("Restarting", ""), ("Running", f"PyTorchJob {name} is running.")]
+                )
+        codes = [p.exit_code for p in pods]
+        if any(c not in (None, 0) for c in codes):
+            failed = next(p for p in pods if p.exit_code not in (None, 0))
+            for pod in pods:
+                pod.kill()
+            self._write_status(
+                job,
+                [
+                    ("Created", ""),
+                    ("Running", ""),
+                    (
+                        "Failed",
+                        f"PyTorchJob {name} is failed because {failed.replica_type} replica {failed.index} "
+                        f"exited with code {failed.exit_code}.",
+                    ),
+                ],
+            )
+            self.done.add(uid)
+        elif codes and all(c == 0 for c in codes):
+            self._write_status(
+                job, [("Created", ""), ("Running", ""), ("Succeeded", f"PyTorchJob {name} is successfully completed.")]
+            )
+            self.done.add(uid)
+        else:
+            self._write_replica_statuses(job)
+
+    def _replica_statuses(self, uid: str) -> dict[str, dict[str, int]]:
+        statuses: dict[str, dict[str, int]] = {}
+        for pod in self.replicas[uid]:
+            entry = statuses.setdefault(pod.replica_type, {"active": 0, "succeeded": 0, "failed": 0})
+            if pod.exit_code is None:
+                entry["active"] += 1
+            elif pod.exit_code == 0:
+                entry["succeeded"] += 1
+            else:
+                entry["failed"] += 1
+        return statuses
+
+    def _write_replica_statuses(self, job) -> None:
+        current = (job.get("status") or {}).get("replicaStatuses")
+        wanted = self._replica_statuses(job["metadata"]["uid"])
+        if current != wanted:
+            self.custom.patch_namespaced_custom_object_status(
+                "kubeflow.org",
+                "v1",
+                self.namespace,
+                "pytorchjobs",
+                job["metadata"]["name"],
+                {"status": {"replicaStatuses": wanted}},
+            )
+
+    def _write_status(self, job: dict[str, Any], conditions: list[tuple[str, str]]) -> None:
+        """Conditions in order, the last one True (the controller's convention)."""
+        at = _now()
+        items = [
+            {
+                "type": t,
+                "status": "True" if i == len(conditions) - 1 else "False",
+                "reason": f"PyTorchJob{t}",
+                "message": message,
+                "lastUpdateTime": at,
+                "lastTransitionTime": at,
+            }
+            for i, (t, message) in enumerate(conditions)
+        ]
+        status: dict[str, Any] = {
+            "conditions": items,
+            "replicaStatuses": self._replica_statuses(job["metadata"]["uid"]),
+        }
+        if conditions[-1][0] in ("Succeeded", "Failed"):
+            status["completionTime"] = at
+        else:
+            status.setdefault("startTime", at)
+        self.custom.patch_namespaced_custom_object_status(
+            "kubeflow.org", "v1", self.namespace, "pytorchjobs", job["metadata"]["name"], {"status": status}
+        )

@@ -1,0 +1,175 @@
+"""End to end on one machine: the operator's rendered PyTorchJob, executed locally, trains the tiny model.
+
+API server: kmock's emulator. Operator: `atlas operator`. Kubeflow + kubelet: tests/pod_executor.py,
+which runs each replica's `pytorch` container command with the injected topology environment.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import kubernetes
+import pytest
+import yaml
+from conftest import REPO
+from kube_emulator import PYTORCHJOBS, wait_for
+from operator_support import NS, start_cluster, training
+from pod_executor import PodExecutor
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+TRAINER_METRICS = "http://127.0.0.1:9400/metrics"  # the Master "pod" serves the trainer's port here
+RUN_TIMEOUT = 400
+STEPS = 120  # the resume case: long enough (~10 s) to kill the Worker between checkpoints
+
+
+class StatusRecorder:
+    """Every distinct .status.progress the run showed, read from the API while it ran."""
+
+    def __init__(self, cluster, manifest):
+        self.cluster, self.manifest = cluster, manifest
+        self.seen: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while not self._stop.is_set():
+            progress = self.cluster.status(self.manifest).get("progress")
+            if progress and progress not in self.seen:
+                self.seen.append(progress)
+            time.sleep(0.1)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(5)
+
+
+@pytest.fixture
+def local_cluster(tmp_path, tiny_model_dir):
+    server, cluster = start_cluster(tmp_path, metrics_url=TRAINER_METRICS)
+    executor = PodExecutor(cluster.api_client, tmp_path / "pods", NS, Path(sys.executable).parent).start()
+    yield cluster, executor
+    executor.stop()
+    cluster.operator.stop()
+    server.__exit__(None, None, None)
+
+
+def wait_phase(cluster, manifest, phases, executor):
+    try:
+        return cluster.wait_status(
+            manifest, lambda s: s.get("phase") in phases, f"phase in {phases}", timeout=RUN_TIMEOUT
+        )
+    except AssertionError as exc:
+        logs = "\n".join(
+            f"--- {p.name}\n{p.log.read_text(errors='replace')[-3000:]}"
+            for p in executor.pods(manifest["metadata"]["name"])
+            if p.log.exists()
+        )
+        raise AssertionError(f"{exc}\n{logs}") from None
+
+
+def metrics_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def tiny_training(name: str, **spec) -> dict:
+    manifest = training(
+        name,
+        model="builtin://tiny-llama",
+        resources={"nodes": 1, "gpusPerNode": 0},
+        rollout={"replicas": 0},
+        deepspeed="zero1",
+        training={
+            "maxSteps": 6,
+            "perDeviceTrainBatchSize": 4,
+            "numGenerations": 4,
+            "maxCompletionLength": 16,
+            "learningRate": 3e-4,
+            "loggingSteps": 1,
+            "gradientCheckpointing": False,
+        },
+        checkpoint={"path": "/checkpoints", "saveSteps": 3},
+    )
+    manifest["spec"].update(spec)
+    return manifest
+
+
+def test_teacher_and_training_runs_train_and_report_progress(local_cluster):
+    cluster, executor = local_cluster
+    teacher = yaml.safe_load((REPO / "examples/local-teacher.yaml").read_text())
+    teacher["spec"]["training"]["maxSteps"] = 10  # long enough for a few status refreshes while it runs
+    teacher["spec"]["checkpoint"]["saveSteps"] = 5
+    cluster.apply(teacher)
+    recorder = StatusRecorder(cluster, teacher)
+    wait_phase(cluster, teacher, ("Succeeded", "Failed"), executor)
+    recorder.stop()
+    assert cluster.status(teacher)["phase"] == "Succeeded"
+    assert any(p.get("step", 0) >= 1 and "reward" in p and "kl" in p for p in recorder.seen), recorder.seen
+
+    master, worker = executor.pods("local-teacher")
+    out = master.root / master.name / "checkpoints" / "local-teacher"  # spec.checkpoint.path/<name>
+    assert (out / "checkpoint-10" / "trainer_state.json").is_file()
+    steps = [r["step"] for r in metrics_lines(out / "metrics.jsonl") if "loss" in r]
+    assert steps == list(range(1, 11))
+    # Both ranks took part: rank 1 (the Worker pod) saved its ZeRO shard on its own volume.
+    worker_out = worker.root / worker.name / "checkpoints" / "local-teacher"
+    assert list(worker_out.glob("checkpoint-10/global_step10/*rank_1*")), sorted(worker_out.rglob("*"))
+    assert "done: rank 1/2" in worker.log.read_text() and "done: rank 0/2" in master.log.read_text()
+
+    grpo = tiny_training("tiny-grpo", training={**tiny_training("x")["spec"]["training"], "beta": 0.0})
+    cluster.apply(grpo)
+    wait_phase(cluster, grpo, ("Succeeded", "Failed"), executor)
+    assert cluster.status(grpo)["phase"] == "Succeeded"
+    (master,) = executor.pods("tiny-grpo")
+    assert (master.root / master.name / "checkpoints/tiny-grpo/checkpoint-6/trainer_state.json").is_file()
+
+
+def test_killed_worker_restarts_and_resumes_from_the_checkpoint(local_cluster):
+    cluster, executor = local_cluster
+    kubernetes.client.CoreV1Api(cluster.api_client).create_namespaced_persistent_volume_claim(
+        NS,
+        {
+            "metadata": {"name": "ckpt"},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+    )
+    manifest = tiny_training(
+        "resume-run",
+        resources={"nodes": 2, "gpusPerNode": 0},
+        checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 10},
+    )
+    manifest["spec"]["training"]["maxSteps"] = STEPS
+    cluster.apply(manifest)
+    out = executor.workdir / "pvc" / "ckpt" / "resume-run"
+    wait_for(
+        lambda: (out / "checkpoint-10" / "trainer_state.json").is_file(),
+        timeout=RUN_TIMEOUT,
+        what="the first complete checkpoint",
+    )
+    master, worker = executor.pods("resume-run")
+    assert worker.proc.poll() is None, "the run finished before the Worker could be killed"
+    worker.kill()
+
+    def job_conditions() -> list[dict]:
+        return (cluster.emu.get(PYTORCHJOBS, NS, "resume-run") or {}).get("status", {}).get("conditions", [])
+
+    wait_for(lambda: any(c["type"] == "Restarting" for c in job_conditions()), timeout=60, what="a restart")
+    wait_phase(cluster, manifest, ("Succeeded", "Failed"), executor)
+    assert cluster.status(manifest)["phase"] == "Succeeded", [p.log.read_text()[-2000:] for p in (master, worker)]
+    assert worker.restarts >= 1
+    import re
+
+    resumed = re.findall(
+        r"done: rank 0/2 at global step (\d+), resumed from \S+/checkpoint-(\d+)", master.log.read_text()
+    )
+    assert resumed, "the restarted Master did not resume from a checkpoint"
+    final_step, resumed_from = map(int, resumed[-1])
+    assert final_step == STEPS and resumed_from % 10 == 0 and resumed_from >= 10  # a saved checkpoint
+    steps = [r["step"] for r in metrics_lines(out / "metrics.jsonl") if "loss" in r]
+    assert steps[-(STEPS - resumed_from) :] == list(range(resumed_from + 1, STEPS + 1))  # each remaining step once
+    assert (out / f"checkpoint-{STEPS}" / "trainer_state.json").is_file()
