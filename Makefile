@@ -32,6 +32,7 @@ bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/grpo_overhead.py
 	$(BIN)/python bench/rim_concurrency.py
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/teaching_step.py
+	$(BIN)/python bench/operator_throughput.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
