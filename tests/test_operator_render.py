@@ -245,6 +245,12 @@ def test_invalid_specs_name_the_field(change, expected):
     assert any(expected in p for p in caught.value.problems), caught.value.problems
 
 
+def problem_fields(manifest) -> list[str]:
+    with pytest.raises(InvalidRun) as caught:
+        parse_run(manifest)
+    return sorted(p.split(":")[0] for p in caught.value.problems)
+
+
 def test_every_problem_is_reported_at_once():
     manifest = teacher(
         training={"perDeviceTrainBatchSize": 3, "numGenerations": 5},
@@ -252,20 +258,14 @@ def test_every_problem_is_reported_at_once():
         deepspeed="zero9",
     )
     del manifest["spec"]["student"]
-    with pytest.raises(InvalidRun) as caught:
-        parse_run(manifest)
-    fields = sorted(p.split(":")[0] for p in caught.value.problems)
-    assert fields == [
+    assert problem_fields(manifest) == [
         "spec.deepspeed",
         "spec.rollout.tensorParallelSize",
         "spec.student",
         "spec.training.numGenerations",
     ]
     manifest["spec"]["student"] = {"model": "m/s", "rollout": {"gpus": 3, "tensorParallelSize": 2}}
-    with pytest.raises(InvalidRun) as caught:
-        parse_run(manifest)
-    fields = sorted(p.split(":")[0] for p in caught.value.problems)
-    assert fields == [
+    assert problem_fields(manifest) == [
         "spec.deepspeed",
         "spec.rollout.tensorParallelSize",
         "spec.student.rollout.tensorParallelSize",
