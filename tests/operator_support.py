@@ -134,7 +134,9 @@ def manifest_file(tmp_path: Path, *documents: dict[str, Any]) -> Path:
 class OperatorProcess:
     """`atlas operator` as users run it, against the emulator, with fast timers for tests."""
 
-    def __init__(self, kubeconfig: Path, log: Path, metrics_url: str = "http://127.0.0.1:1/metrics"):
+    def __init__(self, kubeconfig: Path, log: Path, metrics_url: str = "http://127.0.0.1:1/metrics",
+                 args: tuple[str, ...] = ()):
+        self.args = args
         self.metrics_port = free_port()
         self.env = python_env(
             KUBECONFIG=str(kubeconfig),
@@ -152,7 +154,7 @@ class OperatorProcess:
 
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "atlas_core.cli.main", "operator", "--verbose"],
+                [sys.executable, "-m", "atlas_core.cli.main", "operator", "--verbose", *self.args],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -269,10 +271,11 @@ def children_of(name: str, teacher_run: bool = True) -> dict[str, tuple[str, str
     return names
 
 
-def start_cluster(tmp_path: Path, metrics_url: str = "http://127.0.0.1:1/metrics", **emulator_options):
+def start_cluster(tmp_path: Path, metrics_url: str = "http://127.0.0.1:1/metrics", operator_args=(),
+                  **emulator_options):
     server = EmulatorThread(**emulator_options).__enter__()
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.url)
-    operator = OperatorProcess(kubeconfig, tmp_path / "operator.log", metrics_url).start()
+    operator = OperatorProcess(kubeconfig, tmp_path / "operator.log", metrics_url, tuple(operator_args)).start()
     return server, Cluster(server.emulator, kubeconfig, operator)
 
 

@@ -291,7 +291,7 @@ def test_rbac_namespaced_scope(all_on_objs):
         }
         assert binding["subjects"][0]["namespace"] == NAMESPACE
     (crole,) = by_kind(all_on_objs, "ClusterRole")
-    assert crole["rules"] == RULES["cluster"]  # only cluster-scoped reads cluster-wide
+    assert crole["rules"] == RULES["cluster"] + RULES["namespacedScopeCluster"]  # cluster-scoped reads only
     (cbinding,) = by_kind(all_on_objs, "ClusterRoleBinding")
     assert cbinding["roleRef"]["name"] == crole["metadata"]["name"]
     _, c = _operator_container(all_on_objs)

@@ -388,13 +388,13 @@ def test_operator_killed_mid_reconcile_makes_no_duplicates(tmp_path):
         server.__exit__(None, None, None)
 
 
-def _rbac_rules() -> set[tuple[str, str, str]]:
+def _rbac_rules(*sections: str) -> set[tuple[str, str, str]]:
     import yaml
 
     rules = yaml.safe_load((REPO / "charts/atlas-operator/files/rbac-rules.yaml").read_text())
     return {
         (group, resource, verb)
-        for scope in ("namespaced", "cluster")
+        for scope in sections
         for rule in rules[scope]
         for group in rule["apiGroups"]
         for resource in rule["resources"]
@@ -462,6 +462,37 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
         cluster.operator.stop()
         server.__exit__(None, None, None)
     used = {(c.group, c.resource + (f"/{c.subresource}" if c.subresource else ""), c.verb) for c in operator_calls}
-    granted = _rbac_rules()
+    granted = _rbac_rules("namespaced", "cluster")  # rbac.scope: cluster
     assert used - granted == set(), "calls the chart's RBAC does not allow"
     assert granted - used == set(), "permissions the operator never uses"
+
+
+def test_watching_one_namespace_leaves_the_others_alone(tmp_path):
+    """`atlas operator -n team-a` (what the chart's namespaced RBAC runs): runs elsewhere are not touched."""
+    server, cluster = start_cluster(tmp_path, operator_args=("--namespace", NS))
+    try:
+        core = kubernetes.client.CoreV1Api(cluster.api_client)
+        for namespace in (NS, "team-b"):
+            core.create_namespace({"metadata": {"name": namespace}})
+        elsewhere = training("elsewhere-run")
+        elsewhere["metadata"]["namespace"] = "team-b"
+        cluster.custom.create_namespaced_custom_object(
+            "atlas.arc.computer", "v1alpha1", "team-b", "atlastrainings", elsewhere
+        )
+        manifest = training("watched-run")
+        cluster.apply(manifest)
+        wait_children(cluster, "watched-run", teacher_run=False)
+        cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending", "Pending")
+        assert "status" not in cluster.emu.get("atlas.arc.computer/v1alpha1/atlastrainings", "team-b", "elsewhere-run")
+        assert not cluster.emu.calls(lambda c: c.namespace == "team-b" and c.is_write and c.method != "POST")
+        assert cluster.emu.get("v1/configmaps", "team-b", "elsewhere-run-config") is None
+        operator_calls = cluster.emu.calls(
+            lambda c: (c.user_agent or "").startswith(("atlas-operator/", "kopf/")) and c.verb is not None
+        )
+    finally:
+        cluster.operator.stop()
+        server.__exit__(None, None, None)
+    used = {(c.group, c.resource + (f"/{c.subresource}" if c.subresource else ""), c.verb) for c in operator_calls}
+    granted = _rbac_rules("namespaced", "cluster", "namespacedScopeCluster")  # rbac.scope: namespaced
+    assert used - granted == set(), "calls the namespaced RBAC does not allow"
+    assert ("", "namespaces", "watch") in used
