@@ -89,16 +89,16 @@ def report(body: kopf.Body, patch: kopf.Patch, result: Result) -> None:
     for key, value in new.items():
         if old.get(key) != value:
             patch.status[key] = value
-    if old.get("phase") != result.phase:
+    transitioned = old.get("phase") != result.phase
+    if transitioned:
         warning = result.phase in ("Failed", "Invalid")
         kopf.event(
             body, type="Warning" if warning else "Normal", reason=result.phase, message=_transition_message(result)
         )
-    old_reasons = {(c.get("reason"), c.get("message")) for c in old.get("conditions") or []}
+    said = {(c.get("reason"), c.get("message")) for c in old.get("conditions") or []}
     for event in result.events:
-        if event.reason == "JobRecreated" or (event.reason, event.message) not in old_reasons:
-            if old.get("phase") != result.phase and event.type == "Warning" and result.phase in ("Invalid", "Pending"):
-                continue  # already said by the transition event
+        carried = transitioned and event.type == "Warning"  # the transition event already says it
+        if (event.reason, event.message) not in said and not carried:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 

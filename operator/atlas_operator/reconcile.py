@@ -127,7 +127,7 @@ class Reconciler:
                 else "waiting for the PyTorchJob to start",
             )
         )
-        if scrape and job is not None and result.phase in ("Running", *FINISHED):
+        if scrape and job is not None and result.phase == "Running":  # a finished job's pods serve nothing
             result.progress = self.scrape_progress(run)
         return result
 

@@ -62,7 +62,6 @@ class RewardSpec:
     funcs: list[str] | None = spec_field(
         "verifiable reward functions (exact_match, boxed_format); unset = exact_match when no judges are "
         "configured (AtlasTraining), none for AtlasTeacher (the student's answers are checked against ground_truth)",
-        enum=None,
     )
     weights: list[float] | None = spec_field("one weight per reward (funcs, then RIM); unset = all 1.0")
 
