@@ -90,6 +90,24 @@ def openapi_validate(document: Any, schema: dict[str, Any]) -> None:
     jsonschema.Draft4Validator(schema).validate(document)
 
 
+def pruned_fields(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Fields the API server would drop from ``value`` (structural-schema pruning): every key must be
+    declared, unless its object preserves unknown fields."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if isinstance(value, dict) and "properties" in schema:
+        found = []
+        for key, item in value.items():
+            if key not in schema["properties"]:
+                found.append(f"{path}.{key}")
+            else:
+                found += pruned_fields(item, schema["properties"][key], f"{path}.{key}")
+        return found
+    if isinstance(value, list) and "items" in schema:
+        return [p for i, item in enumerate(value) for p in pruned_fields(item, schema["items"], f"{path}[{i}]")]
+    return []
+
+
 def crd_jsonschema(crd: dict[str, Any]) -> dict[str, Any]:
     return _jsonschema_of(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 

@@ -8,9 +8,21 @@ from __future__ import annotations
 
 import kubernetes
 import pytest
+from atlas_operator.crd import custom_resource_definition
 from conftest import REPO, free_port
 from kube_emulator import PYTORCHJOBS, wait_for
-from operator_support import NS, TIMEOUT, children_of, start_cluster, teacher, training, wait_children
+from operator_support import (
+    NS,
+    TIMEOUT,
+    children_of,
+    crd_jsonschema,
+    openapi_validate,
+    pruned_fields,
+    start_cluster,
+    teacher,
+    training,
+    wait_children,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -64,6 +76,12 @@ def test_create_makes_every_child_owned_by_the_run(cluster):
         "student": "create-run-student",
     }
     assert status["observedGeneration"] == 1
+    # What the operator and kopf write survives the CRD's structural schema (nothing would be pruned).
+    run_schema = custom_resource_definition("AtlasTeacher")["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    stored = cluster.wait_status(manifest, lambda s: "kopf" in s, "kopf's bookkeeping")
+    assert pruned_fields({"status": stored}, run_schema) == []
+    openapi_validate({"status": stored}, {"properties": {"status": crd_jsonschema(
+        custom_resource_definition("AtlasTeacher"))["properties"]["status"]}})
     assert cluster.condition(manifest, "Valid")["status"] == "True"
     assert cluster.condition(manifest, "RolloutReady")["reason"] == "Waiting"
     wait_for(

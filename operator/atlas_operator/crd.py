@@ -55,6 +55,7 @@ class RunStatus:
     conditions: list[Condition] = spec_field("latest observations", [])
     progress: Progress | None = spec_field("training progress")
     children: Children | None = spec_field("owned objects")
+    kopf: dict[str, Any] = spec_field("the operator framework's bookkeeping (last handled spec, handler progress)", {})
 
 
 PRINTER_COLUMNS = [
