@@ -4,7 +4,7 @@ For each run: seconds from its create to all its children present, and the API w
 made for it once settled (children, status, finalizer, events). Also the operator's peak RSS.
 Targets: p95 < 2 s, writes <= children + 3 per run, RSS < 150 MB.
 
-    .venv/bin/python bench/operator_throughput.py [--runs 100] [--settle 5]
+    .venv/bin/python bench/operator_throughput.py [--runs 100] [--settle 6]
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def percentile(values: list[float], q: float) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--settle", type=float, default=5.0, help="quiet seconds that count as settled")
+    parser.add_argument("--settle", type=float, default=6.0, help="quiet seconds (3 status refreshes) = settled")
     args = parser.parse_args()
 
     with EmulatorThread() as server:
@@ -60,7 +60,7 @@ def main() -> int:
             KUBECONFIG=str(kubeconfig),
             ATLAS_OPERATOR_METRICS_PORT=str(free_port()),
             ATLAS_OPERATOR_METRICS_HOST="127.0.0.1",
-            ATLAS_PROGRESS_INTERVAL="15",
+            ATLAS_PROGRESS_INTERVAL="2",  # settling spans several status refreshes
         )
         log = open(workdir / "operator.log", "wb")
         operator = subprocess.Popen(

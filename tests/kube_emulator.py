@@ -31,6 +31,7 @@ synchronous ``kubernetes`` client, kopf's ``KopfRunner`` thread and subprocesses
 In an async test, ``async with running_emulator() as emu:`` serves from the test's own loop:
 then call synchronous clients through ``asyncio.to_thread`` or the loop deadlocks.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -64,27 +65,28 @@ from kmock._internal import parsing as _kparsing
 # Resources.
 
 CORE_RESOURCES: dict[str, dict[str, Any]] = {
-    'v1/namespaces': dict(kind='Namespace', namespaced=False, subresources=['status']),
-    'v1/configmaps': dict(kind='ConfigMap', namespaced=True),
-    'v1/services': dict(kind='Service', namespaced=True, subresources=['status']),
-    'v1/events': dict(kind='Event', namespaced=True),
-    'v1/secrets': dict(kind='Secret', namespaced=True),
-    'v1/persistentvolumeclaims': dict(kind='PersistentVolumeClaim', namespaced=True, subresources=['status']),
-    'apps/v1/deployments': dict(kind='Deployment', namespaced=True, subresources=['status', 'scale']),
-    'apiextensions.k8s.io/v1/customresourcedefinitions': dict(
-        kind='CustomResourceDefinition', namespaced=False, subresources=['status']),
+    "v1/namespaces": dict(kind="Namespace", namespaced=False, subresources=["status"]),
+    "v1/configmaps": dict(kind="ConfigMap", namespaced=True),
+    "v1/services": dict(kind="Service", namespaced=True, subresources=["status"]),
+    "v1/events": dict(kind="Event", namespaced=True),
+    "v1/secrets": dict(kind="Secret", namespaced=True),
+    "v1/persistentvolumeclaims": dict(kind="PersistentVolumeClaim", namespaced=True, subresources=["status"]),
+    "apps/v1/deployments": dict(kind="Deployment", namespaced=True, subresources=["status", "scale"]),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": dict(
+        kind="CustomResourceDefinition", namespaced=False, subresources=["status"]
+    ),
 }
-PYTORCHJOBS = 'kubeflow.org/v1/pytorchjobs'
-TRAININGS = 'atlas.arc.computer/v1alpha1/atlastrainings'
-TEACHERS = 'atlas.arc.computer/v1alpha1/atlasteachers'
+PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
+TRAININGS = "atlas.arc.computer/v1alpha1/atlastrainings"
+TEACHERS = "atlas.arc.computer/v1alpha1/atlasteachers"
 KUBEFLOW_RESOURCES: dict[str, dict[str, Any]] = {
-    PYTORCHJOBS: dict(kind='PyTorchJob', namespaced=True, subresources=['status']),
+    PYTORCHJOBS: dict(kind="PyTorchJob", namespaced=True, subresources=["status"]),
 }
 ATLAS_RESOURCES: dict[str, dict[str, Any]] = {
-    TRAININGS: dict(kind='AtlasTraining', namespaced=True, subresources=['status']),
-    TEACHERS: dict(kind='AtlasTeacher', namespaced=True, subresources=['status']),
+    TRAININGS: dict(kind="AtlasTraining", namespaced=True, subresources=["status"]),
+    TEACHERS: dict(kind="AtlasTeacher", namespaced=True, subresources=["status"]),
 }
-VERBS = ['get', 'list', 'watch', 'create', 'update', 'patch', 'delete']
+VERBS = ["get", "list", "watch", "create", "update", "patch", "delete"]
 
 
 def default_resources(*, pytorchjobs: bool = True) -> dict[str, dict[str, Any]]:
@@ -103,14 +105,14 @@ _original_parse_path = _kparsing.parse_path
 
 
 def _parse_path_fixed(path: str) -> _kparsing.ParsedPath:
-    parts = path.strip('/').split('/')
-    if parts[:3] == ['api', 'v1', 'namespaces']:
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"]:
         if len(parts) == 3:
-            return _kparsing.ParsedPath('', 'v1', 'namespaces')
+            return _kparsing.ParsedPath("", "v1", "namespaces")
         if len(parts) == 4:
-            return _kparsing.ParsedPath('', 'v1', 'namespaces', None, parts[3])
-        if len(parts) == 5 and parts[4] in ('status', 'finalize'):
-            return _kparsing.ParsedPath('', 'v1', 'namespaces', None, parts[3], parts[4])
+            return _kparsing.ParsedPath("", "v1", "namespaces", None, parts[3])
+        if len(parts) == 5 and parts[4] in ("status", "finalize"):
+            return _kparsing.ParsedPath("", "v1", "namespaces", None, parts[3], parts[4])
     return _original_parse_path(path)
 
 
@@ -122,9 +124,11 @@ def install_kmock_fixes() -> None:
 # ------------------------------------------------------------------------------------------------
 # Request log records & fault specs.
 
+
 @dataclasses.dataclass(frozen=True)
 class Call:
     """One request as a client sent it (the body is the original bytes, decoded)."""
+
     method: str  # GET/POST/PATCH/PUT/DELETE
     path: str
     query: dict[str, str]
@@ -142,7 +146,7 @@ class Call:
 
     @property
     def is_write(self) -> bool:
-        return self.method in ('POST', 'PUT', 'PATCH', 'DELETE')
+        return self.method in ("POST", "PUT", "PATCH", "DELETE")
 
 
 @dataclasses.dataclass
@@ -169,17 +173,27 @@ class Fault:
         )
 
 
-_REASONS = {400: 'BadRequest', 403: 'Forbidden', 404: 'NotFound', 409: 'AlreadyExists',
-            410: 'Expired', 422: 'Invalid', 429: 'TooManyRequests', 500: 'InternalError',
-            503: 'ServiceUnavailable', 504: 'Timeout'}
+_REASONS = {
+    400: "BadRequest",
+    403: "Forbidden",
+    404: "NotFound",
+    409: "AlreadyExists",
+    410: "Expired",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
 
 
 def _now() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # ------------------------------------------------------------------------------------------------
 # The emulator.
+
 
 @attrs.define(kw_only=True)
 class AtlasKubeEmulator(kmock.KubernetesEmulator):
@@ -198,10 +212,14 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
 
     def declare(self, resources: Mapping[str, Mapping[str, Any]]) -> None:
         for key, info in resources.items():
-            kind = info['kind']
+            kind = info["kind"]
             self.resources[key] = kmock.ResourceInfo(
-                kind=kind, singular=kind.lower(), namespaced=info.get('namespaced', True),
-                verbs=set(info.get('verbs', VERBS)), subresources=set(info.get('subresources', ())))
+                kind=kind,
+                singular=kind.lower(),
+                namespaced=info.get("namespaced", True),
+                verbs=set(info.get("verbs", VERBS)),
+                subresources=set(info.get("subresources", ())),
+            )
 
     def _info(self, resource: kmock.resource) -> kmock.ResourceInfo | None:
         for declared in self.resources:
@@ -211,13 +229,32 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
 
     # -- fault injection -----------------------------------------------------------------------
 
-    def fail_next(self, method: str, resource: str, *, status: int = 500, times: int = 1,
-                  namespace: str | None = None, name: str | None = None, subresource: Any = ...,
-                  reason: str | None = None, message: str | None = None) -> Fault:
+    def fail_next(
+        self,
+        method: str,
+        resource: str,
+        *,
+        status: int = 500,
+        times: int = 1,
+        namespace: str | None = None,
+        name: str | None = None,
+        subresource: Any = ...,
+        reason: str | None = None,
+        message: str | None = None,
+    ) -> Fault:
         """Fail the next ``times`` matching requests with ``status`` (no state change), then serve
         normally. ``resource`` as in kmock: 'apps/v1/deployments', 'v1/configmaps'. Thread-safe."""
-        fault = Fault(method=method.upper(), resource=kmock.resource(resource), status=status, times=times,
-                      namespace=namespace, name=name, subresource=subresource, reason=reason, message=message)
+        fault = Fault(
+            method=method.upper(),
+            resource=kmock.resource(resource),
+            status=status,
+            times=times,
+            namespace=namespace,
+            name=name,
+            subresource=subresource,
+            reason=reason,
+            message=message,
+        )
         with self._faults_lock:
             self._faults.append(fault)
         return fault
@@ -253,32 +290,56 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
             res = req.resource
             verb = None
             if res is not None and res.plural is not None:
-                if req.method.value.upper() == 'PUT':
-                    verb = 'update'
+                if req.method.value.upper() == "PUT":
+                    verb = "update"
                 elif req.action is not None:
                     act = req.action.value.lower()
-                    verb = {'fetch': 'get', 'update': 'patch'}.get(act, act)
-            call = Call(method=req.method.value.upper(), path=req.url.path, query=dict(req.params), body=body,
-                        verb=verb, group=res.group if res else None, version=res.version if res else None,
-                        resource=res.plural if res else None, namespace=req.namespace, name=req.name,
-                        subresource=req.subresource,
-                        content_type=next((v for k, v in req.headers.items() if k.lower() == 'content-type'), None),
-                        user_agent=next((v for k, v in req.headers.items() if k.lower() == 'user-agent'), None),
-                        status=self._statuses.get(id(req)))
+                    verb = {"fetch": "get", "update": "patch"}.get(act, act)
+            call = Call(
+                method=req.method.value.upper(),
+                path=req.url.path,
+                query=dict(req.params),
+                body=body,
+                verb=verb,
+                group=res.group if res else None,
+                version=res.version if res else None,
+                resource=res.plural if res else None,
+                namespace=req.namespace,
+                name=req.name,
+                subresource=req.subresource,
+                content_type=next((v for k, v in req.headers.items() if k.lower() == "content-type"), None),
+                user_agent=next((v for k, v in req.headers.items() if k.lower() == "user-agent"), None),
+                status=self._statuses.get(id(req)),
+            )
             if predicate is None or predicate(call):
                 result.append(call)
         return result
 
     def writes(self, resource: str | None = None, name: str | None = None) -> list[Call]:
         sel = kmock.resource(resource) if resource else None
-        return self.calls(lambda c: c.is_write and (sel is None or sel.check(kmock.resource(
-            c.group, c.version, c.resource))) and (name is None or c.name == name or (
-            c.verb == 'create' and isinstance(c.body, dict) and c.body.get('metadata', {}).get('name') == name)))
+        return self.calls(
+            lambda c: (
+                c.is_write
+                and (sel is None or sel.check(kmock.resource(c.group, c.version, c.resource)))
+                and (
+                    name is None
+                    or c.name == name
+                    or (
+                        c.verb == "create"
+                        and isinstance(c.body, dict)
+                        and c.body.get("metadata", {}).get("name") == name
+                    )
+                )
+            )
+        )
 
     def verbs(self) -> set[tuple[str, str, str]]:
         """{(verb, group, plural[/subresource])} used so far — e.g. for an RBAC cross-check."""
-        return {(c.verb, c.group, c.resource + (f'/{c.subresource}' if c.subresource else ''))
-                for c in self.calls() if c.verb is not None}
+        return {
+            (c.verb, c.group, c.resource + (f"/{c.subresource}" if c.subresource else ""))
+            for c in self.calls()
+            if c.verb is not None
+        }
 
     def clear_calls(self) -> None:
         self._requests.clear()
@@ -296,31 +357,50 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
 
     def list(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
         sel = kmock.resource(resource)
-        return [copy.deepcopy(obj.raw) for (res, ns, _), obj in list(self.objects.items())
-                if res == sel and not obj.deleted and (namespace is None or ns == namespace)]
+        return [
+            copy.deepcopy(obj.raw)
+            for (res, ns, _), obj in list(self.objects.items())
+            if res == sel and not obj.deleted and (namespace is None or ns == namespace)
+        ]
 
     # -- serving -------------------------------------------------------------------------------
+
+    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
+        """kmock replays every stored object as ADDED on each watch; a real API server sends only what
+        changed after the ``resourceVersion`` the client asks from (kopf passes its list's)."""
+        since = request.params.get("resourceVersion")
+        since = int(since) if since and since.isdigit() else None
+        async for item in super()._serve_watch(request):
+            if since is not None and isinstance(item, dict) and item.get("type") == "ADDED":
+                version = str(item["object"].get("metadata", {}).get("resourceVersion", ""))
+                if version.isdigit() and int(version) <= since:
+                    continue
+            yield item
 
     def _next_rv(self) -> str:
         return str(next(self._rv_counter))
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         res = request.resource
-        if res is not None and res.plural is not None and request.method.value.upper() != 'OPTIONS':
+        if res is not None and res.plural is not None and request.method.value.upper() != "OPTIONS":
             info = self._info(res)
             if info is None:  # plain kmock would store a POST to an unknown resource
-                what = f'{res.group}/{res.version}/{res.plural}'
+                what = f"{res.group}/{res.version}/{res.plural}"
                 raise kmock.KubernetesResourceNotFoundError(
-                    message=f'the server could not find the requested resource ({what})')
+                    message=f"the server could not find the requested resource ({what})"
+                )
             fault = self._take_fault(request)
             if fault is not None:
-                raise kmock.KubernetesError(status=fault.status, reason=fault.reason or _REASONS.get(fault.status),
-                                            message=fault.message or f'injected fault {fault.status}',
-                                            details={'name': request.name, 'kind': res.plural})
+                raise kmock.KubernetesError(
+                    status=fault.status,
+                    reason=fault.reason or _REASONS.get(fault.status),
+                    message=fault.message or f"injected fault {fault.status}",
+                    details={"name": request.name, "kind": res.plural},
+                )
             method = request.method.value.upper()
-            if method in ('POST', 'PATCH', 'PUT', 'DELETE'):
+            if method in ("POST", "PATCH", "PUT", "DELETE"):
                 async with self._write_lock:  # never held across watches (they are GETs)
-                    if method == 'PUT':
+                    if method == "PUT":
                         return await self._serve_put(request, info)
                     if request.action == kmock.action.CREATE:
                         self._prepare_create(request, info)
@@ -336,24 +416,25 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
     def _prepare_create(self, request: kmock.Request, info: kmock.ResourceInfo) -> None:
         data = request.data
         if not isinstance(data, dict):
-            raise kmock.KubernetesError(status=400, reason='BadRequest', message='object body expected')
-        meta = data.setdefault('metadata', {})
-        if not meta.get('name'):
-            if not meta.get('generateName'):
-                raise kmock.KubernetesError(status=422, reason='Invalid',
-                                            message='metadata.name or metadata.generateName is required')
-            meta['name'] = meta['generateName'] + secrets.token_hex(3)[:5]
+            raise kmock.KubernetesError(status=400, reason="BadRequest", message="object body expected")
+        meta = data.setdefault("metadata", {})
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise kmock.KubernetesError(
+                    status=422, reason="Invalid", message="metadata.name or metadata.generateName is required"
+                )
+            meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
         if info.namespaced and request.namespace:
-            meta['namespace'] = request.namespace
-        meta['uid'] = str(uuid.uuid4())
-        meta['resourceVersion'] = self._next_rv()
-        meta['generation'] = 1
-        meta['creationTimestamp'] = _now()
-        if info.kind and 'kind' not in data:
-            data['kind'] = info.kind
-        if 'apiVersion' not in data and request.resource is not None:
+            meta["namespace"] = request.namespace
+        meta["uid"] = str(uuid.uuid4())
+        meta["resourceVersion"] = self._next_rv()
+        meta["generation"] = 1
+        meta["creationTimestamp"] = _now()
+        if info.kind and "kind" not in data:
+            data["kind"] = info.kind
+        if "apiVersion" not in data and request.resource is not None:
             g, v = request.resource.group, request.resource.version
-            data['apiVersion'] = f'{g}/{v}' if g else v
+            data["apiVersion"] = f"{g}/{v}" if g else v
 
     async def _prepare_update(self, request: kmock.Request, info: kmock.ResourceInfo) -> None:
         key = (request.resource, request.namespace, request.name)
@@ -363,84 +444,101 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
         if current is None:
             return  # kmock answers 404
         data = request.data
-        has_status = 'status' in info.subresources
+        has_status = "status" in info.subresources
         # Real status-subresource semantics: /status changes only status; the main endpoint never.
         if isinstance(data, dict):
-            if request.subresource == 'status':
-                for k in [k for k in data if k != 'status']:
+            if request.subresource == "status":
+                for k in [k for k in data if k != "status"]:
                     del data[k]
             elif has_status:
-                data.pop('status', None)
+                data.pop("status", None)
         elif isinstance(data, list):
+
             def is_status(op: Mapping[str, Any]) -> bool:
-                return op.get('path') == '/status' or str(op.get('path', '')).startswith('/status/')
-            keep = [op for op in data if op.get('op') == 'test' or (
-                is_status(op) if request.subresource == 'status' else not (has_status and is_status(op)))]
+                return op.get("path") == "/status" or str(op.get("path", "")).startswith("/status/")
+
+            keep = [
+                op
+                for op in data
+                if op.get("op") == "test"
+                or (is_status(op) if request.subresource == "status" else not (has_status and is_status(op)))
+            ]
             data[:] = keep
         else:
-            raise kmock.KubernetesError(status=400, reason='BadRequest', message='patch body expected')
+            raise kmock.KubernetesError(status=400, reason="BadRequest", message="patch body expected")
         try:
             new = _kdicts.patch_dict(current, data)
         except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, ValueError) as e:
             # kmock itself would answer 500; kopf expects 422 for a failed 'test' op (stale resourceVersion).
-            raise kmock.KubernetesError(status=422, reason='Invalid', message=f'patch failed: {e}') from e
-        cur_meta = current.get('metadata', {})
-        meta_changes: dict[str, Any] = {'resourceVersion': self._next_rv()}
-        if new.get('spec') != current.get('spec'):
-            meta_changes['generation'] = int(cur_meta.get('generation', 1)) + 1
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=f"patch failed: {e}") from e
+        cur_meta = current.get("metadata", {})
+        meta_changes: dict[str, Any] = {"resourceVersion": self._next_rv()}
+        if new.get("spec") != current.get("spec"):
+            meta_changes["generation"] = int(cur_meta.get("generation", 1)) + 1
         if isinstance(data, dict):
-            md = data.get('metadata')
+            md = data.get("metadata")
             if not isinstance(md, dict):
-                md = data['metadata'] = {}
+                md = data["metadata"] = {}
             md.update(meta_changes)
-            for k in ('uid', 'creationTimestamp', 'name', 'namespace'):  # immutable
+            for k in ("uid", "creationTimestamp", "name", "namespace"):  # immutable
                 if k in md and cur_meta.get(k) is not None:
                     md[k] = cur_meta[k]
         else:
-            data.extend({'op': 'add', 'path': f'/metadata/{k}', 'value': v} for k, v in meta_changes.items())
+            data.extend({"op": "add", "path": f"/metadata/{k}", "value": v} for k, v in meta_changes.items())
 
     async def _serve_put(self, request: kmock.Request, info: kmock.ResourceInfo) -> aiohttp.web.StreamResponse:
         key = (request.resource, request.namespace, request.name)
         data = request.data
         if request.name is None or not isinstance(data, dict):
-            raise kmock.KubernetesError(status=405, reason='MethodNotAllowed', message='PUT needs a named object')
+            raise kmock.KubernetesError(status=405, reason="MethodNotAllowed", message="PUT needs a named object")
         async with self._lock:
             if key not in self._objects or self._objects[key].deleted:
                 raise kmock.KubernetesObjectNotFoundError()
             current = copy.deepcopy(self._objects[key].raw)
-            cur_meta = current.get('metadata', {})
-            meta = data.setdefault('metadata', {})
-            if meta.get('resourceVersion') and meta['resourceVersion'] != cur_meta.get('resourceVersion'):
-                raise kmock.KubernetesError(status=409, reason='Conflict', message=(
-                    'Operation cannot be fulfilled: the object has been modified; '
-                    'please apply your changes to the latest version and try again'))
-            new = dict(current) if request.subresource == 'status' else dict(data)
-            if request.subresource == 'status':
-                new['status'] = data.get('status')
-            elif 'status' in info.subresources:
-                new['status'] = current.get('status')
-                if new['status'] is None:
-                    del new['status']
-            new_meta = dict(new.get('metadata', {}))
-            for k in ('uid', 'creationTimestamp', 'name', 'namespace', 'generation'):
+            cur_meta = current.get("metadata", {})
+            meta = data.setdefault("metadata", {})
+            if meta.get("resourceVersion") and meta["resourceVersion"] != cur_meta.get("resourceVersion"):
+                raise kmock.KubernetesError(
+                    status=409,
+                    reason="Conflict",
+                    message=(
+                        "Operation cannot be fulfilled: the object has been modified; "
+                        "please apply your changes to the latest version and try again"
+                    ),
+                )
+            new = dict(current) if request.subresource == "status" else dict(data)
+            if request.subresource == "status":
+                new["status"] = data.get("status")
+            elif "status" in info.subresources:
+                new["status"] = current.get("status")
+                if new["status"] is None:
+                    del new["status"]
+            new_meta = dict(new.get("metadata", {}))
+            for k in ("uid", "creationTimestamp", "name", "namespace", "generation"):
                 if k in cur_meta:
                     new_meta[k] = cur_meta[k]
-            new_meta['resourceVersion'] = self._next_rv()
-            if new.get('spec') != current.get('spec'):
-                new_meta['generation'] = int(cur_meta.get('generation', 1)) + 1
-            new['metadata'] = new_meta
+            new_meta["resourceVersion"] = self._next_rv()
+            if new.get("spec") != current.get("spec"):
+                new_meta["generation"] = int(cur_meta.get("generation", 1)) + 1
+            new["metadata"] = new_meta
             self._objects[key].create(new)  # appends a new version to the history
             raw = self._objects[key].raw
-            await self._buses[request.resource].put({'type': 'MODIFIED', 'object': raw})
+            await self._buses[request.resource].put({"type": "MODIFIED", "object": raw})
         return aiohttp.web.json_response(raw)
 
 
 # ------------------------------------------------------------------------------------------------
 # Running it.
 
+
 @contextlib.asynccontextmanager
-async def running_emulator(*, pytorchjobs: bool = True, extra: Mapping[str, Mapping[str, Any]] | None = None,
-                           host: str = '127.0.0.1', port: int | None = None) -> AsyncIterator[AtlasKubeEmulator]:
+async def running_emulator(
+    *,
+    pytorchjobs: bool = True,
+    extra: Mapping[str, Mapping[str, Any]] | None = None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+) -> AsyncIterator[AtlasKubeEmulator]:
     """Serve from the CURRENT event loop. ``emu.url`` is e.g. http://127.0.0.1:41234/ ."""
     install_kmock_fixes()
     emu = AtlasKubeEmulator()
@@ -461,8 +559,8 @@ class EmulatorThread:
         self._stop: asyncio.Event | None = None
         self._error: BaseException | None = None
         self.emulator: AtlasKubeEmulator | None = None
-        self.url: str = ''
-        self._thread = threading.Thread(target=self._main, name='kube-emulator', daemon=True)
+        self.url: str = ""
+        self._thread = threading.Thread(target=self._main, name="kube-emulator", daemon=True)
 
     def _main(self) -> None:
         asyncio.run(self._serve())
@@ -473,7 +571,7 @@ class EmulatorThread:
             self._stop = asyncio.Event()
             async with running_emulator(**self._kwargs) as emu:
                 self.emulator = emu
-                self.url = str(emu.url).rstrip('/')
+                self.url = str(emu.url).rstrip("/")
                 self._ready.set()
                 await self._stop.wait()
         except BaseException as e:
@@ -485,7 +583,7 @@ class EmulatorThread:
         self._thread.start()
         self._ready.wait(30)
         if self._error is not None or self.emulator is None:
-            raise RuntimeError('the kube emulator did not start') from self._error
+            raise RuntimeError("the kube emulator did not start") from self._error
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -499,21 +597,23 @@ class EmulatorThread:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
 
-def write_kubeconfig(path: str | os.PathLike[str], url: str, namespace: str = 'default') -> pathlib.Path:
+def write_kubeconfig(path: str | os.PathLike[str], url: str, namespace: str = "default") -> pathlib.Path:
     """A kubeconfig for plain http (no TLS) with a dummy token; kopf & `kubernetes` both accept it."""
     path = pathlib.Path(path)
     cfg = {
-        'apiVersion': 'v1', 'kind': 'Config', 'preferences': {},
-        'clusters': [{'name': 'kmock', 'cluster': {'server': url}}],
-        'users': [{'name': 'kmock', 'user': {'token': 'kmock-token'}}],
-        'contexts': [{'name': 'kmock', 'context': {'cluster': 'kmock', 'user': 'kmock', 'namespace': namespace}}],
-        'current-context': 'kmock',
+        "apiVersion": "v1",
+        "kind": "Config",
+        "preferences": {},
+        "clusters": [{"name": "kmock", "cluster": {"server": url}}],
+        "users": [{"name": "kmock", "user": {"token": "kmock-token"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": namespace}}],
+        "current-context": "kmock",
     }
     path.write_text(json.dumps(cfg, indent=2))  # JSON is YAML
     return path
 
 
-def wait_for(fn: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, what: str = 'condition') -> Any:
+def wait_for(fn: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, what: str = "condition") -> Any:
     """Poll ``fn`` until it returns a truthy value (returned) or fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -521,34 +621,43 @@ def wait_for(fn: Callable[[], Any], timeout: float = 10.0, interval: float = 0.0
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f'timed out after {timeout}s waiting for {what}')
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
 
 
 # ------------------------------------------------------------------------------------------------
 # kopf.
 
+
 def configure_kopf_for_emulator(settings: Any) -> None:
     """Call from an operator's @kopf.on.startup (or a test-only startup hook) to be quick & quiet."""
     settings.watching.reconnect_backoff = 0.1
     settings.watching.connect_timeout = 5
-    settings.scanning.disabled = True   # no namespace/CRD watching (-A needs none anyway)
+    settings.scanning.disabled = True  # no namespace/CRD watching (-A needs none anyway)
 
 
 class KopfProcess:
     """`python -m kopf run -A --standalone FILE` against a kubeconfig; start/kill/restart."""
 
-    def __init__(self, path: str | os.PathLike[str], kubeconfig: str | os.PathLike[str], *,
-                 log: str | os.PathLike[str], args: tuple[str, ...] = (), env: Mapping[str, str] | None = None):
-        self.cmd = [sys.executable, '-m', 'kopf', 'run', '-A', '--standalone', *args, str(path)]
-        self.env = {**os.environ, 'KUBECONFIG': str(kubeconfig), **(env or {})}
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        kubeconfig: str | os.PathLike[str],
+        *,
+        log: str | os.PathLike[str],
+        args: tuple[str, ...] = (),
+        env: Mapping[str, str] | None = None,
+    ):
+        self.cmd = [sys.executable, "-m", "kopf", "run", "-A", "--standalone", *args, str(path)]
+        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), **(env or {})}
         self.log = pathlib.Path(log)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> KopfProcess:
-        with open(self.log, 'ab') as f:
-            self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=f, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+        with open(self.log, "ab") as f:
+            self.proc = subprocess.Popen(
+                self.cmd, env=self.env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            )
         return self
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int | None:
@@ -572,7 +681,7 @@ class KopfProcess:
         return self.start()
 
     def output(self) -> str:
-        return self.log.read_text(errors='replace') if self.log.exists() else ''
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def __enter__(self) -> KopfProcess:
         return self.start()
@@ -583,6 +692,7 @@ class KopfProcess:
 
 # ------------------------------------------------------------------------------------------------
 # pytest fixtures (import them into a test module or conftest.py to use them).
+
 
 @pytest.fixture()
 def kube_emulator_options() -> dict[str, Any]:
@@ -597,11 +707,10 @@ def kube_emulator(kube_emulator_options: dict[str, Any]) -> Iterator[EmulatorThr
 
 
 @pytest.fixture()
-def kubeconfig(kube_emulator: EmulatorThread, tmp_path: pathlib.Path,
-               monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+def kubeconfig(kube_emulator: EmulatorThread, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
     """Writes the kubeconfig and sets $KUBECONFIG (subprocesses inherit it via os.environ)."""
-    path = write_kubeconfig(tmp_path / 'kubeconfig', kube_emulator.url)
-    monkeypatch.setenv('KUBECONFIG', str(path))
+    path = write_kubeconfig(tmp_path / "kubeconfig", kube_emulator.url)
+    monkeypatch.setenv("KUBECONFIG", str(path))
     # kubernetes reads $KUBECONFIG once, at import: load_kube_config() without config_file (as in
     # kopf's default login_via_client, in-process) would otherwise still look at ~/.kube/config.
     try:
@@ -609,14 +718,26 @@ def kubeconfig(kube_emulator: EmulatorThread, tmp_path: pathlib.Path,
     except ImportError:
         pass
     else:
-        monkeypatch.setattr(kc, 'KUBE_CONFIG_DEFAULT_LOCATION', str(path))
+        monkeypatch.setattr(kc, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
     return path
 
 
 __all__ = [
-    'AtlasKubeEmulator', 'Call', 'EmulatorThread', 'Fault', 'KopfProcess', 'PYTORCHJOBS', 'TEACHERS',
-    'TRAININGS', 'configure_kopf_for_emulator', 'default_resources', 'install_kmock_fixes',
-    'kube_emulator', 'kube_emulator_options', 'kubeconfig', 'running_emulator', 'wait_for',
-    'write_kubeconfig',
+    "AtlasKubeEmulator",
+    "Call",
+    "EmulatorThread",
+    "Fault",
+    "KopfProcess",
+    "PYTORCHJOBS",
+    "TEACHERS",
+    "TRAININGS",
+    "configure_kopf_for_emulator",
+    "default_resources",
+    "install_kmock_fixes",
+    "kube_emulator",
+    "kube_emulator_options",
+    "kubeconfig",
+    "running_emulator",
+    "wait_for",
+    "write_kubeconfig",
 ]
-

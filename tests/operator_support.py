@@ -152,8 +152,14 @@ def manifest_file(tmp_path: Path, *documents: dict[str, Any]) -> Path:
 class OperatorProcess:
     """`atlas operator` as users run it, against the emulator, with fast timers for tests."""
 
-    def __init__(self, kubeconfig: Path, log: Path, metrics_url: str = "http://127.0.0.1:1/metrics",
-                 args: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log: Path,
+        metrics_url: str = "http://127.0.0.1:1/metrics",
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ):
         self.args = args
         self.metrics_port = free_port()
         self.env = python_env(
@@ -165,6 +171,7 @@ class OperatorProcess:
             ATLAS_METRICS_URL_TEMPLATE=metrics_url,
             ATLAS_TRAINER_IMAGE="registry.example/atlas-trainer:test",
         )
+        self.env.update(env or {})
         self.log = log
         self.proc = None
 
@@ -289,11 +296,31 @@ def children_of(name: str, teacher_run: bool = True) -> dict[str, tuple[str, str
     return names
 
 
-def start_cluster(tmp_path: Path, metrics_url: str = "http://127.0.0.1:1/metrics", operator_args=(),
-                  **emulator_options):
+def start_cluster(
+    tmp_path: Path,
+    metrics_url: str = "http://127.0.0.1:1/metrics",
+    operator_args=(),
+    operator_env: dict[str, str] | None = None,
+    namespaces: tuple[str, ...] = (),
+    **emulator_options,
+):
+    """An emulator and an operator watching it; ``namespaces`` are created first (kopf serving named
+    namespaces waits for their Namespace objects)."""
     server = EmulatorThread(**emulator_options).__enter__()
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.url)
-    operator = OperatorProcess(kubeconfig, tmp_path / "operator.log", metrics_url, tuple(operator_args)).start()
+    core = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(config_file=str(kubeconfig)))
+    for namespace in namespaces:
+        core.create_namespace({"metadata": {"name": namespace}})
+    operator = OperatorProcess(
+        kubeconfig, tmp_path / "operator.log", metrics_url, tuple(operator_args), operator_env
+    ).start()
+    # Ready when kopf watches both kinds: a run created earlier could reach it twice (list, then replay).
+    wait_for(
+        lambda: {c.resource for c in server.emulator.calls(lambda c: c.query.get("watch") == "true")}
+        >= {"atlastrainings", "atlasteachers"},
+        timeout=60,
+        what="the operator watching runs",
+    )
     return server, Cluster(server.emulator, kubeconfig, operator)
 
 

@@ -80,8 +80,10 @@ def test_create_makes_every_child_owned_by_the_run(cluster):
     run_schema = custom_resource_definition("AtlasTeacher")["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     stored = cluster.wait_status(manifest, lambda s: "kopf" in s, "kopf's bookkeeping")
     assert pruned_fields({"status": stored}, run_schema) == []
-    openapi_validate({"status": stored}, {"properties": {"status": crd_jsonschema(
-        custom_resource_definition("AtlasTeacher"))["properties"]["status"]}})
+    openapi_validate(
+        {"status": stored},
+        {"properties": {"status": crd_jsonschema(custom_resource_definition("AtlasTeacher"))["properties"]["status"]}},
+    )
     assert cluster.condition(manifest, "Valid")["status"] == "True"
     assert cluster.condition(manifest, "RolloutReady")["reason"] == "Waiting"
     wait_for(
@@ -93,7 +95,8 @@ def test_create_makes_every_child_owned_by_the_run(cluster):
     cluster.wait_status(manifest, lambda s: "kopf" in s, "kopf's bookkeeping")
     before = len(cluster.emu.writes(name="create-run"))
     wait_for(lambda: len(cluster.operator.output().split("Timer 'observe_run' succeeded")) > 6, timeout=TIMEOUT)
-    assert len(cluster.emu.writes(name="create-run")) == before
+    after = cluster.emu.writes(name="create-run")
+    assert len(after) == before, [(c.method, c.path, c.user_agent, c.body) for c in after[before:]]
 
 
 def test_phase_and_conditions_follow_the_pytorchjob(cluster):
@@ -487,11 +490,8 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
 
 def test_watching_one_namespace_leaves_the_others_alone(tmp_path):
     """`atlas operator -n team-a` (what the chart's namespaced RBAC runs): runs elsewhere are not touched."""
-    server, cluster = start_cluster(tmp_path, operator_args=("--namespace", NS))
+    server, cluster = start_cluster(tmp_path, operator_args=("--namespace", NS), namespaces=(NS, "team-b"))
     try:
-        core = kubernetes.client.CoreV1Api(cluster.api_client)
-        for namespace in (NS, "team-b"):
-            core.create_namespace({"metadata": {"name": namespace}})
         elsewhere = training("elsewhere-run")
         elsewhere["metadata"]["namespace"] = "team-b"
         cluster.custom.create_namespaced_custom_object(
@@ -514,3 +514,24 @@ def test_watching_one_namespace_leaves_the_others_alone(tmp_path):
     granted = _rbac_rules("namespaced", "cluster", "namespacedScopeCluster")  # rbac.scope: namespaced
     assert used - granted == set(), "calls the namespaced RBAC does not allow"
     assert ("", "namespaces", "watch") in used
+
+
+def test_run_phase_follows_its_job_without_waiting_for_the_timer(tmp_path):
+    """The operator watches PyTorchJobs: a condition change shows on the run long before the next
+    status refresh (set to 10 minutes here)."""
+    server, cluster = start_cluster(tmp_path, operator_env={"ATLAS_PROGRESS_INTERVAL": "600"})
+    try:
+        manifest = training("watch-run")
+        cluster.apply(manifest)
+        wait_children(cluster, "watch-run", teacher_run=False)
+        cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending", "Pending")
+        for conditions, phase in (
+            (("Created", "Running"), "Running"),
+            (("Created", "Running", "Succeeded"), "Succeeded"),
+        ):
+            cluster.set_job_conditions("watch-run", *conditions)
+            cluster.wait_status(manifest, lambda s, p=phase: s.get("phase") == p, phase, timeout=10)
+        wait_for(lambda: {"Running", "Succeeded"} <= {e["reason"] for e in cluster.events("watch-run")}, timeout=10)
+    finally:
+        cluster.operator.stop()
+        server.__exit__(None, None, None)

@@ -14,12 +14,14 @@ import kopf
 
 from atlas_operator import metrics
 from atlas_operator.config import OperatorConfig
-from atlas_operator.kube import ApiError, Kube
+from atlas_operator.kube import ApiError, Kube, Resource
 from atlas_operator.reconcile import Reconciler, Result, RetryLater
+from atlas_operator.render import MANAGED_BY
 from atlas_operator.spec import GROUP, KINDS, VERSION
-from atlas_operator.status import merge_conditions, now
+from atlas_operator.status import merge_conditions, now, training_reason
 
 CONFIG = OperatorConfig.from_env()
+RUN_RESOURCES = {kind: Resource(GROUP, VERSION, plural, kind) for kind, plural in KINDS.items()}
 log = logging.getLogger("atlas_operator")
 
 
@@ -48,13 +50,19 @@ async def cleanup(memo: kopf.Memo, **_) -> None:
 def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, scrape: bool) -> None:
     if body.metadata.get("deletionTimestamp"):
         return  # being deleted: recreating children now would race the delete handler
+    try:
+        result = _reconciled(body, memo, scrape)
+    except (ApiError, RetryLater) as exc:
+        raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
+    report(body, patch, result)
+
+
+def _reconciled(body: kopf.Body, memo: kopf.Memo, scrape: bool) -> Result:
+    """One reconciliation, counted and timed in the operator's metrics."""
     kind = body["kind"]
     started = time.perf_counter()
     try:
         result = memo.reconciler.reconcile(plain(body), kopf.adopt, scrape=scrape)
-    except (ApiError, RetryLater) as exc:
-        metrics.RECONCILE_TOTAL.labels(kind, "error").inc()
-        raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
     except Exception:
         metrics.RECONCILE_TOTAL.labels(kind, "error").inc()
         raise
@@ -62,7 +70,7 @@ def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, scrape: bool
         metrics.RECONCILE_DURATION.labels(kind).observe(time.perf_counter() - started)
     metrics.RECONCILE_TOTAL.labels(kind, "success").inc()
     memo.phases.set(kind, body.metadata.namespace, body.metadata.name, result.phase)
-    report(body, patch, result)
+    return result
 
 
 def plain(body: kopf.Body) -> dict:
@@ -135,3 +143,44 @@ for _plural in KINDS.values():
             raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
         memo.phases.set(body["kind"], body.metadata.namespace, body.metadata.name, None)
         logger.info("deleted %s", ", ".join(deleted) or "nothing (no children left)")
+
+
+@kopf.on.event("kubeflow.org", "v1", "pytorchjobs", labels={"app.kubernetes.io/managed-by": MANAGED_BY})
+def job_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_) -> None:
+    """A PyTorchJob's conditions moved: update its run's phase now rather than at the next timer tick."""
+    owner = next(
+        (
+            ref
+            for ref in body.metadata.get("ownerReferences") or []
+            if ref.get("controller") and ref.get("kind") in KINDS
+        ),
+        None,
+    )
+    if owner is None:
+        return
+    resource = RUN_RESOURCES[owner["kind"]]
+    kube = memo.reconciler.kube
+    try:
+        run = kube.get(resource, body.metadata.namespace, owner["name"])
+        if run is None or run["metadata"].get("deletionTimestamp") or not _job_news(plain(body), run):
+            return
+        run_body, patch = kopf.Body(run), kopf.Patch()
+        report(run_body, patch, _reconciled(run_body, memo, scrape=False))
+        if patch.get("status"):
+            kube.patch(
+                resource,
+                body.metadata.namespace,
+                owner["name"],
+                {"status": dict(patch["status"])},
+                subresource="status",
+            )
+    except (ApiError, RetryLater) as exc:  # the run's timer catches up
+        logger.warning("could not refresh %s %s from its PyTorchJob: %s", owner["kind"], owner["name"], exc)
+
+
+def _job_news(job: dict, run: dict) -> bool:
+    """Whether the job says something the run's status does not show yet (its last condition)."""
+    if not (job.get("status") or {}).get("conditions"):
+        return False
+    training = next((c for c in (run.get("status") or {}).get("conditions") or [] if c["type"] == "Training"), {})
+    return training_reason(job) != (training.get("reason"), training.get("message"))

@@ -20,7 +20,7 @@ from atlas_operator import kube
 from atlas_operator.kube import ApiError, Kube
 from atlas_operator.render import SPEC_HASH_ANNOTATION, Images, child_names, render_children
 from atlas_operator.spec import InvalidRun, Run, parse_run
-from atlas_operator.status import FINISHED, job_phase, last_job_condition, parse_progress
+from atlas_operator.status import FINISHED, job_phase, parse_progress, training_reason
 
 log = logging.getLogger("atlas_operator")
 
@@ -102,31 +102,22 @@ class Reconciler:
                 result.actions[f"{child['kind']}/{child['metadata']['name']}"] = action
             if child["kind"] == "PyTorchJob":
                 job = observed
-        created = [k for k, v in result.actions.items() if v == "created"]
-        conditions.append(
-            _cond(
-                "ChildrenReady",
-                True,
-                "Applied",
-                f"created {', '.join(created)}" if created else "all children exist and match the spec",
+        if result.actions:  # the log says what changed; the condition stays put (no status write per pass)
+            log.info(
+                "%s %s/%s: %s",
+                run.kind,
+                run.namespace,
+                run.name,
+                ", ".join(f"{action} {child}" for child, action in result.actions.items()),
             )
-        )
+        conditions.append(_cond("ChildrenReady", True, "Applied", "all children exist and match the spec"))
         if not any(c["type"] == "SpecApplied" for c in conditions):
             conditions.append(_cond("SpecApplied", True, "UpToDate", "the running job matches the spec"))
         conditions.append(self.rollout_condition(run))
 
         result.phase = job_phase(job, run.spec.suspend)
-        last = last_job_condition(job)
-        conditions.append(
-            _cond(
-                "Training",
-                result.phase == "Running",
-                last["type"] if last else "JobPending",
-                (last.get("message") or f"PyTorchJob {last['type']}")
-                if last
-                else "waiting for the PyTorchJob to start",
-            )
-        )
+        reason, message = training_reason(job)
+        conditions.append(_cond("Training", result.phase == "Running", reason, message))
         if scrape and job is not None and result.phase == "Running":  # a finished job's pods serve nothing
             result.progress = self.scrape_progress(run)
         return result

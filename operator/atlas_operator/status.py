@@ -30,6 +30,14 @@ def last_job_condition(job: dict[str, Any] | None) -> dict[str, Any] | None:
     return true[-1] if true else None
 
 
+def training_reason(job: dict[str, Any] | None) -> tuple[str, str]:
+    """Reason and message of the run's Training condition: the job's last condition, in its words."""
+    last = last_job_condition(job)
+    if last is None:
+        return "JobPending", "waiting for the PyTorchJob to start"
+    return last["type"], last.get("message") or f"PyTorchJob {last['type']}"
+
+
 def job_phase(job: dict[str, Any] | None, suspend: bool) -> str:
     """Pending until the job reports; then its last condition. A suspend request shows at once."""
     condition = last_job_condition(job)
