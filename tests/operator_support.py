@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import subprocess
 import sys
@@ -316,8 +317,10 @@ def start_cluster(
     ).start()
     # Ready when kopf watches both kinds: a run created earlier could reach it twice (list, then replay).
     wait_for(
-        lambda: {c.resource for c in server.emulator.calls(lambda c: c.query.get("watch") == "true")}
-        >= {"atlastrainings", "atlasteachers"},
+        lambda: (
+            {c.resource for c in server.emulator.calls(lambda c: c.query.get("watch") == "true")}
+            >= {"atlastrainings", "atlasteachers"}
+        ),
         timeout=60,
         what="the operator watching runs",
     )
@@ -330,3 +333,24 @@ def wait_children(cluster: Cluster, name: str, teacher_run: bool = True) -> dict
         lambda: all(cluster.emu.get(r, NS, n) for r, n in wanted.values()), timeout=TIMEOUT, what=f"children of {name}"
     )
     return {key: cluster.emu.get(r, NS, n) for key, (r, n) in wanted.items()}
+
+
+@contextlib.contextmanager
+def own_cluster(tmp_path: Path, **options):
+    """A cluster (emulator + operator) of a test's own, stopped when the test ends."""
+    server, cluster = start_cluster(tmp_path, **options)
+    try:
+        yield cluster
+    finally:
+        cluster.operator.stop()
+        server.__exit__(None, None, None)
+
+
+def permissions_used(emu) -> set[tuple[str, str, str]]:
+    """(group, resource[/subresource], verb) of every call the operator process made: its own client
+    ("atlas-operator/…") and kopf's."""
+    return {
+        (c.group, c.resource + (f"/{c.subresource}" if c.subresource else ""), c.verb)
+        for c in emu.calls(lambda c: (c.user_agent or "").startswith(("atlas-operator/", "kopf/")))
+        if c.verb is not None
+    }

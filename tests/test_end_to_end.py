@@ -17,7 +17,7 @@ import pytest
 import yaml
 from conftest import REPO
 from kube_emulator import PYTORCHJOBS, wait_for
-from operator_support import NS, start_cluster, training
+from operator_support import NS, own_cluster, training
 from pod_executor import PodExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -51,12 +51,10 @@ class StatusRecorder:
 
 @pytest.fixture
 def local_cluster(tmp_path, tiny_model_dir):
-    server, cluster = start_cluster(tmp_path, metrics_url=TRAINER_METRICS)
-    executor = PodExecutor(cluster.api_client, tmp_path / "pods", NS, Path(sys.executable).parent).start()
-    yield cluster, executor
-    executor.stop()
-    cluster.operator.stop()
-    server.__exit__(None, None, None)
+    with own_cluster(tmp_path, metrics_url=TRAINER_METRICS) as cluster:
+        executor = PodExecutor(cluster.api_client, tmp_path / "pods", NS, Path(sys.executable).parent).start()
+        yield cluster, executor
+        executor.stop()
 
 
 def wait_phase(cluster, manifest, phases, executor):

@@ -17,8 +17,9 @@ from operator_support import (
     children_of,
     crd_jsonschema,
     openapi_validate,
+    own_cluster,
+    permissions_used,
     pruned_fields,
-    start_cluster,
     teacher,
     training,
     wait_children,
@@ -37,12 +38,9 @@ def trainer_metrics_port():
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, trainer_metrics_port):
-    server, cluster = start_cluster(
-        tmp_path_factory.mktemp("cluster"), metrics_url=f"http://127.0.0.1:{trainer_metrics_port}/metrics"
-    )
-    yield cluster
-    cluster.operator.stop()
-    server.__exit__(None, None, None)
+    metrics_url = f"http://127.0.0.1:{trainer_metrics_port}/metrics"
+    with own_cluster(tmp_path_factory.mktemp("cluster"), metrics_url=metrics_url) as shared:
+        yield shared
 
 
 @pytest.fixture(autouse=True)
@@ -361,8 +359,7 @@ def test_operator_metrics_and_health(cluster):
 
 
 def test_missing_pytorchjob_crd_is_a_condition_not_a_crash(tmp_path):
-    server, cluster = start_cluster(tmp_path, pytorchjobs=False)
-    try:
+    with own_cluster(tmp_path, pytorchjobs=False) as cluster:
         first, second = training("no-crd-1"), teacher("no-crd-2")
         cluster.apply(first)
         cluster.apply(second)
@@ -380,14 +377,10 @@ def test_missing_pytorchjob_crd_is_a_condition_not_a_crash(tmp_path):
             assert cluster.status(manifest)["phase"] == "Pending"
         assert cluster.emu.get("v1/configmaps", NS, "no-crd-1-config") is None
         assert cluster.operator.alive()
-    finally:
-        cluster.operator.stop()
-        server.__exit__(None, None, None)
 
 
 def test_operator_killed_mid_reconcile_makes_no_duplicates(tmp_path):
-    server, cluster = start_cluster(tmp_path)
-    try:
+    with own_cluster(tmp_path) as cluster:
         fault = cluster.emu.fail_next("POST", PYTORCHJOBS, status=500, times=10**6)
         manifest = teacher("crash-run")
         cluster.apply(manifest)
@@ -404,9 +397,6 @@ def test_operator_killed_mid_reconcile_makes_no_duplicates(tmp_path):
         for resource, name in children_of("crash-run").values():
             created = [c for c in cluster.emu.writes(resource, name=name) if c.method == "POST" and c.status == 201]
             assert len(created) == 1, f"{name} created {len(created)} times"
-    finally:
-        cluster.operator.stop()
-        server.__exit__(None, None, None)
 
 
 def _rbac_rules(*sections: str) -> set[tuple[str, str, str]]:
@@ -426,8 +416,7 @@ def _rbac_rules(*sections: str) -> set[tuple[str, str, str]]:
 def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
     """Every (group, resource, verb) the operator process uses — its own client and kopf's — over a run's
     whole life, against the chart's RBAC rules: nothing missing, nothing unused."""
-    server, cluster = start_cluster(tmp_path)
-    try:
+    with own_cluster(tmp_path) as cluster:
         core = kubernetes.client.CoreV1Api(cluster.api_client)
         core.create_namespaced_persistent_volume_claim(
             NS,
@@ -476,13 +465,7 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
         for run in (manifest, other):
             cluster.delete_run(run)
             wait_for(lambda r=run: cluster.run(r) is None, timeout=TIMEOUT, what="the run deleted")
-        operator_calls = cluster.emu.calls(
-            lambda c: (c.user_agent or "").startswith(("atlas-operator/", "kopf/")) and c.verb is not None
-        )
-    finally:
-        cluster.operator.stop()
-        server.__exit__(None, None, None)
-    used = {(c.group, c.resource + (f"/{c.subresource}" if c.subresource else ""), c.verb) for c in operator_calls}
+        used = permissions_used(cluster.emu)
     granted = _rbac_rules("namespaced", "cluster")  # rbac.scope: cluster
     assert used - granted == set(), "calls the chart's RBAC does not allow"
     assert granted - used == set(), "permissions the operator never uses"
@@ -490,8 +473,7 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
 
 def test_watching_one_namespace_leaves_the_others_alone(tmp_path):
     """`atlas operator -n team-a` (what the chart's namespaced RBAC runs): runs elsewhere are not touched."""
-    server, cluster = start_cluster(tmp_path, operator_args=("--namespace", NS), namespaces=(NS, "team-b"))
-    try:
+    with own_cluster(tmp_path, operator_args=("--namespace", NS), namespaces=(NS, "team-b")) as cluster:
         elsewhere = training("elsewhere-run")
         elsewhere["metadata"]["namespace"] = "team-b"
         cluster.custom.create_namespaced_custom_object(
@@ -504,13 +486,7 @@ def test_watching_one_namespace_leaves_the_others_alone(tmp_path):
         assert "status" not in cluster.emu.get("atlas.arc.computer/v1alpha1/atlastrainings", "team-b", "elsewhere-run")
         assert not cluster.emu.calls(lambda c: c.namespace == "team-b" and c.is_write and c.method != "POST")
         assert cluster.emu.get("v1/configmaps", "team-b", "elsewhere-run-config") is None
-        operator_calls = cluster.emu.calls(
-            lambda c: (c.user_agent or "").startswith(("atlas-operator/", "kopf/")) and c.verb is not None
-        )
-    finally:
-        cluster.operator.stop()
-        server.__exit__(None, None, None)
-    used = {(c.group, c.resource + (f"/{c.subresource}" if c.subresource else ""), c.verb) for c in operator_calls}
+        used = permissions_used(cluster.emu)
     granted = _rbac_rules("namespaced", "cluster", "namespacedScopeCluster")  # rbac.scope: namespaced
     assert used - granted == set(), "calls the namespaced RBAC does not allow"
     assert ("", "namespaces", "watch") in used
@@ -519,8 +495,7 @@ def test_watching_one_namespace_leaves_the_others_alone(tmp_path):
 def test_run_phase_follows_its_job_without_waiting_for_the_timer(tmp_path):
     """The operator watches PyTorchJobs: a condition change shows on the run long before the next
     status refresh (set to 10 minutes here)."""
-    server, cluster = start_cluster(tmp_path, operator_env={"ATLAS_PROGRESS_INTERVAL": "600"})
-    try:
+    with own_cluster(tmp_path, operator_env={"ATLAS_PROGRESS_INTERVAL": "600"}) as cluster:
         manifest = training("watch-run")
         cluster.apply(manifest)
         wait_children(cluster, "watch-run", teacher_run=False)
@@ -532,6 +507,3 @@ def test_run_phase_follows_its_job_without_waiting_for_the_timer(tmp_path):
             cluster.set_job_conditions("watch-run", *conditions)
             cluster.wait_status(manifest, lambda s, p=phase: s.get("phase") == p, phase, timeout=10)
         wait_for(lambda: {"Running", "Succeeded"} <= {e["reason"] for e in cluster.events("watch-run")}, timeout=10)
-    finally:
-        cluster.operator.stop()
-        server.__exit__(None, None, None)
