@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 import torch
-from conftest import free_port
+from conftest import free_port, tiny_grpo_args
 from datasets import Dataset
 
 from atlas_core.tasks.arithmetic import exact_match_reward, make_arithmetic_dataset
@@ -16,24 +16,7 @@ from atlas_core.training.algorithms.grpo_config import GRPOConfig
 
 
 def make_args(tmp_path, model_dir, **overrides) -> GRPOConfig:
-    values = dict(
-        output_dir=str(tmp_path / "out"),
-        model_name_or_path=None if model_dir is None else str(model_dir),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=16,
-        max_steps=3,
-        learning_rate=1e-3,
-        beta=0.04,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        gradient_checkpointing=False,
-        disable_tqdm=True,
-        seed=0,
-    )
-    values.update(overrides)
-    return GRPOConfig(**values)
+    return tiny_grpo_args(tmp_path, model_dir, **overrides)
 
 
 def arithmetic(n=256, seed=0) -> Dataset:

@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from conftest import tiny_grpo_args
 from datasets import Dataset
 from judge_server import JudgeServer, Reply
 
@@ -18,27 +19,15 @@ from atlas_core.training.algorithms.teacher_trainers import DiagnosticResult, Te
 
 
 def teacher_args(tmp_path, model_dir, **overrides) -> GRPOConfig:
-    values = dict(
+    teacher = dict(
         output_dir=str(tmp_path / "teacher"),
-        model_name_or_path=str(model_dir),
         per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=16,
         max_steps=2,
-        learning_rate=1e-3,
-        beta=0.04,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        gradient_checkpointing=False,
-        disable_tqdm=True,
         max_probe_tokens=8,
         student_max_tokens=12,
         student_samples=2,
-        seed=0,
     )
-    values.update(overrides)
-    return GRPOConfig(**values)
+    return tiny_grpo_args(tmp_path, model_dir, **{**teacher, **overrides})
 
 
 def arithmetic(n=32) -> Dataset:
