@@ -60,6 +60,21 @@ def warm_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     return out / "model"
 
 
+@pytest.fixture
+def fresh_trainer_metrics():
+    """The trainer registry's labelled series removed (prometheus_client's ``clear()``), so that a test reads only
+    what it — or the code it runs — set, never what an earlier test left in the process-wide registry.
+    Unlabelled counters cannot be cleared: tests compare them before and after."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from atlas_core.telemetry import metrics
+
+    for value in vars(metrics).values():
+        if isinstance(value, MetricWrapperBase):
+            value.clear()
+    return metrics
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

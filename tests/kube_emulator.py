@@ -141,6 +141,7 @@ class Call:
     name: str | None
     subresource: str | None
     content_type: str | None
+    accept: str | None  # the Accept header: what representation the client asked for
     user_agent: str | None  # who called: "kopf/…", "atlas-operator/…", the test's client
     status: int | None  # the HTTP status answered; None while still streaming (watches)
 
@@ -308,6 +309,7 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
                 name=req.name,
                 subresource=req.subresource,
                 content_type=next((v for k, v in req.headers.items() if k.lower() == "content-type"), None),
+                accept=next((v for k, v in req.headers.items() if k.lower() == "accept"), None),
                 user_agent=next((v for k, v in req.headers.items() if k.lower() == "user-agent"), None),
                 status=self._statuses.get(id(req)),
             )
@@ -713,12 +715,9 @@ def kubeconfig(kube_emulator: EmulatorThread, tmp_path: pathlib.Path, monkeypatc
     monkeypatch.setenv("KUBECONFIG", str(path))
     # kubernetes reads $KUBECONFIG once, at import: load_kube_config() without config_file (as in
     # kopf's default login_via_client, in-process) would otherwise still look at ~/.kube/config.
-    try:
-        import kubernetes.config.kube_config as kc
-    except ImportError:
-        pass
-    else:
-        monkeypatch.setattr(kc, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+    import kubernetes.config.kube_config as kc
+
+    monkeypatch.setattr(kc, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
     return path
 
 

@@ -28,7 +28,6 @@ def _schemas_dir() -> Path | None:
     candidates = [
         os.environ.get("ATLAS_K8S_SCHEMAS"),
         Path(__file__).resolve().parents[2] / "shared" / "k8s-schemas",
-        Path("/work/shared/k8s-schemas"),
     ]
     return next((Path(c) for c in candidates if c and (Path(c) / PYTORCHJOB_CRD_NAME).is_file()), None)
 

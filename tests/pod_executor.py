@@ -13,7 +13,12 @@ container as a local process group, with what a cluster would give it:
   exit code; Restarting when a replica exits non-zero and the restart policy (OnFailure) allows it,
   up to runPolicy.backoffLimit; ``replicaStatuses`` with active/succeeded/failed counts.
 
-Jobs run one at a time (a one-node cluster: every Master binds the trainer's metrics port 9400).
+* container ports mapped to host ports, as separate pod networks would keep them apart: a port named in
+  ``host_ports`` (e.g. ``{"metrics": <a free port>}``) is served on that host port instead of its
+  ``containerPort`` — the executor rewrites that port number where the pod's ConfigMap YAML files set a
+  ``*port`` key to it (the trainer's ``metrics_port`` in run.yaml).
+
+Jobs run one at a time (a one-node cluster: every Master would bind the same host ports).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
+import yaml
 
 HOST_ENV = ("HOME", "LANG", "HF_HUB_OFFLINE", "ATLAS_CACHE_DIR", "TOKENIZERS_PARALLELISM", "TMPDIR")
 
@@ -82,6 +88,17 @@ class Replica:
                 pass
 
 
+def _map_ports(value: Any, ports: dict[int, int], key: str = "") -> Any:
+    """``value`` with every ``*port`` key whose number is a mapped container port set to its host port."""
+    if isinstance(value, dict):
+        return {k: _map_ports(v, ports, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_ports(v, ports, key) for v in value]
+    if key.endswith("port") and isinstance(value, int) and not isinstance(value, bool) and value in ports:
+        return ports[value]
+    return value
+
+
 def _descendants(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
@@ -100,7 +117,16 @@ def _descendants(root: int) -> list[int]:
 
 
 class PodExecutor:
-    def __init__(self, api_client, workdir: Path, namespace: str, python_bin: Path, poll_s: float = 0.2):
+    def __init__(
+        self,
+        api_client,
+        workdir: Path,
+        namespace: str,
+        python_bin: Path,
+        poll_s: float = 0.2,
+        host_ports: dict[str, int] | None = None,
+    ):
+        self.host_ports = dict(host_ports or {})  # container port name → the host port it is served on
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.workdir = workdir
@@ -190,11 +216,19 @@ class PodExecutor:
                 text = text.replace(mount_path, str(local))
             return text
 
+        ports = {
+            p["containerPort"]: self.host_ports[p["name"]]
+            for p in container.get("ports", [])
+            if p.get("name") in self.host_ports
+        }
         for local in mounts.values():  # ConfigMap files refer to other mounts (run.yaml → /checkpoints)
             if (local / ".configmap").exists():
                 for path in local.iterdir():
                     if path.name != ".configmap":
-                        path.write_text(remap(path.read_text()))
+                        text = remap(path.read_text())
+                        if ports and path.suffix in (".yaml", ".yml"):
+                            text = yaml.safe_dump(_map_ports(yaml.safe_load(text), ports), sort_keys=False)
+                        path.write_text(text)
         env = {k: os.environ[k] for k in HOST_ENV if k in os.environ}
         env["PATH"] = f"{self.python_bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"
         env.update(

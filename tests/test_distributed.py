@@ -97,7 +97,7 @@ def test_one_node_two_processes_zero1(tmp_path, atlas_cache):
 @pytest.mark.parametrize(
     "preset", ["deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3", "deepspeed_zero3_cpu_offloading"]
 )
-def test_presets_parse_with_deepspeed(preset):
+def test_presets_parse_with_deepspeed(preset, tmp_path):
     """The DeepSpeed section, as Accelerate and the HF Trainer fill it in, is a valid DeepSpeed config."""
     from accelerate.utils import DeepSpeedPlugin
     from deepspeed.runtime.config import DeepSpeedConfig
@@ -112,7 +112,7 @@ def test_presets_parse_with_deepspeed(preset):
     plugin = DeepSpeedPlugin(**section)
     hf_config = HfTrainerDeepSpeedConfig(plugin.deepspeed_config)
     hf_config.trainer_config_process(
-        GRPOConfig(output_dir="/tmp/unused", per_device_train_batch_size=4, num_generations=4)
+        GRPOConfig(output_dir=str(tmp_path / "unused"), per_device_train_batch_size=4, num_generations=4)
     )
     parsed = DeepSpeedConfig(hf_config.config)
     expected_stage = {"deepspeed_zero1": 1, "deepspeed_zero2": 2}.get(preset, 3)

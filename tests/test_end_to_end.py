@@ -15,14 +15,13 @@ from pathlib import Path
 import kubernetes
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, free_port
 from kube_emulator import PYTORCHJOBS, wait_for
 from operator_support import NS, own_cluster, training
 from pod_executor import PodExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-TRAINER_METRICS = "http://127.0.0.1:9400/metrics"  # the Master "pod" serves the trainer's port here
 RUN_TIMEOUT = 400
 STEPS = 120  # the resume case: long enough (~10 s) to kill the Worker between checkpoints
 
@@ -51,8 +50,12 @@ class StatusRecorder:
 
 @pytest.fixture
 def local_cluster(tmp_path, tiny_model_dir):
-    with own_cluster(tmp_path, metrics_url=TRAINER_METRICS) as cluster:
-        executor = PodExecutor(cluster.api_client, tmp_path / "pods", NS, Path(sys.executable).parent).start()
+    # The Master "pod" serves the trainer's metrics port on a free port of 127.0.0.1, where the operator reads it.
+    metrics_port = free_port()
+    with own_cluster(tmp_path, metrics_url=f"http://127.0.0.1:{metrics_port}/metrics") as cluster:
+        executor = PodExecutor(
+            cluster.api_client, tmp_path / "pods", NS, Path(sys.executable).parent, host_ports={"metrics": metrics_port}
+        ).start()
         yield cluster, executor
         executor.stop()
 

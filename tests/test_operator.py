@@ -6,11 +6,13 @@ would; assertions read the emulator's stored objects and its request log.
 
 from __future__ import annotations
 
+import json
+
 import kubernetes
 import pytest
 from atlas_operator.crd import custom_resource_definition
 from conftest import REPO, free_port
-from kube_emulator import PYTORCHJOBS, wait_for
+from kube_emulator import PYTORCHJOBS, TEACHERS, TRAININGS, wait_for
 from operator_support import (
     NS,
     TIMEOUT,
@@ -144,9 +146,13 @@ def test_deleted_children_are_recreated(cluster):
             timeout=TIMEOUT,
             what=f"{name} recreated",
         )
-    assert len(cluster.emu.list(PYTORCHJOBS, NS)) == len(
-        {j["metadata"]["name"] for j in cluster.emu.list(PYTORCHJOBS, NS)}
-    )
+    # Only what was deleted is created again: one successful create per surviving child, two per deleted one.
+    wanted = children_of("recreate-run", teacher_run=False)
+    created = {
+        key: len([c for c in cluster.emu.writes(resource, name=name) if c.verb == "create" and c.status == 201])
+        for key, (resource, name) in wanted.items()
+    }
+    assert created == {key: 2 if key in ("rollout", "config") else 1 for key in wanted}
 
 
 def test_invalid_spec_gets_every_problem_and_no_children(cluster):
@@ -226,9 +232,8 @@ def test_suspend_and_resume(cluster):
     assert cluster.emu.get(PYTORCHJOBS, NS, "suspend-run")["metadata"]["uid"] == job_uid  # patched, not recreated
 
 
-def test_progress_is_mirrored_from_the_trainer_metrics(cluster):
-    from atlas_core.telemetry import metrics
-
+def test_progress_is_mirrored_from_the_trainer_metrics(cluster, fresh_trainer_metrics):
+    metrics = fresh_trainer_metrics
     labels = {"namespace": NS, "run": "progress-run", "kind": "AtlasTraining"}
     manifest = training("progress-run")
     cluster.apply(manifest)
@@ -321,8 +326,16 @@ def test_missing_references_are_reported_then_picked_up(cluster):
     cluster.wait_status(
         manifest, lambda s: cluster.condition(manifest, "PrerequisitesMet").get("status") == "True", "prerequisites met"
     )
-    secret_reads = cluster.emu.calls(lambda c: c.resource == "secrets" and c.method == "GET")
-    assert secret_reads  # asked for metadata only: the Secret's data is never needed
+    # The operator only checks that the Secret exists: single GETs of that one Secret, each asking for its
+    # metadata only (PartialObjectMetadata first in Accept); never a list or a watch of Secrets.
+    operator_calls = cluster.emu.calls(
+        lambda c: c.resource == "secrets" and (c.user_agent or "").startswith(("atlas-operator/", "kopf/"))
+    )
+    assert operator_calls, "the operator never looked the pull secret up"
+    for call in operator_calls:
+        assert (call.method, call.verb, call.path) == ("GET", "get", f"/api/v1/namespaces/{NS}/secrets/regcred")
+        assert (call.accept or "").split(",")[0] == "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+    assert any(c.status == 404 for c in operator_calls) and operator_calls[-1].status == 200
 
 
 def test_deleting_the_run_leaves_nothing(cluster):
@@ -334,25 +347,41 @@ def test_deleting_the_run_leaves_nothing(cluster):
     assert not any(cluster.emu.get(r, NS, n) for r, n in children_of("delete-run").values())
 
 
+def _operator_samples(cluster) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = cluster.operator.get("/metrics")
+    assert status == 200
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+
+
 def test_operator_metrics_and_health(cluster):
+    """The shared operator has counted earlier tests' runs too: counters are compared before and after this
+    run, and the runs gauge once every earlier run is gone."""
+    wait_for(
+        lambda: not cluster.emu.list(TRAININGS, NS) and not cluster.emu.list(TEACHERS, NS),
+        timeout=TIMEOUT,
+        what="earlier tests' runs deleted",
+    )
+    success = ("atlas_operator_reconcile_total", (("kind", "AtlasTraining"), ("result", "success")))
+    durations = ("atlas_operator_reconcile_duration_seconds_count", (("kind", "AtlasTraining"),))
+    pending = ("atlas_operator_runs", (("kind", "AtlasTraining"), ("phase", "Pending")))
+    before = _operator_samples(cluster)
     manifest = training("metrics-run")
     cluster.apply(manifest)
     wait_children(cluster, "metrics-run", teacher_run=False)
     cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending", "Pending")  # written after the metrics
     status, body = cluster.operator.get("/healthz")
-    assert status == 200
-    status, text = cluster.operator.get("/metrics")
-    from prometheus_client.parser import text_string_to_metric_families
-
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-    }
-    assert samples[("atlas_operator_reconcile_total", (("kind", "AtlasTraining"), ("result", "success")))] >= 1
-    assert samples[("atlas_operator_reconcile_duration_seconds_count", (("kind", "AtlasTraining"),))] >= 1
-    assert samples[("atlas_operator_runs", (("kind", "AtlasTraining"), ("phase", "Pending")))] >= 1
-    assert ("atlas_operator_runs", (("kind", "AtlasTeacher"), ("phase", "Invalid"))) in samples
+    assert status == 200 and json.loads(body) == {"status": "ok"}
+    after = _operator_samples(cluster)
+    assert after[success] >= before.get(success, 0) + 1
+    assert after[durations] >= before.get(durations, 0) + 1
+    assert after[pending] == 1  # this run, the only one left
+    assert after[("atlas_operator_runs", (("kind", "AtlasTeacher"), ("phase", "Invalid")))] == 0  # every phase shown
 
 
 # --------------------------------------------------------------------------- clusters of their own

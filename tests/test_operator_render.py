@@ -292,7 +292,7 @@ def test_atlas_render_cli(tmp_path):
     assert lines == [
         "error: spec.deepspeed: expected one of zero1, zero2, zero3, zero3-offload, got 'zero9'",
         "error: spec.training.numGenerations: 5 does not divide the generation batch of 48 completions "
-        "(perDeviceTrainBatchSize 3 x 16 processes x 1 gradient accumulation steps)",
+        "(perDeviceTrainBatchSize 3 x 16 processes x gradientAccumulationSteps 1)",
     ]
     assert "Traceback" not in proc.stderr
 
@@ -323,11 +323,11 @@ def test_conditions_keep_their_transition_time_while_unchanged():
     assert same == first and first[0]["lastTransitionTime"] == "t1" and moved[0]["lastTransitionTime"] == "t3"
 
 
-def test_progress_from_real_trainer_metrics():
+def test_progress_from_real_trainer_metrics(fresh_trainer_metrics):
     """The trainer's own registry, rendered by prometheus_client: what the operator will parse."""
     from prometheus_client import generate_latest
 
-    from atlas_core.telemetry import metrics
+    metrics = fresh_trainer_metrics
 
     labels = {"namespace": "team-a", "run": "render-progress-run", "kind": "AtlasTraining"}
     metrics.training_step.labels(**labels).set(120)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 from judge_server import JudgeServer, Reply, judgment
-from prometheus_client import REGISTRY  # noqa: F401 - the default registry must stay untouched
+from prometheus_client import REGISTRY
 
 from atlas_core.reward.config import RIMConfigError, load_rim_config, parse_rim_config
 from atlas_core.reward.interpretation import RIMReward, apply_consistency, combine
@@ -297,7 +297,7 @@ def test_weighted_mean():
 # ---------------------------------------------------------------- as a TRL reward function
 
 
-def test_reward_function_call_logs_per_sample_info(rim_factory):
+def test_reward_function_call_logs_per_sample_info(rim_factory, fresh_trainer_metrics):
     logged, metrics_logged = {}, {}
     with JudgeServer(lambda call: Reply(judgment(0.6, 0.1, rationale="solid"))) as server:
         rim = rim_factory(config=config(server.base_url, judges=["accuracy", "helpfulness"]))
@@ -314,6 +314,8 @@ def test_reward_function_call_logs_per_sample_info(rim_factory):
     assert "accuracy 1.00" in logged["rim_explanations"][0] and "solid" in logged["rim_explanations"][0]
     assert metrics_logged["rim/accuracy"] == 0.5 and metrics_logged["rim/helpfulness"] == pytest.approx(0.6)
     assert TRAINER_REGISTRY.get_sample_value("atlas_rim_judge_score", {"judge": "helpfulness"}) == pytest.approx(0.6)
+    # the trainer registry only: nothing of ours in prometheus_client's process-wide default registry
+    assert not [m.name for m in REGISTRY.collect() if m.name.startswith("atlas_")]
 
 
 def test_grpo_trainer_with_rim_logs_rim_columns(tmp_path, tiny_model_dir, rim_factory):

@@ -183,11 +183,15 @@ def test_endpoint_student_teaching_step(tmp_path, tiny_model_dir):
         tasks = ["What is 3 + 4?", "What is 5 + 2?", "What is 1 + 6?"]
         rewards = t.teaching_step({"prompts": tasks, "ground_truth": ["7", "7", "7"]})
     assert len(rewards) == 3 and all(isinstance(r, float) and math.isfinite(r) for r in rewards)
-    guided = [c.messages[-1]["content"] for c in server.calls if teaching.GUIDANCE_INTRO in c.messages[-1]["content"]]
-    # Non-empty guidance reaches the student, who then gets it right: d = 1 plus an efficiency bonus of at
-    # more than 0 (it is far below the 200-token horizon); empty guidance leaves the student unguided (d = 0, reward 0).
-    assert sorted(r > 1.0 for r in rewards) == sorted([True] * len(guided) + [False] * (3 - len(guided)))
-    assert all(r == 0.0 for r in rewards if r <= 1.0)
+    # Three tasks: three probes, three baseline answers and three guided answers (one sample each).
+    contents = [c.messages[-1]["content"] for c in server.calls]
+    assert len(contents) == 9 and all(c.n == 1 for c in server.calls)
+    assert sum(teaching.PROBE_INSTRUCTION in c for c in contents) == 3
+    guided = [c for c in contents if teaching.GUIDANCE_INTRO in c]
+    assert sorted(c.split("\n\n")[0] for c in guided) == sorted(tasks)  # every task got the teacher's guidance
+    # ... and the student, guided, gets it right: d = 1 plus an efficiency bonus > 0 (the guidance is at most
+    # max_guidance_tokens, far below the 200-token horizon).
+    assert all(1.0 < r <= 2.0 for r in rewards), rewards
     for content in guided:  # the reference answer never reaches the student through the guidance
         assert not re.search(r"(?<![\w.])7(?![\w]|\.\d)", content.split(teaching.GUIDANCE_INTRO)[1])
 
@@ -220,7 +224,9 @@ class RecordingTeacher(TeacherGRPOTrainer):
         return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
 
 
-def test_train_logs_teaching_metrics_and_keeps_the_student_frozen(tmp_path, tiny_model_dir, warm_model_dir):
+def test_train_logs_teaching_metrics_and_keeps_the_student_frozen(
+    tmp_path, tiny_model_dir, warm_model_dir, fresh_trainer_metrics
+):
     from conftest import free_port
 
     RecordingTeacher.seen_inputs.clear()
@@ -250,7 +256,9 @@ def test_train_logs_teaching_metrics_and_keeps_the_student_frozen(tmp_path, tiny
     assert TRAINER_REGISTRY.get_sample_value("atlas_teaching_reward", labels) == pytest.approx(
         logs[-1]["teaching/reward"]
     )
-    assert TRAINER_REGISTRY.get_sample_value("atlas_teaching_guidance_tokens_mean", labels) is not None
+    assert TRAINER_REGISTRY.get_sample_value("atlas_teaching_guidance_tokens_mean", labels) == pytest.approx(
+        logs[-1]["teaching/guidance_tokens_mean"]
+    )
 
     # The frozen student is bit-identical after training.
     after = t.student.model.state_dict()

@@ -26,7 +26,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from transformers import TrainerCallback
 
-METRICS_FILE = "metrics.jsonl"
+from atlas_contract.names import METRICS_LOG_FILE, TRAINER_METRICS_PORT
+
+METRICS_FILE = METRICS_LOG_FILE
 CURVES_FILE = "curves.png"
 #: Steps averaged at each end of a stage for the "first" and "last" columns of the summary.
 SUMMARY_WINDOW = 10
@@ -184,7 +186,11 @@ def _quiet_libraries() -> None:
 
 
 def run_demo(
-    output: Path, grpo_steps: int = 300, sft_steps: int = 300, teacher_steps: int = 60, metrics_port: int = 9400
+    output: Path,
+    grpo_steps: int = 300,
+    sft_steps: int = 300,
+    teacher_steps: int = 60,
+    metrics_port: int = TRAINER_METRICS_PORT,
 ) -> int:
     from atlas_core.cli.train import report_problems
     from atlas_core.models.tiny import build_tiny_model

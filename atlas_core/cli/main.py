@@ -1,4 +1,8 @@
-"""The ``atlas`` command: ``atlas demo``, ``atlas train``, ``atlas render``, ``atlas operator``."""
+"""The ``atlas`` command: ``atlas demo``, ``atlas train``, ``atlas render``, ``atlas operator``.
+
+The thin CLI over both halves: the only module that imports both ``atlas_core`` (training) and
+``atlas_operator`` (manifests), each lazily, so ``atlas render`` needs no training library.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
+
+from atlas_contract.names import TRAINER_METRICS_PORT
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -21,10 +27,32 @@ def _train(args: argparse.Namespace) -> int:
             print(f"error: {target}: not valid YAML ({' '.join(str(exc).split())})", file=sys.stderr)
             return 2
         if isinstance(document, dict) and "apiVersion" in document:
-            from atlas_operator.cli import train_manifest
-
-            return train_manifest(target, args.overrides)
+            return _train_manifest(target, args.overrides)
     return train_main([f"recipe={target}", *args.overrides])
+
+
+def _train_manifest(path: str, overrides: list[str]) -> int:
+    """An AtlasTraining/AtlasTeacher manifest, trained here in one process through the pods' entrypoint."""
+    import tempfile
+
+    import yaml
+    from atlas_operator.cli import manifest_run_config
+
+    from atlas_contract.errors import InvalidFields
+    from atlas_core.cli.train import main as train_main
+
+    try:
+        name, config, notes = manifest_run_config(path)
+    except InvalidFields as invalid:
+        for problem in invalid.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="atlas-run-") as staging:
+        recipe = Path(staging) / f"{name}.yaml"
+        recipe.write_text(yaml.safe_dump(config, sort_keys=False))
+        return train_main([f"recipe={recipe}", *overrides])
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -49,14 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--teacher-steps", type=int, default=60, help="teacher GRPO steps (default 60)")
     demo.add_argument("--output", default="atlas-demo", help="output folder (default ./atlas-demo)")
     demo.add_argument(
-        "--metrics-port", type=int, default=9400, help="Prometheus port on 127.0.0.1 while it runs; 0 = off"
+        "--metrics-port",
+        type=int,
+        default=TRAINER_METRICS_PORT,
+        help=f"Prometheus port on 127.0.0.1 while it runs; 0 = off (default {TRAINER_METRICS_PORT})",
     )
     demo.set_defaults(func=_demo)
 
     train = commands.add_parser("train", help="run a recipe or a run configuration file locally")
     train.add_argument(
-        "target", help="recipe name (tiny_sft, tiny_grpo, grpo), a run configuration YAML, or an AtlasTraining/"
-        "AtlasTeacher manifest"
+        "target",
+        help="a bundled recipe (see atlas_core/configs/recipe: tiny_sft, tiny_grpo, tiny_teacher, grpo, "
+        "teacher_rcl), a run configuration YAML, or an AtlasTraining/AtlasTeacher manifest",
     )
     train.add_argument("overrides", nargs="*", help="key=value overrides (Hydra syntax)")
     train.set_defaults(func=_train)

@@ -1,7 +1,8 @@
 """Judge model backends: OpenAI-compatible endpoints (the ``openai`` client) and local transformers.
 
-Both turn chat messages into text. Failures become :class:`JudgeCallError`, marked retryable or not,
-so that the retry policy lives in one place (``RIMReward``), not in each backend.
+Both turn chat messages into text, one attempt per call. Failures become :class:`JudgeCallError`,
+marked retryable or not; ``RIMReward`` retries them with the policy shared with the endpoint student
+(:mod:`atlas_core.openai_calls`), not each backend on its own.
 """
 
 from __future__ import annotations
@@ -10,16 +11,13 @@ import asyncio
 import threading
 from typing import Protocol
 
+from atlas_core.openai_calls import OpenAICallError, make_client, one_request
 from atlas_core.reward.config import ModelEndpoint
 
 
-class JudgeCallError(Exception):
-    """A judge call that failed; ``retryable`` for timeouts, 429, 5xx and refused connections."""
-
-    def __init__(self, message: str, retryable: bool, retry_after: float | None = None):
-        super().__init__(message)
-        self.retryable = retryable
-        self.retry_after = retry_after
+class JudgeCallError(OpenAICallError):
+    """A judge call that failed; ``retryable`` as :class:`~atlas_core.openai_calls.RetryPolicy` says
+    (timeouts, refused connections, 429, 5xx), ``retry_after`` a server-requested wait."""
 
 
 class ChatBackend(Protocol):
@@ -31,8 +29,9 @@ class ChatBackend(Protocol):
 class OpenAIChatBackend:
     """Chat completions on any OpenAI-compatible server (vLLM ``/v1``, hosted APIs).
 
-    The client's own retries are off (``max_retries=0``): RIMReward retries with its own budget
-    and backoff, and counts what failed.
+    One request per call, cut at ``timeout_s`` (:func:`~atlas_core.openai_calls.one_request`); the
+    client's own retries are off: RIMReward retries with :func:`~atlas_core.openai_calls.call_with_retries`
+    and counts what failed.
     """
 
     def __init__(self, endpoint: ModelEndpoint, timeout_s: float, max_tokens: int):
@@ -43,36 +42,18 @@ class OpenAIChatBackend:
 
     def _get_client(self):
         if self._client is None:
-            import openai
-
-            self._client = openai.AsyncOpenAI(
-                base_url=self.endpoint.base_url,
-                api_key=self.endpoint.api_key() or "MISSING",
-                timeout=self.timeout_s,
-                max_retries=0,
-            )
+            self._client = make_client(self.endpoint.base_url, self.endpoint.api_key() or "MISSING", self.timeout_s)
         return self._client
 
     async def complete(self, messages: list[dict[str, str]], temperature: float) -> str:
-        import openai
-
-        try:
-            response = await self._get_client().chat.completions.create(
-                model=self.endpoint.model,
-                messages=messages,
-                temperature=temperature,
-                max_tokens=self.max_tokens,
-            )
-        except openai.APITimeoutError:
-            raise JudgeCallError(f"timeout after {self.timeout_s:g} s", retryable=True) from None
-        except openai.APIConnectionError as exc:
-            raise JudgeCallError(f"connection failed: {type(exc.__cause__ or exc).__name__}", retryable=True) from None
-        except openai.RateLimitError as exc:
-            raise JudgeCallError("HTTP 429 rate limited", retryable=True, retry_after=_retry_after(exc)) from None
-        except openai.APIStatusError as exc:
-            status = exc.status_code
-            # 5xx are the server's trouble and may pass; other 4xx (401, 404, 400) will not.
-            raise JudgeCallError(f"HTTP {status}", retryable=status >= 500) from None
+        client = self._get_client()
+        response = await one_request(
+            lambda: client.chat.completions.create(
+                model=self.endpoint.model, messages=messages, temperature=temperature, max_tokens=self.max_tokens
+            ),
+            self.timeout_s,
+            error=JudgeCallError,
+        )
         if not response.choices:
             raise JudgeCallError("response without choices", retryable=True)
         return response.choices[0].message.content or ""
@@ -81,14 +62,6 @@ class OpenAIChatBackend:
         if self._client is not None:
             await self._client.close()
             self._client = None
-
-
-def _retry_after(exc) -> float | None:
-    try:
-        value = exc.response.headers.get("retry-after")
-        return min(float(value), 60.0) if value is not None else None
-    except (AttributeError, TypeError, ValueError):
-        return None
 
 
 class TransformersChatBackend:

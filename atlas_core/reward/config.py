@@ -17,6 +17,9 @@ from typing import Any
 
 import yaml
 
+from atlas_contract import rules
+from atlas_core.openai_calls import RetryPolicy
+
 KNOWN_JUDGES = ("accuracy", "helpfulness", "process", "diagnostic")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOP_LEVEL_KEYS = {
@@ -81,8 +84,14 @@ class RIMConfig:
     fallback_score: float = 0.0
     source: str = "<dict>"
 
-    def weight(self, judge: str) -> float:
-        return self.weights.get(judge, 1.0)
+    def retry_policy(self) -> RetryPolicy:
+        """The shared policy (:class:`~atlas_core.openai_calls.RetryPolicy`) with ``retries + 1``
+        attempts and ``backoff_s`` as the first wait; its other values are the defaults."""
+        return RetryPolicy(
+            attempts=self.retries + 1,
+            base_delay_s=self.backoff_s,
+            max_delay_s=max(RetryPolicy.max_delay_s, self.backoff_s),
+        )
 
 
 def expand_env(value: Any) -> Any:
@@ -212,27 +221,18 @@ def parse_rim_config(raw: Any, source: str = "<dict>") -> RIMConfig:
 
 
 def reward_system_dirs() -> list[Path]:
-    """Where named configs are looked up: $ATLAS_REWARD_SYSTEM_DIR, ./reward_system, the source tree's."""
-    dirs = []
-    if os.environ.get("ATLAS_REWARD_SYSTEM_DIR"):
-        dirs.append(Path(os.environ["ATLAS_REWARD_SYSTEM_DIR"]))
-    dirs.append(Path.cwd() / "reward_system")
-    dirs.append(Path(__file__).resolve().parents[2] / "reward_system")
-    return dirs
+    """Where named configs are looked up (:func:`atlas_contract.rules.reward_config_dirs`)."""
+    return rules.reward_config_dirs()
 
 
 def resolve_config_path(config: str | os.PathLike) -> Path:
     """A path to a YAML file, or a name (``interpretation``) looked up in :func:`reward_system_dirs`."""
-    path = Path(config)
-    if path.is_file():
-        return path
-    name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
-    for directory in reward_system_dirs():
-        if (directory / name).is_file():
-            return directory / name
-    raise RIMConfigError(
-        f"config_path: no RIM config {str(config)!r} (looked in {', '.join(str(d) for d in reward_system_dirs())})"
-    )
+    path = rules.find_reward_config(config)
+    if path is None:
+        raise RIMConfigError(
+            f"config_path: no RIM config {str(config)!r} (looked in {', '.join(str(d) for d in reward_system_dirs())})"
+        )
+    return path
 
 
 def load_rim_config(config: str | os.PathLike) -> RIMConfig:

@@ -10,10 +10,11 @@ Per response and judge:
 3. the accuracy judge needs no model when the sample has a ``ground_truth`` (exact match).
 
 Judge scores are then made consistent (:func:`apply_consistency`) and combined by weighted mean.
-Faults — timeouts, HTTP 5xx, 429 (with backoff), refused connections, unreadable output — are
-retried ``retries`` times, then the sample is dropped; a judge with nothing valid scores
-``fallback_score`` and the error is recorded. Nothing raises into the training loop and no NaN
-leaves this module.
+Faults — timeouts, HTTP 5xx, 429 (honouring Retry-After), refused connections, unreadable output —
+are retried ``retries`` times under the :class:`~atlas_core.openai_calls.RetryPolicy` shared with
+the endpoint student (other 4xx are not retried), then the sample is dropped; a judge with nothing
+valid scores ``fallback_score`` and the error is recorded. Nothing raises into the training loop
+and no NaN leaves this module.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas_core.aio import BackgroundLoop
+from atlas_core.openai_calls import OpenAICallError, RetryPolicy, call_with_retries
 from atlas_core.reward.backends import ChatBackend, JudgeCallError, make_backend
 from atlas_core.reward.config import ModelEndpoint, RIMConfig, load_rim_config, parse_rim_config
 from atlas_core.reward.judges import (
@@ -140,6 +142,7 @@ class RIMReward:
                     endpoint.api_key_env,
                 )
         self._backends = dict(backends or {})
+        self._retry_policy: RetryPolicy = self.config.retry_policy()
         self._loop: BackgroundLoop | None = None
         self._semaphore: asyncio.Semaphore | None = None
         self._lock = threading.Lock()
@@ -282,30 +285,29 @@ class RIMReward:
         return JudgeResult(judge, verdict.score, verdict.rationale, True, [*samples, verdict], errors)
 
     async def _call(self, tier: str, messages: list[dict[str, str]], temperature: float) -> Judgment:
-        """One judgment, retried up to ``retries`` times; raises _SampleFailed when all attempts fail."""
+        """One judgment, retried under the shared :class:`RetryPolicy` (``retries + 1`` attempts in all);
+        raises _SampleFailed when all attempts fail."""
         backend = self._backend(tier)
-        last = "no attempt"
-        for attempt in range(self.config.retries + 1):
-            delay = 0.0
+
+        async def attempt() -> Judgment:
             try:
-                async with self._semaphore:
+                async with self._semaphore:  # held for the request only, not while waiting to retry
                     text = await backend.complete(messages, temperature)
                 judged = parse_judgment(text, temperature=temperature, tier=tier)
-                # redacted before it is stored, shown to the large model or returned
-                return dataclasses.replace(judged, rationale=self._redact(judged.rationale))
-            except JudgeCallError as exc:
-                last = str(exc)
-                if not exc.retryable:
-                    break
-                delay = exc.retry_after if exc.retry_after is not None else self.config.backoff_s * 2**attempt
-            except JudgmentParseError as exc:
-                last = f"unreadable judgment ({exc})"
+            except OpenAICallError:
+                raise
+            except JudgmentParseError as exc:  # the model answered, unreadably: ask again at once
+                raise JudgeCallError(f"unreadable judgment ({exc})", retryable=True, retry_after=0.0) from None
             except Exception as exc:  # noqa: BLE001 - a judge must never take training down
-                last = f"{type(exc).__name__}: {exc}"
-            if attempt < self.config.retries and delay:
-                await asyncio.sleep(delay)
-        metrics.rim_judge_errors.inc()
-        raise _SampleFailed(self._redact(f"{tier} model at T={temperature:g}: {last}"))
+                raise JudgeCallError(f"{type(exc).__name__}: {exc}", retryable=True, retry_after=0.0) from None
+            # redacted before it is stored, shown to the large model or returned
+            return dataclasses.replace(judged, rationale=self._redact(judged.rationale))
+
+        try:
+            return await call_with_retries(attempt, self._retry_policy)
+        except OpenAICallError as exc:
+            metrics.rim_judge_errors.inc()
+            raise _SampleFailed(self._redact(f"{tier} model at T={temperature:g}: {exc}")) from None
 
     def _redact(self, text: str) -> str:
         """API keys never appear in rationales or errors, even if a server echoes them back."""

@@ -13,6 +13,8 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from atlas_contract import rules
+
 SYSTEM_HINT = "Put the final answer in \\boxed{}."
 
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?|[-+]?\.\d+")
@@ -140,8 +142,5 @@ def boxed_format_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     return [1.0 if _last_boxed(completion_text(c)) else 0.0 for c in completions]
 
 
-#: Reward functions a recipe may name (``reward.funcs``).
-REWARD_FUNCTIONS = {
-    "exact_match": exact_match_reward,
-    "boxed_format": boxed_format_reward,
-}
+#: Reward functions a recipe may name (``reward.funcs``), under the names of ``atlas_contract.rules``.
+REWARD_FUNCTIONS = dict(zip(rules.REWARD_FUNCTIONS, (exact_match_reward, boxed_format_reward), strict=True))

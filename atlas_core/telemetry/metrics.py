@@ -1,8 +1,8 @@
-"""Prometheus metrics a trainer pod exports on ``:9400/metrics`` (names fixed in design.md).
+"""Prometheus metrics a trainer pod exports (rank 0, port ``atlas_contract.names.TRAINER_METRICS_PORT``).
 
-All trainer metrics live in one registry, ``TRAINER_REGISTRY``, so the HTTP endpoint
-shows exactly these (no process/platform collectors mixed in) and so tests and the Helm
-dashboard check can enumerate what the code really exports.
+The names, types, help and labels are declared once in :mod:`atlas_contract.metrics`; this module
+builds them into one registry, ``TRAINER_REGISTRY``, so the HTTP endpoint shows exactly these (no
+process/platform collectors mixed in) and the dashboard check enumerates what the code really exports.
 """
 
 from __future__ import annotations
@@ -11,77 +11,41 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from atlas_contract import metrics as contract
+
 TRAINER_REGISTRY = CollectorRegistry(auto_describe=True)
+RUN_LABELS = contract.RUN_LABELS
+_SPECS = contract.by_name(contract.TRAINER)
+_built: dict[str, Gauge | Counter] = {}
 
-RUN_LABELS = ("namespace", "run", "kind")
 
-training_step = Gauge("atlas_training_step", "Global optimizer step of the run.", RUN_LABELS, registry=TRAINER_REGISTRY)
-training_reward = Gauge(
-    "atlas_training_reward", "Mean reward of the last logged steps.", RUN_LABELS, registry=TRAINER_REGISTRY
-)
-training_reward_std = Gauge(
-    "atlas_training_reward_std", "Standard deviation of the reward.", RUN_LABELS, registry=TRAINER_REGISTRY
-)
-training_kl = Gauge(
-    "atlas_training_kl", "Mean KL divergence to the reference model (beta > 0).", RUN_LABELS, registry=TRAINER_REGISTRY
-)
-training_loss = Gauge("atlas_training_loss", "Training loss.", RUN_LABELS, registry=TRAINER_REGISTRY)
-training_completion_length_mean = Gauge(
-    "atlas_training_completion_length_mean",
-    "Mean completion length in tokens.",
-    RUN_LABELS,
-    registry=TRAINER_REGISTRY,
-)
-training_tokens = Counter(
-    "atlas_training_tokens", "Prompt and completion tokens processed.", RUN_LABELS, registry=TRAINER_REGISTRY
-)
+def _metric(name: str):
+    spec = _SPECS[name]
+    cls = Counter if spec.type == "counter" else Gauge
+    _built[name] = cls(spec.name, spec.help, list(spec.labels), registry=TRAINER_REGISTRY)
+    return _built[name]
 
-teaching_reward = Gauge(
-    "atlas_teaching_reward", "Mean teaching reward of the teacher's guidance.", RUN_LABELS, registry=TRAINER_REGISTRY
-)
-teaching_accuracy_delta = Gauge(
-    "atlas_teaching_accuracy_delta",
-    "Student accuracy with guidance minus without.",
-    RUN_LABELS,
-    registry=TRAINER_REGISTRY,
-)
-teaching_improvement_rate = Gauge(
-    "atlas_teaching_improvement_rate",
-    "Fraction of tasks where guidance improved the student.",
-    RUN_LABELS,
-    registry=TRAINER_REGISTRY,
-)
-teaching_degradation_rate = Gauge(
-    "atlas_teaching_degradation_rate",
-    "Fraction of tasks where guidance made the student worse.",
-    RUN_LABELS,
-    registry=TRAINER_REGISTRY,
-)
-teaching_guidance_tokens_mean = Gauge(
-    "atlas_teaching_guidance_tokens_mean", "Mean guidance length in tokens.", RUN_LABELS, registry=TRAINER_REGISTRY
-)
 
-rim_judge_score = Gauge("atlas_rim_judge_score", "Mean score of one RIM judge.", ("judge",), registry=TRAINER_REGISTRY)
-rim_escalations = Counter(
-    "atlas_rim_escalations", "RIM evaluations escalated to the large model.", registry=TRAINER_REGISTRY
-)
-rim_judge_errors = Counter(
-    "atlas_rim_judge_errors", "RIM judge calls that failed after retries.", registry=TRAINER_REGISTRY
-)
+training_step = _metric("atlas_training_step")
+training_reward = _metric("atlas_training_reward")
+training_reward_std = _metric("atlas_training_reward_std")
+training_kl = _metric("atlas_training_kl")
+training_loss = _metric("atlas_training_loss")
+training_completion_length_mean = _metric("atlas_training_completion_length_mean")
+training_tokens = _metric("atlas_training_tokens")
+teaching_reward = _metric("atlas_teaching_reward")
+teaching_accuracy_delta = _metric("atlas_teaching_accuracy_delta")
+teaching_improvement_rate = _metric("atlas_teaching_improvement_rate")
+teaching_degradation_rate = _metric("atlas_teaching_degradation_rate")
+teaching_guidance_tokens_mean = _metric("atlas_teaching_guidance_tokens_mean")
+rim_judge_score = _metric("atlas_rim_judge_score")
+rim_escalations = _metric("atlas_rim_escalations")
+rim_judge_errors = _metric("atlas_rim_judge_errors")
+if set(_built) != set(_SPECS):  # the contract is the list: a metric declared there is exported here
+    raise ImportError(f"atlas_core.telemetry.metrics does not build {sorted(set(_SPECS) - set(_built))}")
 
-#: Log key written by the trainers → gauge mirrored from it.
-LOG_KEY_GAUGES: dict[str, Gauge] = {
-    "reward": training_reward,
-    "reward_std": training_reward_std,
-    "kl": training_kl,
-    "loss": training_loss,
-    "completions/mean_length": training_completion_length_mean,
-    "teaching/reward": teaching_reward,
-    "teaching/accuracy_delta": teaching_accuracy_delta,
-    "teaching/improvement_rate": teaching_improvement_rate,
-    "teaching/degradation_rate": teaching_degradation_rate,
-    "teaching/guidance_tokens_mean": teaching_guidance_tokens_mean,
-}
+#: Log key written by the trainers → the gauge mirrored from it (the contract's ``log_key``).
+LOG_KEY_GAUGES: dict[str, Gauge] = {spec.log_key: _built[spec.name] for spec in contract.TRAINER if spec.log_key}
 
 _server_lock = threading.Lock()
 _servers: dict[tuple[str, int], object] = {}

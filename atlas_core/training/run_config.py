@@ -16,17 +16,15 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from atlas_contract import rules
+from atlas_contract.errors import InvalidFields
+from atlas_contract.names import ALGORITHMS
+
 CONFIG_MODULE = "atlas_core.configs"
 PRIMARY_CONFIG = "train"
-ALGORITHMS = ("grpo", "sft", "teacher")
 
-
-class RunConfigError(Exception):
-    """A run configuration that cannot run; ``problems`` lists every reason, one line each."""
-
-    def __init__(self, problems: list[str]):
-        super().__init__("\n".join(problems))
-        self.problems = problems
+# "These fields are wrong": the one error type of atlas_contract, under the name the trainer uses.
+RunConfigError = InvalidFields
 
 
 def available_recipes() -> list[str]:
@@ -178,15 +176,12 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
         elif not str(cfg.student).startswith(("http://", "https://")):
             problems += _model_problems(str(cfg.student), field="student")
     if cfg.algorithm in ("grpo", "teacher"):
-        from atlas_core.tasks.arithmetic import REWARD_FUNCTIONS
-
         funcs = list(cfg.reward.funcs or [])
         rim = cfg.reward.get("config")
         if not funcs and not rim and cfg.algorithm == "grpo":
             problems.append("reward.funcs: expected at least one reward function (or a RIM reward.config)")
-        for name in funcs:
-            if name not in REWARD_FUNCTIONS:
-                problems.append(f"reward.funcs: unknown reward '{name}' (available: {', '.join(REWARD_FUNCTIONS)})")
+        weights = None if cfg.reward.weights is None else list(cfg.reward.weights)
+        problems += rules.reward_problems(funcs, bool(rim), weights, name=lambda field: f"reward.{field}")
         if rim:
             from atlas_core.reward.config import RIMConfigError, load_rim_config
 
@@ -194,12 +189,6 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
                 load_rim_config(str(rim))
             except RIMConfigError as exc:
                 problems.append(f"reward.config: {exc}")
-        weights = cfg.reward.weights
-        expected = len(funcs) + (1 if rim else 0)
-        if weights is not None and len(weights) != expected:
-            problems.append(
-                f"reward.weights: expected {expected} weights (one per reward.funcs, then RIM), got {len(weights)}"
-            )
         problems += _batch_problems(kwargs)
     return problems
 
@@ -207,21 +196,7 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
 def _model_problems(model: str, field: str = "model") -> list[str]:
     from atlas_core.models.tiny import TINY_MODEL_URI
 
-    if model == TINY_MODEL_URI:
-        return []
-    path = Path(os.path.expanduser(model))
-    looks_local = model.startswith(("/", ".", "~")) or path.exists() or model.count("/") != 1
-    if not looks_local:
-        return []  # a hub id: resolved when the model loads
-    if not path.exists():
-        return [f"{field}: '{model}' does not exist (expected a saved model folder or a hub id org/name)"]
-    if not path.is_dir():
-        return [f"{field}: '{model}' is a file; expected a folder saved with save_pretrained"]
-    if not os.access(path, os.R_OK | os.X_OK):
-        return [f"{field}: '{model}' is not readable"]
-    if not (path / "config.json").is_file():
-        return [f"{field}: '{model}' has no config.json; expected a folder saved with save_pretrained"]
-    return []
+    return rules.model_problems(model, field, builtins=(TINY_MODEL_URI,))
 
 
 def _dataset_problems(source: str) -> list[str]:
@@ -242,7 +217,7 @@ def _dataset_problems(source: str) -> list[str]:
 
 
 def _batch_problems(kwargs: dict[str, Any]) -> list[str]:
-    """GRPO needs whole prompt groups in every generation batch (TRL's rule, stated by field)."""
+    """GRPO needs whole prompt groups in every generation batch (TRL's rule, atlas_contract.rules)."""
     from atlas_core.training.algorithms.grpo_config import GRPOConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
@@ -254,15 +229,13 @@ def _batch_problems(kwargs: dict[str, Any]) -> list[str]:
         values[name] = value
     if problems:
         return problems
-    per_device, num_generations = values["per_device_train_batch_size"], values["num_generations"]
-    steps = kwargs.get("steps_per_generation") or values["gradient_accumulation_steps"]
-    generation_batch = kwargs.get("generation_batch_size") or per_device * world_size() * int(steps)
-    if num_generations < 2:
-        return [f"trainer.num_generations: expected at least 2 (GRPO compares completions), got {num_generations}"]
-    if generation_batch % num_generations:
-        return [
-            f"trainer.num_generations: {num_generations} does not divide the generation batch of "
-            f"{generation_batch} completions (per_device_train_batch_size {per_device} x {world_size()} "
-            f"processes x {steps} steps per generation)"
-        ]
-    return []
+    problem = rules.generation_batch_problem(
+        values["num_generations"],
+        values["per_device_train_batch_size"],
+        world_size(),
+        values["gradient_accumulation_steps"],
+        steps_per_generation=kwargs.get("steps_per_generation"),
+        generation_batch_size=kwargs.get("generation_batch_size"),
+        name=lambda field: f"trainer.{field}",
+    )
+    return [problem] if problem else []

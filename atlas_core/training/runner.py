@@ -13,13 +13,14 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from atlas_contract.names import METRICS_LOG_FILE
 from atlas_core.training.run_config import (
     RunConfigError,
     trainer_config_class,
     trainer_kwargs,
 )
 
-METRICS_FILE = "metrics.jsonl"
+METRICS_FILE = METRICS_LOG_FILE
 
 
 @dataclass

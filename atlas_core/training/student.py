@@ -1,8 +1,8 @@
 """The frozen student the teacher is trained to help: a local model or an OpenAI-compatible endpoint.
 
 Both answer a batch of conversations, several samples each, in one call: a local model with one
-``generate`` over the whole (left-padded) batch, an endpoint with concurrent requests. Failures
-raise ``RuntimeError`` naming the student.
+``generate`` over the whole (left-padded) batch, an endpoint with concurrent requests (retried
+like the RIM judges', :mod:`atlas_core.openai_calls`). Failures raise ``RuntimeError`` naming the student.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import asyncio
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from atlas_core.openai_calls import OpenAICallError, RetryPolicy, call_with_retries, make_client, one_request
 
 
 @dataclass(frozen=True)
@@ -111,18 +113,21 @@ class LocalStudent:
 
 class EndpointStudent:
     """A student served by vLLM (``vllm serve``, the run's ``<name>-student`` Service) or any
-    OpenAI-compatible API. The served model name is read from ``/v1/models`` when not given."""
+    OpenAI-compatible API. The served model name is read from ``/v1/models`` when not given.
+
+    Every request is cut at ``timeout_s`` and retried under ``retry`` — the same
+    :class:`~atlas_core.openai_calls.RetryPolicy` and helper the RIM judges use — so a failing
+    endpoint ends in ``RuntimeError`` after at most ``retry.attempts`` requests per call.
+    """
 
     def __init__(
         self,
         base_url: str,
         model: str | None = None,
-        api_key_env: str | None = None,
         timeout_s: float = 120.0,
         max_concurrency: int = 32,
+        retry: RetryPolicy | None = None,
     ):
-        import os
-
         from atlas_core.aio import BackgroundLoop
 
         self.base_url = base_url.rstrip("/")
@@ -130,42 +135,53 @@ class EndpointStudent:
             self.base_url += "/v1"
         self.model = model
         self.name = self.base_url
-        self._api_key = os.environ.get(api_key_env, "") if api_key_env else "EMPTY"
+        self.retry_policy = retry or RetryPolicy()
         self._timeout_s = timeout_s
         self._max_concurrency = max_concurrency
         self._loop = BackgroundLoop("atlas-student")
         self._client = None
 
+    async def _request(self, request, semaphore: asyncio.Semaphore | None = None):
+        """``request()`` under the shared retry policy; the semaphore is held per attempt, not while waiting."""
+
+        async def attempt():
+            if semaphore is None:
+                return await one_request(request, self._timeout_s)
+            async with semaphore:
+                return await one_request(request, self._timeout_s)
+
+        return await call_with_retries(attempt, self.retry_policy)
+
     async def _served_model(self, client) -> str:
         if self.model is None:
-            models = await client.models.list()
+            models = await self._request(client.models.list)
             if not models.data:
                 raise RuntimeError(f"student endpoint {self.base_url} serves no model")
             self.model = models.data[0].id
         return self.model
 
     async def _generate(self, conversations, max_new_tokens, num_samples, temperature):
-        import openai
-
         if self._client is None:
-            self._client = openai.AsyncOpenAI(
-                base_url=self.base_url, api_key=self._api_key or "EMPTY", timeout=self._timeout_s, max_retries=2
-            )
-        model = await self._served_model(self._client)
+            self._client = make_client(self.base_url, "EMPTY", self._timeout_s)
+        client = self._client
+        model = await self._served_model(client)
         semaphore = asyncio.Semaphore(self._max_concurrency)
 
         async def one(messages):
             answers: list[StudentAnswer] = []
             # A server that ignores `n` returns fewer choices: ask again for the rest (bounded).
             for _ in range(num_samples):
-                async with semaphore:
-                    response = await self._client.chat.completions.create(
+                wanted = num_samples - len(answers)
+                response = await self._request(
+                    lambda wanted=wanted: client.chat.completions.create(
                         model=model,
                         messages=messages,
                         max_tokens=max_new_tokens,
                         temperature=temperature,
-                        n=num_samples - len(answers),
-                    )
+                        n=wanted,
+                    ),
+                    semaphore,
+                )
                 choices = response.choices or []
                 per_choice = (response.usage.completion_tokens // max(1, len(choices))) if response.usage else 0
                 answers += [StudentAnswer(c.message.content or "", per_choice) for c in choices]
@@ -173,21 +189,29 @@ class EndpointStudent:
                     return answers[:num_samples]
             raise RuntimeError(f"student endpoint {self.base_url} returned no answer")
 
-        return list(await asyncio.gather(*(one(c) for c in conversations)))
+        tasks = [asyncio.ensure_future(one(c)) for c in conversations]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:  # one conversation failed: stop the others' requests and retries
+            for task in tasks:
+                task.cancel()
 
     def generate(self, conversations, max_new_tokens, num_samples=1, temperature=0.7):
-        import openai
-
         try:
             return self._loop.run(self._generate(conversations, max_new_tokens, num_samples, temperature))
-        except (openai.OpenAIError, RuntimeError) as exc:
+        except OpenAICallError as exc:
+            tries = f"{exc.attempts} attempt{'s' if exc.attempts != 1 else ''}"
+            raise RuntimeError(f"student endpoint {self.base_url} failed after {tries}: {exc}") from None
+        except RuntimeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported as the documented RuntimeError, without server text
             raise RuntimeError(f"student endpoint {self.base_url} failed: {type(exc).__name__}") from None
 
 
-def load_student(student_model: Any, device=None, offload: bool = False, timeout_s: float = 120.0) -> Student:
+def load_student(student_model: Any, device=None, offload: bool = False) -> Student:
     """A URL → EndpointStudent; a path, hub id or model → LocalStudent (frozen)."""
     if student_model is None:
         raise ValueError("student_model: required (a path, a hub id, an OpenAI-compatible URL or a model)")
     if is_endpoint(student_model):
-        return EndpointStudent(student_model, timeout_s=timeout_s)
+        return EndpointStudent(student_model)
     return LocalStudent(student_model, device=device, offload=offload)

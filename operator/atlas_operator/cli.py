@@ -1,4 +1,5 @@
-"""``atlas render``, ``atlas operator`` and the manifest side of ``atlas train``."""
+"""``atlas render``, ``atlas operator`` and the manifest side of ``atlas train`` (the run configuration a
+manifest becomes; training it is the thin ``atlas`` CLI's job, so this package never imports atlas_core)."""
 
 from __future__ import annotations
 
@@ -49,17 +50,14 @@ def render_main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("file", help="AtlasTraining / AtlasTeacher manifest (- for stdin)")
     parser.add_argument("-n", "--namespace", help="namespace (default: the manifest's, else default)")
-    parser.add_argument("--trainer-image", default=os.environ.get("ATLAS_TRAINER_IMAGE"))
-    parser.add_argument("--rollout-image", default=os.environ.get("ATLAS_ROLLOUT_IMAGE"))
+    parser.add_argument("--trainer-image", help="default trainer image ($ATLAS_TRAINER_IMAGE, else the operator's)")
+    parser.add_argument("--rollout-image", help="default vLLM image ($ATLAS_ROLLOUT_IMAGE, else the trainer image)")
     args = parser.parse_args(argv)
+    from atlas_operator.config import OperatorConfig
     from atlas_operator.reconcile import reward_yaml
-    from atlas_operator.render import Images, render_children
+    from atlas_operator.render import render_children
 
-    defaults = Images()
-    images = Images(
-        trainer=args.trainer_image or defaults.trainer,
-        rollout=args.rollout_image or args.trainer_image or defaults.rollout,
-    )
+    images = OperatorConfig.from_env(trainer_image=args.trainer_image, rollout_image=args.rollout_image).images
     try:
         runs = parse_file(args.file, args.namespace)
         documents = [child for run in runs for child in render_children(run, images, reward_yaml(run))]
@@ -71,8 +69,13 @@ def render_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-class _LiteralDumper(yaml.SafeDumper):
-    """Multi-line strings (the ConfigMap's files) as readable ``|`` blocks."""
+class _PlainDumper(yaml.SafeDumper):
+    """Plain manifests: multi-line strings (the ConfigMap's files) as readable ``|`` blocks, and no YAML
+    anchors or aliases (``&id001``/``*id001``) where two objects share a value: kubectl and every
+    other tool read each document on its own."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
 
 
 def _str(dumper: yaml.SafeDumper, value: str):
@@ -80,11 +83,11 @@ def _str(dumper: yaml.SafeDumper, value: str):
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
-_LiteralDumper.add_representer(str, _str)
+_PlainDumper.add_representer(str, _str)
 
 
 def dump_documents(documents: list[dict[str, Any]]) -> str:
-    return yaml.dump_all(documents, Dumper=_LiteralDumper, sort_keys=False, width=120)
+    return yaml.dump_all(documents, Dumper=_PlainDumper, sort_keys=False, width=120)
 
 
 # --------------------------------------------------------------------------- atlas train FILE.yaml
@@ -122,27 +125,14 @@ def local_run_config(run: Run) -> tuple[dict[str, Any], list[str]]:
     return config, notes
 
 
-def train_manifest(path: str, overrides: list[str]) -> int:
-    """``atlas train run.yaml``: the manifest's run configuration, trained here in one process."""
-    import tempfile
-
-    try:
-        runs = parse_file(path)
-        if len(runs) != 1:
-            raise InvalidRun([f"{path}: expected one run, found {len(runs)}"])
-        config, notes = local_run_config(runs[0])
-    except InvalidRun as invalid:
-        for problem in invalid.problems:
-            print(f"error: {problem}", file=sys.stderr)
-        return 2
-    for note in notes:
-        print(f"note: {note}", file=sys.stderr)
-    from atlas_core.cli.train import main as train_main
-
-    with tempfile.TemporaryDirectory(prefix="atlas-run-") as staging:
-        recipe = Path(staging) / f"{runs[0].name}.yaml"
-        recipe.write_text(yaml.safe_dump(config, sort_keys=False))
-        return train_main([f"recipe={recipe}", *overrides])
+def manifest_run_config(path: str) -> tuple[str, dict[str, Any], list[str]]:
+    """``atlas train run.yaml``: (run name, the run configuration to train here in one process, notes on
+    what differs from the cluster). Raises InvalidRun with every problem."""
+    runs = parse_file(path)
+    if len(runs) != 1:
+        raise InvalidRun([f"{path}: expected one run, found {len(runs)}"])
+    config, notes = local_run_config(runs[0])
+    return runs[0].name, config, notes
 
 
 # --------------------------------------------------------------------------- atlas operator
@@ -177,20 +167,22 @@ def operator_main(argv: list[str] | None = None) -> int:
         "--log-format", choices=("json", "plain", "full"), default=os.environ.get("ATLAS_LOG_FORMAT", "plain")
     )
     args, kopf_args = parser.parse_known_args(argv)
-    for value, variable in (
-        (args.trainer_image, "ATLAS_TRAINER_IMAGE"),
-        (args.rollout_image, "ATLAS_ROLLOUT_IMAGE"),
-        (args.progress_interval, "ATLAS_PROGRESS_INTERVAL"),
-        (args.metrics_port, "ATLAS_OPERATOR_METRICS_PORT"),
-        (args.metrics_url_template, "ATLAS_METRICS_URL_TEMPLATE"),
-    ):
-        if value is not None:
-            os.environ[variable] = str(value)
-    namespaces = args.namespace or [n for n in os.environ.get("ATLAS_WATCH_NAMESPACES", "").split(",") if n.strip()]
+    from atlas_operator import config
+
+    settings = config.OperatorConfig.from_env(
+        watch_namespaces=args.namespace,
+        trainer_image=args.trainer_image,
+        rollout_image=args.rollout_image,
+        progress_interval=args.progress_interval,
+        metrics_port=args.metrics_port,
+        metrics_url_template=args.metrics_url_template,
+    )
+    config.configure(settings)  # what the handlers module reads when kopf imports it
+    namespaces = settings.watch_namespaces
     scope = (
         ["--all-namespaces"]
         if args.all_namespaces or not namespaces
-        else [part for n in namespaces for part in ("--namespace", n.strip())]
+        else [part for n in namespaces for part in ("--namespace", n)]
     )
     command = [
         "run",

@@ -1,56 +1,94 @@
-"""Operator-wide settings, from the environment (the Helm chart sets them; ``atlas operator`` flags too)."""
+"""The operator's settings: one object, read once (the Helm chart sets the environment; ``atlas operator``
+flags override it), handed to the reconciler and the handlers."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from atlas_operator.reconcile import Settings
+from atlas_contract.names import OPERATOR_METRICS_PORT, TRAINER_METRICS_PORT
 from atlas_operator.render import Images
+
+# Environment variable of each setting (the chart's deployment.yaml sets them).
+ENV = {
+    "watch_namespaces": "ATLAS_WATCH_NAMESPACES",
+    "trainer_image": "ATLAS_TRAINER_IMAGE",
+    "rollout_image": "ATLAS_ROLLOUT_IMAGE",
+    "progress_interval": "ATLAS_PROGRESS_INTERVAL",
+    "metrics_port": "ATLAS_OPERATOR_METRICS_PORT",
+    "metrics_host": "ATLAS_OPERATOR_METRICS_HOST",
+    "metrics_url_template": "ATLAS_METRICS_URL_TEMPLATE",
+    "retry_delay": "ATLAS_RETRY_DELAY",
+    "workers": "ATLAS_WORKERS",
+}
 
 
 @dataclass(frozen=True)
 class OperatorConfig:
-    """Each field: its environment variable, meaning and default."""
+    """Each field: meaning and default; its environment variable is in :data:`ENV`."""
 
-    # ATLAS_WATCH_NAMESPACES: comma-separated namespaces to watch; empty = cluster-wide.
+    # Comma-separated namespaces to watch; empty = cluster-wide.
     watch_namespaces: tuple[str, ...] = ()
-    # ATLAS_TRAINER_IMAGE / ATLAS_ROLLOUT_IMAGE: images when a run's spec does not name one.
+    # Images when a run's spec does not name one (the rollout image defaults to the trainer image).
     images: Images = field(default_factory=Images)
-    # ATLAS_PROGRESS_INTERVAL: seconds between status refreshes (PyTorchJob phase, metrics, missing children).
+    # Seconds between status refreshes (PyTorchJob phase, metrics, missing children).
     progress_interval: float = 15.0
-    # ATLAS_OPERATOR_METRICS_PORT / _HOST: /metrics and /healthz; port 0 = off.
-    metrics_port: int = 8080
+    # /metrics and /healthz; port 0 = off.
+    metrics_port: int = OPERATOR_METRICS_PORT
     metrics_host: str = "0.0.0.0"
-    # ATLAS_METRICS_URL_TEMPLATE: where trainer metrics are read ({name} {namespace} {service} {port}).
+    # Where trainer metrics are read: {name} {namespace} {service} {port}.
     metrics_url_template: str = "http://{service}.{namespace}.svc:{port}/metrics"
-    # ATLAS_RETRY_DELAY: seconds before a failed reconciliation (API error) is retried.
+    trainer_metrics_port: int = TRAINER_METRICS_PORT
+    # Seconds before a failed reconciliation (API error) is retried.
     retry_delay: float = 5.0
-    # ATLAS_WORKERS: threads running reconciliations.
+    # Threads running reconciliations.
     workers: int = 16
+    # Seconds a trainer scrape may take; how long a found PyTorchJob CRD is trusted before it is checked again.
+    scrape_timeout_s: float = 5.0
+    crd_cache_s: float = 60.0
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> OperatorConfig:
+        """The settings from ``env`` (default: the process environment); ``overrides`` that are not None
+        (command-line flags) win. Raises SystemExit naming the variable of a malformed value."""
         env = dict(os.environ if env is None else env)
+        values: dict[str, Any] = {}
         defaults = cls()
-        try:
-            return cls(
-                watch_namespaces=tuple(
-                    n.strip() for n in env.get("ATLAS_WATCH_NAMESPACES", "").split(",") if n.strip()
-                ),
-                images=Images(
-                    trainer=env.get("ATLAS_TRAINER_IMAGE") or defaults.images.trainer,
-                    rollout=env.get("ATLAS_ROLLOUT_IMAGE") or env.get("ATLAS_TRAINER_IMAGE") or defaults.images.rollout,
-                ),
-                progress_interval=float(env.get("ATLAS_PROGRESS_INTERVAL", defaults.progress_interval)),
-                metrics_port=int(env.get("ATLAS_OPERATOR_METRICS_PORT", defaults.metrics_port)),
-                metrics_host=env.get("ATLAS_OPERATOR_METRICS_HOST", defaults.metrics_host),
-                metrics_url_template=env.get("ATLAS_METRICS_URL_TEMPLATE", defaults.metrics_url_template),
-                retry_delay=float(env.get("ATLAS_RETRY_DELAY", defaults.retry_delay)),
-                workers=int(env.get("ATLAS_WORKERS", defaults.workers)),
-            )
-        except ValueError as exc:
-            raise SystemExit(f"error: operator environment: {exc}") from exc
+        for name, variable in ENV.items():
+            raw = overrides.get(name)
+            if raw is None:
+                raw = env.get(variable)
+            if raw is None or (raw == "" and name != "watch_namespaces"):
+                continue
+            try:
+                values[name] = _convert(name, raw, defaults)
+            except ValueError as exc:
+                raise SystemExit(f"error: {variable}: {exc}") from None
+        trainer = values.pop("trainer_image", None)
+        rollout = values.pop("rollout_image", None) or trainer  # the trainer image carries vLLM
+        images = Images(trainer=trainer or defaults.images.trainer, rollout=rollout or defaults.images.rollout)
+        return replace(defaults, images=images, **values)
 
-    def reconciler_settings(self) -> Settings:
-        return Settings(images=self.images, metrics_url_template=self.metrics_url_template)
+
+def _convert(name: str, raw: Any, defaults: OperatorConfig) -> Any:
+    if name == "watch_namespaces":
+        items = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
+        return tuple(n.strip() for n in items if n.strip())
+    if name in ("trainer_image", "rollout_image"):
+        return str(raw)
+    return type(getattr(defaults, name))(raw)
+
+
+_configured: OperatorConfig | None = None
+
+
+def configure(config: OperatorConfig) -> None:
+    """Set the settings the handlers use (``atlas operator`` does this before kopf loads them)."""
+    global _configured
+    _configured = config
+
+
+def current() -> OperatorConfig:
+    """The configured settings, else the environment's (``kopf run -m atlas_operator.handlers``)."""
+    return _configured if _configured is not None else OperatorConfig.from_env()

@@ -1,7 +1,8 @@
 """kopf handlers: parse → render → apply → report, for AtlasTraining and AtlasTeacher.
 
-Run with ``atlas operator`` (or ``kopf run -A --standalone -m atlas_operator.handlers``). Settings
-come from the environment (see :class:`atlas_operator.config.OperatorConfig`).
+Run with ``atlas operator`` (or ``kopf run -A --standalone -m atlas_operator.handlers``). Each handler
+delegates: :class:`~atlas_operator.reconcile.Reconciler` does the work, :func:`status.status_update`
+decides what to write, and settings come from one :class:`~atlas_operator.config.OperatorConfig`.
 """
 
 from __future__ import annotations
@@ -12,17 +13,14 @@ import time
 
 import kopf
 
-from atlas_operator import metrics
-from atlas_operator.config import OperatorConfig
+from atlas_contract.names import GROUP, KINDS, LABEL_MANAGED_BY, MANAGED_BY, VERSION
+from atlas_operator import config, metrics
 from atlas_operator.kube import ApiError, Kube, Resource
-from atlas_operator.reconcile import Reconciler, Result, RetryLater
-from atlas_operator.render import MANAGED_BY
-from atlas_operator.spec import GROUP, KINDS, VERSION
-from atlas_operator.status import merge_conditions, now, training_reason
+from atlas_operator.reconcile import Reconciler, RetryLater
+from atlas_operator.status import job_has_news, now, status_update
 
-CONFIG = OperatorConfig.from_env()
+CONFIG = config.current()
 RUN_RESOURCES = {kind: Resource(GROUP, VERSION, plural, kind) for kind, plural in KINDS.items()}
-log = logging.getLogger("atlas_operator")
 
 
 @kopf.on.startup()
@@ -36,7 +34,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.watching.connect_timeout = 30
     # A deleted run waits for its timer to exit; check every second, not kopf's default minute.
     settings.background.cancellation_polling = 1
-    memo.reconciler = Reconciler(Kube(), CONFIG.reconciler_settings())
+    memo.reconciler = Reconciler(Kube(), CONFIG)
     memo.phases = metrics.RunPhases()
     memo.metrics_server = await metrics.serve(CONFIG.metrics_host, CONFIG.metrics_port) if CONFIG.metrics_port else None
 
@@ -47,22 +45,11 @@ async def cleanup(memo: kopf.Memo, **_) -> None:
         await memo.metrics_server.cleanup()
 
 
-def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, scrape: bool) -> None:
-    if body.metadata.get("deletionTimestamp"):
-        return  # being deleted: recreating children now would race the delete handler
+def refresh(body: kopf.Body, memo: kopf.Memo, scrape: bool) -> dict:
+    """One reconciliation of a run (counted and timed): posts its Events, returns the status patch."""
+    kind, started = body["kind"], time.perf_counter()
     try:
-        result = _reconciled(body, memo, scrape)
-    except (ApiError, RetryLater) as exc:
-        raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
-    report(body, patch, result)
-
-
-def _reconciled(body: kopf.Body, memo: kopf.Memo, scrape: bool) -> Result:
-    """One reconciliation, counted and timed in the operator's metrics."""
-    kind = body["kind"]
-    started = time.perf_counter()
-    try:
-        result = memo.reconciler.reconcile(plain(body), kopf.adopt, scrape=scrape)
+        result = memo.reconciler.reconcile(copy.deepcopy(dict(body)), kopf.adopt, scrape=scrape)
     except Exception:
         metrics.RECONCILE_TOTAL.labels(kind, "error").inc()
         raise
@@ -70,54 +57,19 @@ def _reconciled(body: kopf.Body, memo: kopf.Memo, scrape: bool) -> Result:
         metrics.RECONCILE_DURATION.labels(kind).observe(time.perf_counter() - started)
     metrics.RECONCILE_TOTAL.labels(kind, "success").inc()
     memo.phases.set(kind, body.metadata.namespace, body.metadata.name, result.phase)
-    return result
+    patch, events = status_update(dict(body.get("status") or {}), body.metadata.get("generation"), result, now())
+    for event in events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    return patch
 
 
-def plain(body: kopf.Body) -> dict:
-    """kopf's read-only Body view → a plain dict (what the pure code takes)."""
-    return copy.deepcopy(dict(body))
-
-
-def report(body: kopf.Body, patch: kopf.Patch, result: Result) -> None:
-    """Write only the status fields that changed; post an Event for each transition."""
-    old = dict(body.get("status") or {})
-    at = now()
-    new = {
-        "phase": result.phase,
-        "observedGeneration": body.metadata.get("generation"),
-        "conditions": merge_conditions(old.get("conditions"), result.conditions, at),
-        "children": result.children or None,
-    }
-    for condition in new["conditions"]:
-        condition["observedGeneration"] = new["observedGeneration"]
-    if result.progress is not None:
-        progress = {k: v for k, v in (old.get("progress") or {}).items() if k != "updatedAt"}
-        if progress != result.progress:
-            new["progress"] = {**result.progress, "updatedAt": at}
-    for key, value in new.items():
-        if old.get(key) != value:
-            patch.status[key] = value
-    transitioned = old.get("phase") != result.phase
-    if transitioned:
-        warning = result.phase in ("Failed", "Invalid")
-        kopf.event(
-            body, type="Warning" if warning else "Normal", reason=result.phase, message=_transition_message(result)
-        )
-    said = {(c.get("reason"), c.get("message")) for c in old.get("conditions") or []}
-    for event in result.events:
-        carried = transitioned and event.type == "Warning"  # the transition event already says it
-        if (event.reason, event.message) not in said and not carried:
-            kopf.event(body, type=event.type, reason=event.reason, message=event.message)
-
-
-def _transition_message(result: Result) -> str:
-    """Invalid/Pending: what blocks the run; otherwise what the PyTorchJob said."""
-    by_type = {c["type"]: c for c in result.conditions}
-    for blocking in ("Valid", "PrerequisitesMet", "SpecApplied"):
-        if by_type.get(blocking, {}).get("status") == "False":
-            return by_type[blocking]["message"]
-    training = by_type.get("Training")
-    return training["message"] if training else result.phase
+def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, scrape: bool) -> None:
+    if body.metadata.get("deletionTimestamp"):
+        return  # being deleted: recreating children now would race the delete handler
+    try:
+        patch.status.update(refresh(body, memo, scrape))
+    except (ApiError, RetryLater) as exc:
+        raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
 
 
 for _plural in KINDS.values():
@@ -138,49 +90,27 @@ for _plural in KINDS.values():
     def delete_run(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_) -> None:
         """Delete the children (owner references would let the garbage collector do it too)."""
         try:
-            deleted = memo.reconciler.delete_children(plain(body))
+            deleted = memo.reconciler.delete_children(copy.deepcopy(dict(body)))
         except ApiError as exc:
             raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
         memo.phases.set(body["kind"], body.metadata.namespace, body.metadata.name, None)
         logger.info("deleted %s", ", ".join(deleted) or "nothing (no children left)")
 
 
-@kopf.on.event("kubeflow.org", "v1", "pytorchjobs", labels={"app.kubernetes.io/managed-by": MANAGED_BY})
+@kopf.on.event("kubeflow.org", "v1", "pytorchjobs", labels={LABEL_MANAGED_BY: MANAGED_BY})
 def job_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_) -> None:
-    """A PyTorchJob's conditions moved: update its run's phase now rather than at the next timer tick."""
-    owner = next(
-        (
-            ref
-            for ref in body.metadata.get("ownerReferences") or []
-            if ref.get("controller") and ref.get("kind") in KINDS
-        ),
-        None,
-    )
+    """A PyTorchJob's conditions moved: reconcile its run now rather than at the next timer tick."""
+    owner = memo.reconciler.owning_run(body)
     if owner is None:
         return
-    resource = RUN_RESOURCES[owner["kind"]]
+    resource, name = RUN_RESOURCES[owner["kind"]], owner["name"]
     kube = memo.reconciler.kube
     try:
-        run = kube.get(resource, body.metadata.namespace, owner["name"])
-        if run is None or run["metadata"].get("deletionTimestamp") or not _job_news(plain(body), run):
+        run = kube.get(resource, body.metadata.namespace, name)
+        if run is None or run["metadata"].get("deletionTimestamp") or not job_has_news(dict(body), run.get("status")):
             return
-        run_body, patch = kopf.Body(run), kopf.Patch()
-        report(run_body, patch, _reconciled(run_body, memo, scrape=False))
-        if patch.get("status"):
-            kube.patch(
-                resource,
-                body.metadata.namespace,
-                owner["name"],
-                {"status": dict(patch["status"])},
-                subresource="status",
-            )
+        patch = refresh(kopf.Body(run), memo, scrape=False)
+        if patch:
+            kube.patch(resource, body.metadata.namespace, name, {"status": patch}, subresource="status")
     except (ApiError, RetryLater) as exc:  # the run's timer catches up
-        logger.warning("could not refresh %s %s from its PyTorchJob: %s", owner["kind"], owner["name"], exc)
-
-
-def _job_news(job: dict, run: dict) -> bool:
-    """Whether the job says something the run's status does not show yet (its last condition)."""
-    if not (job.get("status") or {}).get("conditions"):
-        return False
-    training = next((c for c in (run.get("status") or {}).get("conditions") or [] if c["type"] == "Training"), {})
-    return training_reason(job) != (training.get("reason"), training.get("message"))
+        logger.warning("could not refresh %s %s from its PyTorchJob: %s", owner["kind"], name, exc)

@@ -1,4 +1,5 @@
-"""The operator's own Prometheus metrics and its HTTP endpoint (``/metrics`` and ``/healthz`` on :8080)."""
+"""The operator's own Prometheus metrics (declared in :mod:`atlas_contract.metrics`) and its HTTP endpoint
+(``/metrics`` and ``/healthz``)."""
 
 from __future__ import annotations
 
@@ -6,24 +7,21 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from atlas_operator.crd import PHASES
-from atlas_operator.spec import KINDS
+from atlas_contract import metrics as contract
+from atlas_contract.names import KINDS, PHASES
 
 REGISTRY = CollectorRegistry(auto_describe=True)
-RECONCILE_TOTAL = Counter(
-    "atlas_operator_reconcile",
-    "Reconciliations of runs, by kind and result (success | error).",
-    ["kind", "result"],
-    registry=REGISTRY,
-)
-RECONCILE_DURATION = Histogram(
-    "atlas_operator_reconcile_duration_seconds",
-    "Time to reconcile one run, by kind.",
-    ["kind"],
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-    registry=REGISTRY,
-)
-RUNS = Gauge("atlas_operator_runs", "Runs the operator knows, by kind and phase.", ["kind", "phase"], registry=REGISTRY)
+_SPECS = contract.by_name(contract.OPERATOR)
+
+
+def _metric(cls, name: str, **kwargs):
+    spec = _SPECS[name]
+    return cls(spec.name, spec.help, list(spec.labels), registry=REGISTRY, **kwargs)
+
+
+RECONCILE_TOTAL = _metric(Counter, "atlas_operator_reconcile")
+RECONCILE_DURATION = _metric(Histogram, "atlas_operator_reconcile_duration_seconds", buckets=contract.RECONCILE_BUCKETS)
+RUNS = _metric(Gauge, "atlas_operator_runs")
 
 
 class RunPhases:

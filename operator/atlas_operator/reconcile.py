@@ -13,14 +13,16 @@ import logging
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from atlas_contract.names import KINDS, SPEC_HASH_ANNOTATION, ChildNames
+from atlas_contract.rules import find_reward_config
 from atlas_operator import kube
+from atlas_operator.config import OperatorConfig
 from atlas_operator.kube import ApiError, Kube
-from atlas_operator.render import SPEC_HASH_ANNOTATION, Images, child_names, render_children
+from atlas_operator.render import child_names, render_children
 from atlas_operator.spec import InvalidRun, Run, parse_run
-from atlas_operator.status import FINISHED, job_phase, parse_progress, training_reason
+from atlas_operator.status import FINISHED, Event, Result, job_phase, parse_progress, training_reason
 
 log = logging.getLogger("atlas_operator")
 
@@ -34,42 +36,14 @@ class RetryLater(Exception):
     """A transient condition (API error, an old job still terminating): retry the reconciliation."""
 
 
-@dataclass
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-@dataclass
-class Result:
-    """What a reconciliation observed: the status fields to write and the events to post."""
-
-    phase: str
-    conditions: list[dict[str, Any]]
-    children: dict[str, str] = field(default_factory=dict)
-    progress: dict[str, Any] | None = None
-    events: list[Event] = field(default_factory=list)
-    actions: dict[str, str] = field(default_factory=dict)  # child → created | patched | recreated
-
-
-@dataclass
-class Settings:
-    images: Images = field(default_factory=Images)
-    # {name}, {namespace}, {service}, {port}: where the trainer's metrics are read from.
-    metrics_url_template: str = "http://{service}.{namespace}.svc:{port}/metrics"
-    scrape_timeout_s: float = 5.0
-    crd_cache_s: float = 60.0
-
-
 def _cond(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
     return {"type": type_, "status": "True" if ok else "False", "reason": reason, "message": message}
 
 
 class Reconciler:
-    def __init__(self, client: Kube, settings: Settings | None = None):
+    def __init__(self, client: Kube, settings: OperatorConfig | None = None):
         self.kube = client
-        self.settings = settings or Settings()
+        self.settings = settings or OperatorConfig()
         self._pytorchjob_crd_seen_at = 0.0
 
     # ------------------------------------------------------------------ entry point
@@ -255,7 +229,10 @@ class Reconciler:
 
     def metrics_url(self, run: Run) -> str:
         return self.settings.metrics_url_template.format(
-            name=run.name, namespace=run.namespace, service=f"{run.name}-metrics", port=9400
+            name=run.name,
+            namespace=run.namespace,
+            service=ChildNames(run.name).metrics,
+            port=self.settings.trainer_metrics_port,
         )
 
     def scrape_progress(self, run: Run) -> dict[str, Any] | None:
@@ -273,6 +250,12 @@ class Reconciler:
             log.warning("metrics of %s/%s at %s are not Prometheus text: %s", run.namespace, run.name, url, exc)
             return None
 
+    @staticmethod
+    def owning_run(child: dict[str, Any]) -> dict[str, Any] | None:
+        """The controller owner reference of a child when it is a run (AtlasTraining/AtlasTeacher)."""
+        refs = (child.get("metadata") or {}).get("ownerReferences") or []
+        return next((ref for ref in refs if ref.get("controller") and ref.get("kind") in KINDS), None)
+
     # ------------------------------------------------------------------ deletion
 
     def delete_children(self, body: dict[str, Any]) -> list[str]:
@@ -280,14 +263,15 @@ class Reconciler:
         references; doing it here also covers a GC that is slow or off)."""
         namespace, name = body["metadata"].get("namespace", "default"), body["metadata"]["name"]
         deleted = []
+        owned = ChildNames(name)
         targets = [
-            (kube.PYTORCH_JOB, name),
-            (kube.DEPLOYMENT, f"{name}-rollout"),
-            (kube.DEPLOYMENT, f"{name}-student"),
-            (kube.SERVICE, f"{name}-rollout"),
-            (kube.SERVICE, f"{name}-student"),
-            (kube.SERVICE, f"{name}-metrics"),
-            (kube.CONFIG_MAP, f"{name}-config"),
+            (kube.PYTORCH_JOB, owned.job),
+            (kube.DEPLOYMENT, owned.rollout),
+            (kube.DEPLOYMENT, owned.student),
+            (kube.SERVICE, owned.rollout),
+            (kube.SERVICE, owned.student),
+            (kube.SERVICE, owned.metrics),
+            (kube.CONFIG_MAP, owned.config_map),
         ]
         uid = body["metadata"].get("uid")
         for resource, child in targets:
@@ -305,9 +289,10 @@ def reward_yaml(run: Run) -> str | None:
     """The named RIM config (reward_system/<spec.reward.config>.yaml), embedded in the run's ConfigMap."""
     if not run.spec.reward.config:
         return None
-    from atlas_core.reward.config import resolve_config_path
-
-    return resolve_config_path(run.spec.reward.config).read_text()
+    path = find_reward_config(run.spec.reward.config)
+    if path is None:  # validate_run accepts only the bundled names, so this is a broken install
+        raise RetryLater(f"spec.reward.config: RIM config {run.spec.reward.config!r} is not installed")
+    return path.read_text()
 
 
 def _owned_by(obj: dict[str, Any], uid: str | None, owner: dict[str, Any]) -> bool:

@@ -14,21 +14,35 @@ from typing import Any
 
 import yaml
 
+from atlas_contract import defaults
+from atlas_contract.names import (
+    ACCELERATE_CONFIG_FILE,
+    CONFIG_DIR,
+    CONFIG_HASH_ANNOTATION,
+    ENV_KIND,
+    ENV_NAMESPACE,
+    ENV_RUN,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    MANAGED_BY,
+    RENDEZVOUS_PORT,
+    REWARD_CONFIG_FILE,
+    RUN_CONFIG_FILE,
+    SPEC_HASH_ANNOTATION,
+    TRAINER_METRICS_PORT,
+    VLLM_PORT,
+    WEIGHT_SYNC_PORT,
+    ChildNames,
+)
 from atlas_operator.presets import accelerate_config
 from atlas_operator.schema import camel
 from atlas_operator.spec import AtlasTeacherSpec, RolloutSpec, Run, TrainingSpec, reward_funcs
 
-CONFIG_DIR = "/etc/atlas"
 REWARD_REF_DIR = "/etc/atlas-reward"  # a second ConfigMap volume cannot nest inside the first
 CACHE_DIR = "/var/cache/atlas"
-TRAINER_METRICS_PORT = 9400
-RENDEZVOUS_PORT = 23456  # Kubeflow's default for the `pytorchjob-port` container port
-VLLM_PORT = 8000
-WEIGHT_SYNC_PORT = 51216  # TRL's vllm_group_port: the NCCL group the trainer joins to push weights
 RUN_AS_USER = 65532  # the trainer image's `atlas` user (trainer_image/Dockerfile)
-SPEC_HASH_ANNOTATION = "atlas.arc.computer/spec-hash"
-CONFIG_HASH_ANNOTATION = "atlas.arc.computer/config-hash"
-MANAGED_BY = "atlas-operator"
 NCCL_ENV = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 
 
@@ -40,27 +54,32 @@ class Images:
     rollout: str = "ghcr.io/arc-computer/atlas-trainer:0.1.0"  # the trainer image carries vLLM
 
 
+def has_student_server(run: Run) -> bool:
+    return isinstance(run.spec, AtlasTeacherSpec) and bool(run.spec.student and run.spec.student.rollout.replicas)
+
+
 def child_names(run: Run) -> dict[str, str]:
     """status.children: the names of what the run owns (rollout/student only when they exist)."""
-    names = {"pytorchJob": run.name, "configMap": f"{run.name}-config", "metricsService": f"{run.name}-metrics"}
+    owned = ChildNames(run.name)
+    names = {"pytorchJob": owned.job, "configMap": owned.config_map, "metricsService": owned.metrics}
     if run.spec.rollout.replicas:
-        names["rollout"] = f"{run.name}-rollout"
-    if isinstance(run.spec, AtlasTeacherSpec) and run.spec.student and run.spec.student.rollout.replicas:
-        names["student"] = f"{run.name}-student"
+        names["rollout"] = owned.rollout
+    if has_student_server(run):
+        names["student"] = owned.student
     return names
 
 
 def labels(run: Run, component: str) -> dict[str, str]:
     return {
-        "app.kubernetes.io/name": "atlas",
-        "app.kubernetes.io/instance": run.name,
-        "app.kubernetes.io/component": component,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        LABEL_NAME: "atlas",
+        LABEL_INSTANCE: run.name,
+        LABEL_COMPONENT: component,
+        LABEL_MANAGED_BY: MANAGED_BY,
     }
 
 
 def _selector(run: Run, component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/instance": run.name, "app.kubernetes.io/component": component}
+    return {LABEL_INSTANCE: run.name, LABEL_COMPONENT: component}
 
 
 def _metadata(run: Run, name: str, component: str) -> dict[str, Any]:
@@ -75,17 +94,17 @@ def output_dir(run: Run) -> str:
 
 
 def student_endpoint(run: Run) -> str:
-    return f"http://{run.name}-student.{run.namespace}.svc:{VLLM_PORT}/v1"
+    return f"http://{ChildNames(run.name).student}.{run.namespace}.svc:{VLLM_PORT}/v1"
 
 
 def rollout_endpoint(run: Run) -> str:
-    return f"http://{run.name}-rollout.{run.namespace}.svc:{VLLM_PORT}"
+    return f"http://{ChildNames(run.name).rollout}.{run.namespace}.svc:{VLLM_PORT}"
 
 
 def run_config(run: Run) -> dict[str, Any]:
     """The run configuration the trainer pods load (`atlas_core.cli.train recipe=run.yaml`)."""
     spec = run.spec
-    trainer = training_fields(spec.training)
+    trainer = {**defaults.training_defaults(spec.algorithm), **training_fields(spec.training)}
     trainer.update(
         save_strategy="steps",
         save_steps=spec.checkpoint.save_steps,
@@ -116,16 +135,7 @@ def run_config(run: Run) -> dict[str, Any]:
     }
     if isinstance(spec, AtlasTeacherSpec) and spec.student:
         config["student"] = student_endpoint(run) if spec.student.rollout.replicas else spec.student.model
-        teaching = spec.teaching
-        trainer.update(
-            max_probe_tokens=teaching.max_probe_tokens,
-            max_guidance_tokens=teaching.max_guidance_tokens,
-            efficiency_horizon=teaching.efficiency_horizon,
-            degradation_penalty=teaching.degradation_penalty,
-        )
-        for name in ("student_samples", "student_max_tokens"):
-            if getattr(teaching, name) is not None:
-                trainer[name] = getattr(teaching, name)
+        trainer.update(vars(spec.teaching))
     return config
 
 
@@ -140,12 +150,12 @@ def reward_config_path(run: Run) -> str | None:
     if run.spec.reward.config_map_ref:
         return f"{REWARD_REF_DIR}/{run.spec.reward.config_map_ref.key}"
     if run.spec.reward.config:
-        return f"{CONFIG_DIR}/reward.yaml"
+        return f"{CONFIG_DIR}/{REWARD_CONFIG_FILE}"
     return None
 
 
 def config_map(run: Run, reward_yaml: str | None = None) -> dict[str, Any]:
-    """``<name>-config``: run.yaml, accelerate.yaml and (named RIM config) reward.yaml.
+    """``<name>-config``: the run configuration, the Accelerate config and (named RIM config) the reward config.
 
     ``reward_yaml`` is the text of ``reward_system/<spec.reward.config>.yaml`` (read by the caller, so
     this stays pure)."""
@@ -155,15 +165,15 @@ def config_map(run: Run, reward_yaml: str | None = None) -> dict[str, Any]:
         run.spec.deepspeed, num_machines=res.nodes, num_processes=res.nodes * res.processes(), mixed_precision=mixed
     )
     data = {
-        "run.yaml": _yaml_text(run_config(run), f"Run configuration of {run.kind} {run.namespace}/{run.name}"),
-        "accelerate.yaml": _yaml_text(accelerate, f"Accelerate config: DeepSpeed preset {run.spec.deepspeed}"),
+        RUN_CONFIG_FILE: _yaml_text(run_config(run), f"Run configuration of {run.kind} {run.namespace}/{run.name}"),
+        ACCELERATE_CONFIG_FILE: _yaml_text(accelerate, f"Accelerate config: DeepSpeed preset {run.spec.deepspeed}"),
     }
     if run.spec.reward.config and reward_yaml is not None:
-        data["reward.yaml"] = reward_yaml
+        data[REWARD_CONFIG_FILE] = reward_yaml
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(run, f"{run.name}-config", "trainer"),
+        "metadata": _metadata(run, ChildNames(run.name).config_map, "trainer"),
         "data": data,
     }
 
@@ -182,20 +192,20 @@ def launch_command(run: Run) -> list[str]:
     (PET_NNODES, PET_NODE_RANK = node index, PET_NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT)."""
     script = (
         "exec accelerate launch"
-        f" --config_file {CONFIG_DIR}/accelerate.yaml"
+        f" --config_file {CONFIG_DIR}/{ACCELERATE_CONFIG_FILE}"
         ' --num_machines "$PET_NNODES" --machine_rank "$PET_NODE_RANK"'
         ' --num_processes "$((PET_NNODES * PET_NPROC_PER_NODE))"'
         ' --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT"'
-        f" -m atlas_core.cli.train recipe={CONFIG_DIR}/run.yaml"
+        f" -m atlas_core.cli.train recipe={CONFIG_DIR}/{RUN_CONFIG_FILE}"
     )
     return ["/bin/bash", "-c", "set -eu\n" + script]
 
 
 def _env(run: Run) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
-        {"name": "ATLAS_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": "ATLAS_RUN", "value": run.name},
-        {"name": "ATLAS_KIND", "value": run.kind},
+        {"name": ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": ENV_RUN, "value": run.name},
+        {"name": ENV_KIND, "value": run.kind},
         {"name": "HF_HOME", "value": f"{run.spec.checkpoint.path.rstrip('/')}/.cache/huggingface"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
@@ -273,7 +283,7 @@ def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
         {"name": "checkpoints", "mountPath": checkpoint.path},
     ]
     volumes: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": f"{run.name}-config"}},
+        {"name": "config", "configMap": {"name": ChildNames(run.name).config_map}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size}},
         {"name": "checkpoints", "persistentVolumeClaim": {"claimName": checkpoint.pvc}}
         if checkpoint.pvc
@@ -367,7 +377,7 @@ def _vllm_deployment(
     resources = _resources(rollout.gpus, rollout.cpu, rollout.memory)
     if resources:
         container["resources"] = resources
-    name = f"{run.name}-{component}"
+    name = getattr(ChildNames(run.name), component)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -393,9 +403,12 @@ def _vllm_deployment(
 
 
 def _server_args(rollout: RolloutSpec) -> list[str]:
-    args = ["--tensor-parallel-size", str(rollout.tensor_parallel_size)]
-    if rollout.gpu_memory_utilization is not None:
-        args += ["--gpu-memory-utilization", str(rollout.gpu_memory_utilization)]
+    args = [
+        "--tensor-parallel-size",
+        str(rollout.tensor_parallel_size),
+        "--gpu-memory-utilization",
+        str(rollout.gpu_memory_utilization),
+    ]
     if rollout.max_model_len is not None:
         args += ["--max-model-len", str(rollout.max_model_len)]
     return args
@@ -464,24 +477,25 @@ def service(
 def metrics_service(run: Run) -> dict[str, Any]:
     # Only the Master pod (rank 0) serves metrics; Kubeflow labels pods with their replica type.
     selector = {**_selector(run, "trainer"), "training.kubeflow.org/replica-type": "master"}
-    return service(run, f"{run.name}-metrics", "trainer", [("metrics", TRAINER_METRICS_PORT)], selector)
+    return service(run, ChildNames(run.name).metrics, "trainer", [("metrics", TRAINER_METRICS_PORT)], selector)
 
 
 def render_children(run: Run, images: Images | None = None, reward_yaml: str | None = None) -> list[dict[str, Any]]:
     """Every child of ``run``, in apply order."""
     images = images or Images()
     config = config_map(run, reward_yaml)
+    owned = ChildNames(run.name)
     children = [config]
     if run.spec.rollout.replicas:
         children.append(
-            service(run, f"{run.name}-rollout", "rollout", [("http", VLLM_PORT), ("weight-sync", WEIGHT_SYNC_PORT)])
+            service(run, owned.rollout, "rollout", [("http", VLLM_PORT), ("weight-sync", WEIGHT_SYNC_PORT)])
         )
-    if "student" in child_names(run):
-        children.append(service(run, f"{run.name}-student", "student", [("http", VLLM_PORT)]))
+    if has_student_server(run):
+        children.append(service(run, owned.student, "student", [("http", VLLM_PORT)]))
     children.append(metrics_service(run))
     if run.spec.rollout.replicas:
         children.append(rollout_deployment(run, images))
-    if "student" in child_names(run):
+    if has_student_server(run):
         children.append(student_deployment(run, images))
     children.append(pytorch_job(run, images, config))
     return children

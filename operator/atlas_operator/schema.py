@@ -22,29 +22,32 @@ def spec_field(
     default: Any = None,
     *,
     required: bool = False,
+    trainer_default: bool = False,
+    unset: str | None = None,
     enum: tuple | None = None,
     minimum: float | None = None,
     maximum: float | None = None,
     exclusive_minimum: bool = False,
     pattern: str | None = None,
-    schema_default: bool = True,
-    preserve_unknown: bool = False,
 ) -> Any:
-    """A documented field. ``default`` None means "unset" (the trainer's own default applies).
+    """A documented field. The description's default is generated, never written by hand:
 
-    ``schema_default`` False keeps a Python default out of the CRD (so that the API server does not
-    write it into every object) — used where "unset" and the default mean different things.
+    - ``default``: the value an unset field gets (the CRD's ``default``, applied by the API server and
+      by :func:`parse`);
+    - ``trainer_default``: the field stays unset in the object and the operator writes the default of
+      :mod:`atlas_contract.defaults` for the run's algorithm into run.yaml;
+    - ``unset``: what leaving the field unset means when no single value applies.
     """
     metadata = {
         "doc": doc,
         REQUIRED: required,
+        "trainer_default": trainer_default,
+        "unset": unset,
         "enum": enum,
         "minimum": minimum,
         "maximum": maximum,
         "exclusive_minimum": exclusive_minimum,
         "pattern": pattern,
-        "schema_default": schema_default,
-        "preserve_unknown": preserve_unknown,
     }
     if isinstance(default, (list, dict)) or (isinstance(default, type) and dataclasses.is_dataclass(default)):
         factory = default if isinstance(default, type) else (lambda d=default: type(d)(d))
@@ -52,13 +55,30 @@ def spec_field(
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def description(f: dataclasses.Field) -> str:
+    """The field's documentation with the default that applies (what ``kubectl explain`` shows)."""
+    from atlas_contract.defaults import describe_training_default
+
+    meta, text = f.metadata, f.metadata["doc"]
+    default = default_of(f)
+    if meta.get("trainer_default"):
+        return f"{text}. {describe_training_default(f.name)}"
+    if default is not None and not dataclasses.is_dataclass(default):
+        return f"{text}. Default: {_literal(default)}."
+    if meta.get("unset"):
+        return f"{text}. Unset: {meta['unset']}."
+    return text
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
-
-
-def snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 def _unwrap_optional(annotation: Any) -> Any:
@@ -77,15 +97,15 @@ def _type_hints(cls: type) -> dict[str, Any]:
 # --------------------------------------------------------------------------- schema
 
 
-def openapi_schema(cls: type, description: str | None = None) -> dict[str, Any]:
+def openapi_schema(cls: type) -> dict[str, Any]:
     """The OpenAPI v3 (structural) schema of a spec dataclass."""
     hints = _type_hints(cls)
     properties: dict[str, Any] = {}
     required: list[str] = []
     for f in dataclasses.fields(cls):
         meta = f.metadata
-        prop = _type_schema(_unwrap_optional(hints[f.name]), meta)
-        prop["description"] = meta["doc"]
+        prop = _type_schema(_unwrap_optional(hints[f.name]))
+        prop["description"] = description(f)
         for key, schema_key in (
             ("enum", "enum"),
             ("minimum", "minimum"),
@@ -96,8 +116,8 @@ def openapi_schema(cls: type, description: str | None = None) -> dict[str, Any]:
                 prop[schema_key] = list(meta[key]) if key == "enum" else meta[key]
         if meta.get("exclusive_minimum"):
             prop["exclusiveMinimum"] = True
-        default = _default_of(f)
-        if default is not None and meta.get("schema_default", True) and not dataclasses.is_dataclass(default):
+        default = default_of(f)
+        if default is not None and not dataclasses.is_dataclass(default):
             prop["default"] = default
         if meta.get(REQUIRED):
             required.append(camel(f.name))
@@ -105,12 +125,12 @@ def openapi_schema(cls: type, description: str | None = None) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
         schema["required"] = required
-    if description or cls.__doc__:
-        schema["description"] = description or " ".join(cls.__doc__.split())
+    if cls.__doc__:
+        schema["description"] = " ".join(cls.__doc__.split())
     return schema
 
 
-def _default_of(f: dataclasses.Field) -> Any:
+def default_of(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:
@@ -119,8 +139,7 @@ def _default_of(f: dataclasses.Field) -> Any:
     return None
 
 
-def _type_schema(annotation: Any, meta: dict | None = None) -> dict[str, Any]:
-    meta = meta or {}
+def _type_schema(annotation: Any) -> dict[str, Any]:
     if dataclasses.is_dataclass(annotation):
         schema = openapi_schema(annotation)
         schema.pop("description", None)
@@ -136,7 +155,7 @@ def _type_schema(annotation: Any, meta: dict | None = None) -> dict[str, Any]:
         return {"type": "number"}
     if origin is list:
         (item,) = typing.get_args(annotation)
-        return {"type": "array", "items": _type_schema(item, {"preserve_unknown": meta.get("preserve_unknown")})}
+        return {"type": "array", "items": _type_schema(item)}
     if origin is dict:
         _, value = typing.get_args(annotation)
         if value is Any:

@@ -1,9 +1,11 @@
-"""The API types of ``AtlasTraining`` and ``AtlasTeacher`` (atlas.arc.computer/v1alpha1).
+"""The API types of ``AtlasTraining`` and ``AtlasTeacher`` (atlas.arc.computer/v1alpha1): spec and status.
 
 The one source of truth: the CRDs in ``crds/`` are generated from these dataclasses
 (``python -m atlas_operator.generate``), and the operator and ``atlas render`` parse manifests
-with them. Every field documents its meaning and default. ``validate_run`` adds the checks a
-schema cannot express (batch divisibility, parallelism, references).
+with them. Every field documents its meaning; its default is stated by the schema generator from
+the value that applies (``default=``, ``trainer_default`` from :mod:`atlas_contract.defaults`, or
+``unset=`` where unset means something else). ``validate_run`` adds the checks a schema cannot
+express (batch divisibility, parallelism, references).
 """
 
 from __future__ import annotations
@@ -13,17 +15,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from atlas_contract import defaults, rules
+from atlas_contract.errors import InvalidFields
+from atlas_contract.names import API_VERSION, GROUP, KINDS, MAX_RUN_NAME, PHASES, SHORT_NAMES, VERSION
 from atlas_operator.schema import camel, parse, spec_field
 
-GROUP = "atlas.arc.computer"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KINDS = {"AtlasTraining": "atlastrainings", "AtlasTeacher": "atlasteachers"}
-SHORT_NAMES = {"AtlasTraining": ["atr"], "AtlasTeacher": ["ateach"]}
+__all__ = ["API_VERSION", "GROUP", "KINDS", "SHORT_NAMES", "VERSION", "PHASES", "InvalidRun", "parse_run"]
+
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3", "zero3-offload")
 DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-# <name>-rollout / -student / -metrics must stay valid Service names (63 characters).
-MAX_RUN_NAME = 63 - len("-student")
 
 
 @dataclass
@@ -71,33 +71,51 @@ class TrainingSpec:
     """GRPOConfig / SFTConfig fields in camelCase; unset fields keep the trainer's defaults."""
 
     learning_rate: float | None = spec_field(
-        "peak learning rate (trainer default 1e-6)", minimum=0, exclusive_minimum=True
+        "peak learning rate", trainer_default=True, minimum=0, exclusive_minimum=True
     )
     num_train_epochs: float | None = spec_field(
-        "passes over the dataset (default 3)", minimum=0, exclusive_minimum=True
+        "passes over the dataset", trainer_default=True, minimum=0, exclusive_minimum=True
     )
-    max_steps: int | None = spec_field("optimizer steps; overrides numTrainEpochs when set", minimum=1)
+    max_steps: int | None = spec_field(
+        "optimizer steps; overrides numTrainEpochs when set", unset="numTrainEpochs decides", minimum=1
+    )
     per_device_train_batch_size: int | None = spec_field(
-        "completions per process per micro-batch (default 8)", minimum=1
+        "completions per process per micro-batch", trainer_default=True, minimum=1
     )
-    gradient_accumulation_steps: int | None = spec_field("micro-batches per optimizer step (default 1)", minimum=1)
-    beta: float | None = spec_field("KL coefficient against the reference model; 0 = no KL (default 0)", minimum=0)
-    num_generations: int | None = spec_field("completions per prompt, GRPO's group size (default 8)", minimum=2)
-    max_completion_length: int | None = spec_field("tokens per completion (default 512)", minimum=1)
-    temperature: float | None = spec_field("sampling temperature (default 1.0)", minimum=0, exclusive_minimum=True)
-    top_p: float | None = spec_field("nucleus sampling (default 1.0)", minimum=0, maximum=1, exclusive_minimum=True)
-    num_iterations: int | None = spec_field("policy updates per generation batch, GRPO's mu (default 1)", minimum=1)
-    epsilon: float | None = spec_field("clipping epsilon (default 0.2)", minimum=0)
-    loss_type: str | None = spec_field("GRPO loss (default dapo)", enum=("grpo", "bnpo", "dr_grpo", "dapo", "cispo"))
-    scale_rewards: str | None = spec_field("reward scaling (default group)", enum=("group", "batch", "none"))
-    lr_scheduler_type: str | None = spec_field("learning-rate schedule (default linear)")
-    warmup_steps: float | None = spec_field("warm-up steps, or a fraction of all steps when < 1 (default 0)", minimum=0)
-    weight_decay: float | None = spec_field("AdamW weight decay (default 0)", minimum=0)
-    max_grad_norm: float | None = spec_field("gradient clipping (default 1.0)", minimum=0)
-    logging_steps: int | None = spec_field("steps between logged metrics (default 10)", minimum=1)
-    seed: int | None = spec_field("random seed (default 42)")
-    gradient_checkpointing: bool | None = spec_field("recompute activations to save memory (default true)")
-    bf16: bool | None = spec_field("bf16 mixed precision (default: on with GPUs, off on CPU)")
+    gradient_accumulation_steps: int | None = spec_field(
+        "micro-batches per optimizer step", trainer_default=True, minimum=1
+    )
+    beta: float | None = spec_field(
+        "KL coefficient against the reference model; 0 = no KL", trainer_default=True, minimum=0
+    )
+    num_generations: int | None = spec_field(
+        "completions per prompt, GRPO's group size", trainer_default=True, minimum=2
+    )
+    max_completion_length: int | None = spec_field("tokens per completion", trainer_default=True, minimum=1)
+    temperature: float | None = spec_field(
+        "sampling temperature", trainer_default=True, minimum=0, exclusive_minimum=True
+    )
+    top_p: float | None = spec_field(
+        "nucleus sampling", trainer_default=True, minimum=0, maximum=1, exclusive_minimum=True
+    )
+    num_iterations: int | None = spec_field(
+        "policy updates per generation batch, GRPO's mu", trainer_default=True, minimum=1
+    )
+    epsilon: float | None = spec_field("clipping epsilon", trainer_default=True, minimum=0)
+    loss_type: str | None = spec_field(
+        "GRPO loss", trainer_default=True, enum=("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
+    )
+    scale_rewards: str | None = spec_field("reward scaling", trainer_default=True, enum=("group", "batch", "none"))
+    lr_scheduler_type: str | None = spec_field("learning-rate schedule", trainer_default=True)
+    warmup_steps: float | None = spec_field(
+        "warm-up steps, or a fraction of all steps when < 1", trainer_default=True, minimum=0
+    )
+    weight_decay: float | None = spec_field("AdamW weight decay", trainer_default=True, minimum=0)
+    max_grad_norm: float | None = spec_field("gradient clipping", trainer_default=True, minimum=0)
+    logging_steps: int | None = spec_field("steps between logged metrics", trainer_default=True, minimum=1)
+    seed: int | None = spec_field("random seed", trainer_default=True)
+    gradient_checkpointing: bool | None = spec_field("recompute activations to save memory", trainer_default=True)
+    bf16: bool | None = spec_field("bf16 mixed precision", unset="on when gpusPerNode > 0, off on CPU")
     extra: dict[str, Any] = spec_field(
         "any other GRPOConfig/SFTConfig field, snake_case, passed to the trainer as is "
         "(checked when the trainer starts)",
@@ -123,7 +141,7 @@ class ResourcesSpec:
     nodes: int = spec_field("trainer pods (PyTorchJob Master + nodes-1 Workers)", 1, minimum=1)
     gpus_per_node: int = spec_field("nvidia.com/gpu per trainer pod; 0 = CPU", 1, minimum=0)
     processes_per_node: int | None = spec_field(
-        "training processes per pod (default: gpusPerNode, 1 on CPU)", minimum=1
+        "training processes per pod", unset="gpusPerNode (1 when gpusPerNode is 0)", minimum=1
     )
     cpu: str | None = spec_field("CPU request and limit per trainer pod, e.g. '32'")
     memory: str | None = spec_field("memory request and limit per trainer pod, e.g. 512Gi")
@@ -142,11 +160,11 @@ class RolloutSpec:
     replicas: int = spec_field("servers; 0 = generate inside the trainer", 1, minimum=0)
     gpus: int = spec_field("GPUs per server (tensorParallelSize x data parallel)", 1, minimum=1)
     tensor_parallel_size: int = spec_field("tensor parallel size; must divide gpus", 1, minimum=1)
-    image: str | None = spec_field("vLLM image (default: the operator's rollout image)")
-    gpu_memory_utilization: float | None = spec_field(
-        "vLLM --gpu-memory-utilization (default 0.9)", minimum=0, maximum=1
+    image: str | None = spec_field("vLLM image", unset="the operator's rollout image")
+    gpu_memory_utilization: float = spec_field(
+        "vLLM --gpu-memory-utilization", 0.9, minimum=0, maximum=1, exclusive_minimum=True
     )
-    max_model_len: int | None = spec_field("vLLM --max-model-len (default: the model's)", minimum=1)
+    max_model_len: int | None = spec_field("vLLM --max-model-len", unset="the model's context length", minimum=1)
     cpu: str | None = spec_field("CPU request and limit per server")
     memory: str | None = spec_field("memory request and limit per server")
     args: list[str] = spec_field("extra command-line arguments for the server", [])
@@ -181,14 +199,27 @@ class StudentSpec:
 class TeachingSpec:
     """The adaptive teaching protocol (probe → guidance → student) and its reward."""
 
-    max_probe_tokens: int = spec_field("tokens of the diagnostic probe", 50, minimum=1)
-    max_guidance_tokens: int = spec_field("tokens of the teaching guidance", 200, minimum=10)
-    efficiency_horizon: float = spec_field(
-        "guidance length at which the efficiency bonus reaches 0", 200.0, minimum=0, exclusive_minimum=True
+    max_probe_tokens: int = spec_field(
+        "tokens of the diagnostic probe", defaults.TEACHING["max_probe_tokens"], minimum=1
     )
-    degradation_penalty: float = spec_field("subtracted when guidance makes the student worse", 2.0, minimum=0)
-    student_samples: int | None = spec_field("student answers per task, baseline and guided (default 2)", minimum=1)
-    student_max_tokens: int | None = spec_field("tokens per student answer (default 1024)", minimum=1)
+    max_guidance_tokens: int = spec_field(
+        "tokens of the teaching guidance", defaults.TEACHING["max_guidance_tokens"], minimum=10
+    )
+    efficiency_horizon: float = spec_field(
+        "guidance length at which the efficiency bonus reaches 0",
+        defaults.TEACHING["efficiency_horizon"],
+        minimum=0,
+        exclusive_minimum=True,
+    )
+    degradation_penalty: float = spec_field(
+        "subtracted when guidance makes the student worse", defaults.TEACHING["degradation_penalty"], minimum=0
+    )
+    student_samples: int = spec_field(
+        "student answers per task, baseline and guided", defaults.TEACHING["student_samples"], minimum=1
+    )
+    student_max_tokens: int = spec_field(
+        "tokens per student answer", defaults.TEACHING["student_max_tokens"], minimum=1
+    )
 
 
 @dataclass
@@ -204,7 +235,7 @@ class RunSpec:
 
     model: str = spec_field("HF id or path of the policy to train (the teacher for AtlasTeacher)", required=True)
     dataset: DatasetSpec = spec_field("training prompts", required=True)
-    image: str | None = spec_field("trainer image (default: the operator's trainer image)")
+    image: str | None = spec_field("trainer image", unset="the operator's trainer image")
     image_pull_secrets: list[LocalObjectReference] = spec_field("Secrets for pulling the images", [])
     service_account_name: str | None = spec_field("ServiceAccount of the trainer and rollout pods")
     reward: RewardSpec = spec_field("reward functions and RIM judges", RewardSpec)
@@ -254,12 +285,58 @@ class Run:
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-class InvalidRun(Exception):
-    """A manifest that cannot run; ``problems`` lists every reason, one line each."""
+# --------------------------------------------------------------------------- status
 
-    def __init__(self, problems: list[str]):
-        super().__init__("; ".join(problems))
-        self.problems = problems
+
+@dataclass
+class Condition:
+    """Kubernetes-style condition."""
+
+    type: str = spec_field(
+        "Valid, PrerequisitesMet, ChildrenReady, RolloutReady, Training or SpecApplied", required=True
+    )
+    status: str = spec_field("True, False or Unknown", required=True, enum=("True", "False", "Unknown"))
+    reason: str | None = spec_field("CamelCase reason")
+    message: str | None = spec_field("what happened, for people")
+    last_transition_time: str | None = spec_field("when status last changed (RFC 3339)")
+    observed_generation: int | None = spec_field("metadata.generation this condition was computed from")
+
+
+@dataclass
+class Progress:
+    """Mirrored from the trainer's metrics endpoint; a metric the trainer does not export is left out."""
+
+    step: int | None = spec_field("global optimizer step (atlas_training_step)")
+    reward: float | None = spec_field("mean reward of the last logged step (atlas_training_reward)")
+    kl: float | None = spec_field("KL to the reference model (atlas_training_kl; absent when beta is 0)")
+    updated_at: str | None = spec_field("when these values were read (RFC 3339)")
+
+
+@dataclass
+class Children:
+    """Names of the objects the run owns."""
+
+    pytorch_job: str | None = spec_field("PyTorchJob (kubeflow.org/v1)")
+    rollout: str | None = spec_field("rollout Deployment and Service (trl vllm-serve)")
+    student: str | None = spec_field("student Deployment and Service (vllm serve; AtlasTeacher)")
+    config_map: str | None = spec_field("ConfigMap with run.yaml, accelerate.yaml, reward.yaml")
+    metrics_service: str | None = spec_field("Service in front of the trainer's metrics endpoint (rank 0)")
+
+
+@dataclass
+class RunStatus:
+    """Observed state of the run."""
+
+    phase: str | None = spec_field("follows the PyTorchJob's last condition; Invalid = rejected spec", enum=PHASES)
+    observed_generation: int | None = spec_field("metadata.generation last reconciled")
+    conditions: list[Condition] = spec_field("latest observations", [])
+    progress: Progress | None = spec_field("training progress")
+    children: Children | None = spec_field("owned objects")
+    kopf: dict[str, Any] = spec_field("the operator framework's bookkeeping (last handled spec, handler progress)", {})
+
+
+# "These fields are wrong": the one error type of atlas_contract, under the name the operator uses.
+InvalidRun = InvalidFields
 
 
 def parse_run(manifest: dict[str, Any], namespace: str | None = None) -> Run:
@@ -299,10 +376,6 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None) -> Run:
     return run
 
 
-REWARD_FUNCTIONS = ("exact_match", "boxed_format")
-REWARD_CONFIGS = ("interpretation", "interpretation_offline")
-
-
 def validate_run(run: Run) -> list[str]:
     """Checks beyond the schema, each naming the field and what was expected."""
     spec, problems = run.spec, []
@@ -322,26 +395,26 @@ def validate_run(run: Run) -> list[str]:
     reward = spec.reward
     if reward.config and reward.config_map_ref:
         problems.append("spec.reward: set config or configMapRef, not both")
-    if reward.config and reward.config not in REWARD_CONFIGS:
+    configs = rules.bundled_reward_configs()
+    if reward.config and reward.config not in configs:
         problems.append(
-            f"spec.reward.config: expected one of {', '.join(REWARD_CONFIGS)} "
+            f"spec.reward.config: expected one of {', '.join(configs)} "
             f"(or use configMapRef for your own), got {reward.config!r}"
         )
-    for func in reward.funcs or []:
-        if func not in REWARD_FUNCTIONS:
-            problems.append(f"spec.reward.funcs: unknown reward {func!r} (available: {', '.join(REWARD_FUNCTIONS)})")
-    if reward.weights is not None:
-        expected = len(reward_funcs(run)) + (1 if has_judges(run) else 0)
-        if len(reward.weights) != expected:
-            problems.append(
-                f"spec.reward.weights: expected {expected} weights (one per reward function, then RIM), "
-                f"got {len(reward.weights)}"
-            )
+    problems += rules.reward_problems(
+        reward_funcs(run), has_judges(run), reward.weights, name=lambda field: f"spec.reward.{field}"
+    )
     if isinstance(spec, AtlasTeacherSpec):
         if spec.student is None:
             problems.append("spec.student: required for AtlasTeacher (the frozen student model)")
         else:
             problems += _rollout_problems(spec.student.rollout, "spec.student.rollout", policy=False)
+    if spec.algorithm == "sft":
+        for name in defaults.GRPO_ONLY:
+            if getattr(training, name) is not None:
+                problems.append(
+                    f"spec.training.{camel(name)}: a GRPO setting; algorithm sft does not use it (remove it)"
+                )
     extra_clash = sorted(set(spec.training.extra) & {f.name for f in dataclasses.fields(TrainingSpec)})
     for name in extra_clash:
         problems.append(f"spec.training.extra.{name}: set it as spec.training.{camel(name)} instead")
@@ -351,19 +424,25 @@ def validate_run(run: Run) -> list[str]:
 
 
 def _batch_problems(training: TrainingSpec, processes: int) -> list[str]:
-    """TRL's rule: every generation batch holds whole groups of numGenerations completions."""
-    per_device = training.per_device_train_batch_size or 8
-    accumulation = training.gradient_accumulation_steps or 1
-    generations = training.num_generations or 8
-    steps = training.extra.get("steps_per_generation") or accumulation
-    batch = training.extra.get("generation_batch_size") or per_device * processes * steps
-    if isinstance(batch, int) and batch % generations:
-        return [
-            f"spec.training.numGenerations: {generations} does not divide the generation batch of {batch} "
-            f"completions (perDeviceTrainBatchSize {per_device} x {processes} processes x {steps} "
-            f"gradient accumulation steps)"
-        ]
-    return []
+    """TRL's generation-batch rule (atlas_contract.rules), on the values this run will really use."""
+    values = {**defaults.training_defaults("grpo"), **{k: v for k, v in vars(training).items() if v is not None}}
+    extra = training.extra
+    problem = rules.generation_batch_problem(
+        values["num_generations"],
+        values["per_device_train_batch_size"],
+        processes,
+        values["gradient_accumulation_steps"],
+        steps_per_generation=_whole(extra.get("steps_per_generation")),
+        generation_batch_size=_whole(extra.get("generation_batch_size")),
+        name=lambda field: (
+            f"spec.training.{camel(field)}" if hasattr(training, field) else f"spec.training.extra.{field}"
+        ),
+    )
+    return [problem] if problem else []
+
+
+def _whole(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _rollout_problems(rollout: RolloutSpec, where: str, policy: bool) -> list[str]:

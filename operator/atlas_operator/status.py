@@ -1,10 +1,14 @@
-"""Pure status logic: the run's phase from its PyTorchJob, conditions, and progress from metrics text."""
+"""Pure status logic: the run's phase from its PyTorchJob, conditions, progress from metrics text, and
+the status patch and Events that one reconciliation's :class:`Result` turns into."""
 
 from __future__ import annotations
 
 import datetime as dt
 import math
+from dataclasses import dataclass, field
 from typing import Any
+
+from atlas_contract.metrics import PROGRESS
 
 # PyTorchJob condition type → run phase (design.md: Restarting counts as Running).
 JOB_PHASES = {
@@ -16,7 +20,25 @@ JOB_PHASES = {
     "Suspended": "Suspended",
 }
 FINISHED = ("Succeeded", "Failed")
-PROGRESS_METRICS = {"step": "atlas_training_step", "reward": "atlas_training_reward", "kl": "atlas_training_kl"}
+
+
+@dataclass
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Result:
+    """What a reconciliation observed: the status fields to write and the events to post."""
+
+    phase: str
+    conditions: list[dict[str, Any]]
+    children: dict[str, str] = field(default_factory=dict)
+    progress: dict[str, Any] | None = None
+    events: list[Event] = field(default_factory=list)
+    actions: dict[str, str] = field(default_factory=dict)  # child → created | patched | recreated
 
 
 def now() -> str:
@@ -47,16 +69,6 @@ def job_phase(job: dict[str, Any] | None, suspend: bool) -> str:
     return phase
 
 
-def condition(type_: str, ok: bool, reason: str, message: str, generation: int | None) -> dict[str, Any]:
-    return {
-        "type": type_,
-        "status": "True" if ok else "False",
-        "reason": reason,
-        "message": message,
-        "observedGeneration": generation,
-    }
-
-
 def merge_conditions(old: list[dict[str, Any]] | None, new: list[dict[str, Any]], at: str) -> list[dict[str, Any]]:
     """Conditions in ``new`` replace those of the same type; lastTransitionTime moves only when the
     status changes, so an unchanged condition writes nothing."""
@@ -77,7 +89,7 @@ def parse_progress(metrics_text: str, run: str, namespace: str) -> dict[str, Any
     are left out. Samples labelled for another run are ignored."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    wanted = {metric: key for key, metric in PROGRESS_METRICS.items()}
+    wanted = {metric: key for key, metric in PROGRESS.items()}
     progress: dict[str, Any] = {}
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
@@ -91,3 +103,50 @@ def parse_progress(metrics_text: str, run: str, namespace: str) -> dict[str, Any
                 continue
             progress[key] = int(sample.value) if key == "step" else round(float(sample.value), 6)
     return progress
+
+
+def status_update(old: dict[str, Any], generation: int | None, result: Result, at: str) -> tuple[dict, list[Event]]:
+    """The status fields that changed (a merge patch, empty when nothing did) and the Events to post: one
+    for a phase transition, and each of ``result.events`` that the conditions do not already say."""
+    new = {
+        "phase": result.phase,
+        "observedGeneration": generation,
+        "conditions": merge_conditions(old.get("conditions"), result.conditions, at),
+        "children": result.children or None,
+    }
+    for cond in new["conditions"]:
+        cond["observedGeneration"] = generation
+    if result.progress is not None:
+        progress = {k: v for k, v in (old.get("progress") or {}).items() if k != "updatedAt"}
+        if progress != result.progress:
+            new["progress"] = {**result.progress, "updatedAt": at}
+    patch = {key: value for key, value in new.items() if old.get(key) != value}
+    events = []
+    transitioned = old.get("phase") != result.phase
+    if transitioned:
+        warning = result.phase in ("Failed", "Invalid")
+        events.append(Event("Warning" if warning else "Normal", result.phase, transition_message(result)))
+    said = {(c.get("reason"), c.get("message")) for c in old.get("conditions") or []}
+    for event in result.events:
+        carried = transitioned and event.type == "Warning"  # the transition event already says it
+        if (event.reason, event.message) not in said and not carried:
+            events.append(event)
+    return patch, events
+
+
+def transition_message(result: Result) -> str:
+    """Invalid/Pending: what blocks the run; otherwise what the PyTorchJob said."""
+    by_type = {c["type"]: c for c in result.conditions}
+    for blocking in ("Valid", "PrerequisitesMet", "SpecApplied"):
+        if by_type.get(blocking, {}).get("status") == "False":
+            return by_type[blocking]["message"]
+    training = by_type.get("Training")
+    return training["message"] if training else result.phase
+
+
+def job_has_news(job: dict[str, Any], run_status: dict[str, Any] | None) -> bool:
+    """Whether a PyTorchJob says something its run's status does not show yet (its last condition)."""
+    if not (job.get("status") or {}).get("conditions"):
+        return False
+    training = next((c for c in (run_status or {}).get("conditions") or [] if c["type"] == "Training"), {})
+    return training_reason(job) != (training.get("reason"), training.get("message"))

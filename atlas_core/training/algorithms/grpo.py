@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ import trl
 from accelerate.utils import gather, gather_object
 from transformers import EvalPrediction, TrainerCallback
 
+from atlas_contract.rules import model_problems, model_reference
 from atlas_core.models.tiny import resolve_model_path
 from atlas_core.tasks.arithmetic import completion_text
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
@@ -120,8 +120,9 @@ class GRPOTrainer(trl.GRPOTrainer):
                 raise ValueError("model: pass a model, or set GRPOConfig.model_name_or_path")
         if isinstance(model, str):
             model = resolve_model_path(model)
-            if _looks_like_path(model) and not os.path.isdir(model):
-                raise ValueError(f"model: '{model}' is not a directory with a saved model")
+            problems = model_problems(model, "model") if model_reference(model) == "path" else []
+            if problems:
+                raise ValueError(problems[0])
             if args is not None and getattr(args, "model_name_or_path", None) is None:
                 args.model_name_or_path = model
 
@@ -336,8 +337,3 @@ def _as_list(value) -> list:
     if value is None:
         return []
     return list(value) if isinstance(value, list) else [value]
-
-
-def _looks_like_path(model: str) -> bool:
-    """A local path rather than a hub id: absolute, relative with ./ or ~, or existing on disk."""
-    return model.startswith(("/", "./", "../", "~")) or os.path.exists(model)

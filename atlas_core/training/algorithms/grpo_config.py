@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig as _TRLGRPOConfig
 
+from atlas_contract import rules
+from atlas_contract.defaults import TEACHING
+from atlas_contract.names import ENV_KIND, ENV_NAMESPACE, ENV_RUN, TRAINER_METRICS_PORT
+
 
 @dataclass
 class AtlasArguments:
@@ -23,7 +27,8 @@ class AtlasArguments:
             ``builtin://tiny-llama`` builds the offline tiny model locally.
         metrics_port (`int`, *optional*, defaults to `0`):
             Port of the Prometheus ``/metrics`` endpoint that rank 0 serves while training
-            (``atlas_training_*`` gauges). ``0`` turns it off. Recipes and trainer pods use ``9400``.
+            (``atlas_training_*`` gauges). ``0`` turns it off. Recipes and trainer pods use
+            ``atlas_contract.names.TRAINER_METRICS_PORT`` (9400).
         metrics_host (`str`, *optional*, defaults to `"0.0.0.0"`):
             Address the metrics endpoint binds to. ``atlas demo`` uses ``127.0.0.1``.
         metrics_namespace (`str`, *optional*):
@@ -45,7 +50,9 @@ class AtlasArguments:
     )
     metrics_port: int = field(
         default=0,
-        metadata={"help": "Port of rank 0's Prometheus /metrics endpoint; 0 turns it off (pods use 9400)."},
+        metadata={
+            "help": f"Port of rank 0's Prometheus /metrics endpoint; 0 turns it off (pods use {TRAINER_METRICS_PORT})."
+        },
     )
     metrics_host: str = field(default="0.0.0.0", metadata={"help": "Address the metrics endpoint binds to."})
     metrics_namespace: str | None = field(
@@ -82,14 +89,14 @@ class AtlasArguments:
         port = self.metrics_port
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"metrics_port: expected 0 (off) or a TCP port up to 65535, got {port!r}")
-        self.metrics_namespace = self.metrics_namespace or os.environ.get("ATLAS_NAMESPACE") or "local"
+        self.metrics_namespace = self.metrics_namespace or os.environ.get(ENV_NAMESPACE) or "local"
         self.metrics_run = (
             self.metrics_run
-            or os.environ.get("ATLAS_RUN")
+            or os.environ.get(ENV_RUN)
             or self.run_name
             or os.path.basename(os.path.normpath(self.output_dir or "atlas"))
         )
-        self.metrics_kind = self.metrics_kind or os.environ.get("ATLAS_KIND") or "local"
+        self.metrics_kind = self.metrics_kind or os.environ.get(ENV_KIND) or "local"
 
     def metric_labels(self) -> dict[str, str]:
         """Labels every ``atlas_training_*`` / ``atlas_teaching_*`` sample of this run carries."""
@@ -121,17 +128,29 @@ class TeachingArguments:
             Keep a local student on the CPU instead of the trainer's device.
     """
 
-    max_probe_tokens: int = field(default=50, metadata={"help": "Token budget of the student's diagnostic probe."})
-    max_guidance_tokens: int = field(default=200, metadata={"help": "Token budget of generate_guidance."})
+    max_probe_tokens: int = field(
+        default=TEACHING["max_probe_tokens"], metadata={"help": "Token budget of the student's diagnostic probe."}
+    )
+    max_guidance_tokens: int = field(
+        default=TEACHING["max_guidance_tokens"], metadata={"help": "Token budget of generate_guidance."}
+    )
     efficiency_horizon: float = field(
-        default=200.0, metadata={"help": "Guidance tokens at which the efficiency bonus reaches 0."}
+        default=TEACHING["efficiency_horizon"],
+        metadata={"help": "Guidance tokens at which the efficiency bonus reaches 0."},
     )
     degradation_penalty: float = field(
-        default=2.0, metadata={"help": "Subtracted from the reward when guidance makes the student worse."}
+        default=TEACHING["degradation_penalty"],
+        metadata={"help": "Subtracted from the reward when guidance makes the student worse."},
     )
-    student_samples: int = field(default=2, metadata={"help": "Student answers per task, with and without guidance."})
-    student_max_tokens: int = field(default=256, metadata={"help": "Token budget of one student answer."})
-    student_temperature: float = field(default=0.7, metadata={"help": "Sampling temperature of the student."})
+    student_samples: int = field(
+        default=TEACHING["student_samples"], metadata={"help": "Student answers per task, with and without guidance."}
+    )
+    student_max_tokens: int = field(
+        default=TEACHING["student_max_tokens"], metadata={"help": "Token budget of one student answer."}
+    )
+    student_temperature: float = field(
+        default=TEACHING["student_temperature"], metadata={"help": "Sampling temperature of the student."}
+    )
     student_offload: bool = field(default=False, metadata={"help": "Keep a local student on the CPU."})
 
     def _check_teaching_fields(self) -> None:
@@ -181,10 +200,11 @@ class GRPOConfig(_TRLGRPOConfig, AtlasArguments, TeachingArguments):
             return
         self.steps_per_generation = self.gradient_accumulation_steps
         self.generation_batch_size = self.per_device_train_batch_size * self.world_size * self.steps_per_generation
-        if self.generation_batch_size % self.num_generations:
-            raise ValueError(
-                f"num_generations: {self.num_generations} does not divide the generation batch of "
-                f"{self.generation_batch_size} completions (per_device_train_batch_size "
-                f"{self.per_device_train_batch_size} x {self.world_size} processes x gradient_accumulation_steps "
-                f"{self.gradient_accumulation_steps})"
-            )
+        problem = rules.generation_batch_problem(
+            self.num_generations,
+            self.per_device_train_batch_size,
+            self.world_size,
+            self.gradient_accumulation_steps,
+        )
+        if problem:
+            raise ValueError(problem)

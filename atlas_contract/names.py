@@ -1,0 +1,76 @@
+"""Names both halves rely on: the API, child objects, labels, ports, files and environment variables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# ------------------------------------------------------------------ the API (atlas.arc.computer/v1alpha1)
+GROUP = "atlas.arc.computer"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KINDS = {"AtlasTraining": "atlastrainings", "AtlasTeacher": "atlasteachers"}
+SHORT_NAMES = {"AtlasTraining": ["atr"], "AtlasTeacher": ["ateach"]}
+PHASES = ("Pending", "Running", "Succeeded", "Failed", "Suspended", "Invalid")
+ALGORITHMS = ("grpo", "sft", "teacher")  # run configuration `algorithm`; AtlasTeacher runs `teacher`
+
+# ------------------------------------------------------------------ ports
+TRAINER_METRICS_PORT = 9400  # rank 0's /metrics in a trainer pod (and `atlas demo` on 127.0.0.1)
+OPERATOR_METRICS_PORT = 8080  # the operator's /metrics and /healthz
+VLLM_PORT = 8000  # rollout and student servers (OpenAI API, /health)
+WEIGHT_SYNC_PORT = 51216  # TRL's vllm_group_port: the NCCL group the trainer joins to push weights
+RENDEZVOUS_PORT = 23456  # Kubeflow's default for the `pytorchjob-port` container port
+
+# ------------------------------------------------------------------ files
+CONFIG_DIR = "/etc/atlas"  # the run's ConfigMap, mounted in every trainer pod
+RUN_CONFIG_FILE = "run.yaml"  # the run configuration (atlas_core.cli.train recipe=<CONFIG_DIR>/run.yaml)
+ACCELERATE_CONFIG_FILE = "accelerate.yaml"
+REWARD_CONFIG_FILE = "reward.yaml"  # a named RIM config, embedded in the ConfigMap
+METRICS_LOG_FILE = "metrics.jsonl"  # one line per logged step, in the output folder
+CHECKPOINT_PREFIX = "checkpoint-"  # <output_dir>/checkpoint-<step>, as transformers names them
+REWARD_SYSTEM_DIR = "reward_system"  # bundled RIM configs: <name>.yaml
+
+# ------------------------------------------------------------------ environment of trainer pods
+ENV_NAMESPACE = "ATLAS_NAMESPACE"  # metric label `namespace`
+ENV_RUN = "ATLAS_RUN"  # metric label `run`
+ENV_KIND = "ATLAS_KIND"  # metric label `kind`
+ENV_REWARD_SYSTEM_DIR = "ATLAS_REWARD_SYSTEM_DIR"  # extra folder of named RIM configs
+
+# ------------------------------------------------------------------ labels and annotations
+MANAGED_BY = "atlas-operator"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
+CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+
+
+@dataclass(frozen=True)
+class ChildNames:
+    """The objects a run named ``run`` owns (design.md, "Children")."""
+
+    run: str
+
+    @property
+    def job(self) -> str:
+        return self.run
+
+    @property
+    def config_map(self) -> str:
+        return f"{self.run}-config"
+
+    @property
+    def metrics(self) -> str:
+        return f"{self.run}-metrics"
+
+    @property
+    def rollout(self) -> str:
+        return f"{self.run}-rollout"
+
+    @property
+    def student(self) -> str:
+        return f"{self.run}-student"
+
+
+# The longest suffix above must still leave a valid Service name (a DNS label of 63 characters).
+MAX_RUN_NAME = 63 - max(len(s) for s in ("-config", "-metrics", "-rollout", "-student"))

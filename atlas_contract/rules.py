@@ -1,0 +1,164 @@
+"""Rules both halves apply: the operator when it validates a spec, the trainer when it loads a run.
+
+Each rule takes plain values and a ``name`` function that spells a field the way the caller's user
+wrote it (``spec.training.numGenerations`` for a manifest, ``trainer.num_generations`` for a run
+configuration, ``num_generations`` for a GRPOConfig), so the messages name the field the user can fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from atlas_contract.names import ENV_REWARD_SYSTEM_DIR, REWARD_SYSTEM_DIR
+
+
+def _same(name: str) -> str:
+    return name
+
+
+# ------------------------------------------------------------------ TRL's generation batch
+
+
+def generation_batch_size_of(
+    per_device_train_batch_size: int,
+    processes: int,
+    gradient_accumulation_steps: int,
+    steps_per_generation: int | None = None,
+    generation_batch_size: int | None = None,
+) -> int:
+    """Completions per generation batch, as TRL derives it: an explicit ``generation_batch_size``, else
+    per-device batch x processes x ``steps_per_generation`` (which defaults to the accumulation steps)."""
+    if generation_batch_size:
+        return int(generation_batch_size)
+    steps = steps_per_generation or gradient_accumulation_steps
+    return per_device_train_batch_size * processes * int(steps)
+
+
+def generation_batch_problem(
+    num_generations: int,
+    per_device_train_batch_size: int,
+    processes: int,
+    gradient_accumulation_steps: int,
+    steps_per_generation: int | None = None,
+    generation_batch_size: int | None = None,
+    name: Callable[[str], str] = _same,
+) -> str | None:
+    """TRL's rule: every generation batch holds whole groups of ``num_generations`` completions (and a
+    group compares at least two). None when it holds."""
+    if num_generations < 2:
+        return f"{name('num_generations')}: expected at least 2 (GRPO compares completions), got {num_generations}"
+    batch = generation_batch_size_of(
+        per_device_train_batch_size, processes, gradient_accumulation_steps, steps_per_generation, generation_batch_size
+    )
+    if batch % num_generations == 0:
+        return None
+    def short(field: str) -> str:  # the headline names the field in full; the explanation by its last part
+        return name(field).rsplit(".", 1)[-1]
+
+    if generation_batch_size:
+        how = f"{short('generation_batch_size')} {batch}"
+    else:
+        steps_field = "steps_per_generation" if steps_per_generation else "gradient_accumulation_steps"
+        how = (
+            f"{short('per_device_train_batch_size')} {per_device_train_batch_size} x {processes} processes x "
+            f"{short(steps_field)} {steps_per_generation or gradient_accumulation_steps}"
+        )
+    return (
+        f"{name('num_generations')}: {num_generations} does not divide the generation batch of {batch} "
+        f"completions ({how})"
+    )
+
+
+# ------------------------------------------------------------------ rewards
+
+REWARD_FUNCTIONS = ("exact_match", "boxed_format")  # verifiable rewards by name (atlas_core.tasks.arithmetic)
+
+
+def reward_config_dirs() -> list[Path]:
+    """Where a named RIM config (``interpretation``) is looked up: ``$ATLAS_REWARD_SYSTEM_DIR``,
+    ``./reward_system``, then the bundled folder of this source tree (and of the images)."""
+    dirs = []
+    if os.environ.get(ENV_REWARD_SYSTEM_DIR):
+        dirs.append(Path(os.environ[ENV_REWARD_SYSTEM_DIR]))
+    dirs.append(Path.cwd() / REWARD_SYSTEM_DIR)
+    dirs.append(Path(__file__).resolve().parents[1] / REWARD_SYSTEM_DIR)
+    return dirs
+
+
+def bundled_reward_configs() -> tuple[str, ...]:
+    """Names of the RIM configs shipped in ``reward_system/`` (what ``spec.reward.config`` accepts)."""
+    bundled = Path(__file__).resolve().parents[1] / REWARD_SYSTEM_DIR
+    return tuple(sorted(p.stem for p in bundled.glob("*.yaml")))
+
+
+def find_reward_config(config: str | os.PathLike) -> Path | None:
+    """A YAML path, or a name looked up in :func:`reward_config_dirs`; None when there is none."""
+    path = Path(config)
+    if path.is_file():
+        return path
+    name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
+    for directory in reward_config_dirs():
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
+def reward_problems(
+    funcs: list[str], judges: bool, weights: list[float] | None, name: Callable[[str], str] = _same
+) -> list[str]:
+    """Unknown reward names, and a weight count that is not one per function plus one for RIM."""
+    problems = [
+        f"{name('funcs')}: unknown reward {func!r} (available: {', '.join(REWARD_FUNCTIONS)})"
+        for func in funcs
+        if func not in REWARD_FUNCTIONS
+    ]
+    expected = len(funcs) + (1 if judges else 0)
+    if weights is not None and len(weights) != expected:
+        problems.append(
+            f"{name('weights')}: expected {expected} weights (one per reward function, then RIM), got {len(weights)}"
+        )
+    return problems
+
+
+# ------------------------------------------------------------------ model references
+
+BUILTIN_SCHEME = "builtin://"
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+def model_reference(ref: str) -> str:
+    """What a model reference names: ``builtin`` (``builtin://…``), ``endpoint`` (an OpenAI-compatible
+    ``http(s)://…/v1``), ``path`` (absolute, ``./``, ``../``, ``~``, anything on disk, anything that
+    cannot be a hub id) or ``hub`` (``org/name`` or ``name``, resolved when the model loads)."""
+    if ref.startswith(BUILTIN_SCHEME):
+        return "builtin"
+    if ref.startswith(("http://", "https://")):
+        return "endpoint"
+    if ref.startswith(("/", "./", "../", "~")) or os.path.exists(os.path.expanduser(ref)):
+        return "path"
+    return "hub" if _HUB_ID.fullmatch(ref) else "path"
+
+
+def model_problems(ref: str, field: str = "model", builtins: tuple[str, ...] = ()) -> list[str]:
+    """Problems of a model reference that can be checked here: a local folder that is missing or not
+    a saved model, an unknown builtin. Hub ids and endpoints are checked when they are used."""
+    kind = model_reference(ref)
+    if kind == "builtin":
+        if builtins and ref not in builtins:
+            return [f"{field}: unknown builtin model {ref!r} (available: {', '.join(builtins)})"]
+        return []
+    if kind != "path":
+        return []
+    path = Path(os.path.expanduser(ref))
+    if not path.exists():
+        return [f"{field}: '{ref}' does not exist (expected a folder saved with save_pretrained or a hub id org/name)"]
+    if not path.is_dir():
+        return [f"{field}: '{ref}' is a file; expected a folder saved with save_pretrained"]
+    if not os.access(path, os.R_OK | os.X_OK):
+        return [f"{field}: '{ref}' is not readable"]
+    if not (path / "config.json").is_file():
+        return [f"{field}: '{ref}' has no config.json; expected a folder saved with save_pretrained"]
+    return []
