@@ -16,7 +16,7 @@ TRAINING_COMMON: dict[str, Any] = {
     "per_device_train_batch_size": 8,
     "gradient_accumulation_steps": 1,
     "lr_scheduler_type": "linear",
-    "warmup_steps": 0,
+    "warmup_steps": 0.0,
     "weight_decay": 0.0,
     "max_grad_norm": 1.0,
     "logging_steps": 1,  # every step: the operator mirrors each step into .status.progress

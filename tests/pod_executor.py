@@ -227,7 +227,10 @@ class PodExecutor:
                     if path.name != ".configmap":
                         text = remap(path.read_text())
                         if ports and path.suffix in (".yaml", ".yml"):
-                            text = yaml.safe_dump(_map_ports(yaml.safe_load(text), ports), sort_keys=False)
+                            document = yaml.safe_load(text)
+                            mapped = _map_ports(document, ports)
+                            if mapped != document:
+                                text = yaml.safe_dump(mapped, sort_keys=False)
                         path.write_text(text)
         env = {k: os.environ[k] for k in HOST_ENV if k in os.environ}
         env["PATH"] = f"{self.python_bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"

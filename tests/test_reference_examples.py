@@ -533,7 +533,23 @@ def loop_recorder():
     return LoopRecorder()
 
 
-@pytest.mark.parametrize("name", list(TROUBLESHOOTING))
+# Set after construction, these two never reach the run: TrainingArguments resolves them in __post_init__
+# (gradient_checkpointing into activation_checkpointing, bf16/fp16 into mixed_precision), and GRPOTrainer re-derives
+# only the generation batch. Strict: the test fails once the trainer honours them (then drop the marker).
+NOT_HONOURED_AFTER_CONSTRUCTION = pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="set after GRPOConfig construction, the setting does not reach the trainer (product bug)",
+)
+TROUBLESHOOTING_CASES = [
+    pytest.param(name, marks=NOT_HONOURED_AFTER_CONSTRUCTION)
+    if name in ("gradient checkpointing", "mixed precision (bf16 on CPU)", "mixed precision (fp16)")
+    else name
+    for name in TROUBLESHOOTING
+]
+
+
+@pytest.mark.parametrize("name", TROUBLESHOOTING_CASES)
 def test_troubleshooting_settings(in_tmp, tiny_model_dir, train_data, name):
     """Each setting, set after construction as the page does, changes what the training loop does."""
     from atlas_core.training.algorithms.grpo import GRPOTrainer
@@ -586,6 +602,8 @@ def test_troubleshooting_settings(in_tmp, tiny_model_dir, train_data, name):
         assert trainer.beta == 0.1 and trainer.ref_model is not None and "kl" in logged
     max_norm = 0.5 if name == "gradient clipping" else 1.0
     assert logged["grad_norm"] > 0.0
+    if name == "gradient clipping":
+        assert logged["grad_norm"] > max_norm  # (the pre-clip norm: there was something to clip)
     assert seen["grad_norm"] == pytest.approx(min(logged["grad_norm"], max_norm), rel=1e-3)  # clipped to max_norm
 
 

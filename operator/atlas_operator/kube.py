@@ -15,10 +15,6 @@ class Resource:
     plural: str
     kind: str
 
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
     def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
         base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
         path = f"{base}/namespaces/{namespace}/{self.plural}"

@@ -67,7 +67,16 @@ def description(f: dataclasses.Field) -> str:
         return f"{text}. Default: {_literal(default)}."
     if meta.get("unset"):
         return f"{text}. Unset: {meta['unset']}."
+    if f.default_factory in (list, dict) or _is_empty_factory(f):
+        return f"{text}. Default: empty."
     return text
+
+
+def _is_empty_factory(f: dataclasses.Field) -> bool:
+    if f.default_factory is dataclasses.MISSING:
+        return False
+    value = f.default_factory()
+    return value in ([], {})
 
 
 def _literal(value: Any) -> str:

@@ -54,16 +54,17 @@ class RewardSpec:
     """How completions are scored: verifiable functions and/or RIM judges."""
 
     config: str | None = spec_field(
-        "RIM judges: a reward_system config name (interpretation, interpretation_offline); unset = no judges"
+        "RIM judges: a reward_system config name (interpretation, interpretation_offline)", unset="no judges"
     )
     config_map_ref: ConfigMapKeyRef | None = spec_field(
         "RIM judges from your own config in a ConfigMap (instead of config)"
     )
     funcs: list[str] | None = spec_field(
-        "verifiable reward functions (exact_match, boxed_format); unset = exact_match when no judges are "
-        "configured (AtlasTraining), none for AtlasTeacher (the student's answers are checked against ground_truth)",
+        "verifiable reward functions (exact_match, boxed_format)",
+        unset="exact_match when no judges are configured (AtlasTraining), none for AtlasTeacher (the student's "
+        "answers are checked against ground_truth)",
     )
-    weights: list[float] | None = spec_field("one weight per reward (funcs, then RIM); unset = all 1.0")
+    weights: list[float] | None = spec_field("one weight per reward (funcs, then RIM)", unset="every reward weighs 1.0")
 
 
 @dataclass
@@ -125,13 +126,15 @@ class TrainingSpec:
 
 @dataclass
 class Toleration:
-    key: str | None = spec_field("taint key")
-    operator: str | None = spec_field("Exists or Equal", enum=("Exists", "Equal"))
-    value: str | None = spec_field("taint value")
+    key: str | None = spec_field("taint key", unset="every taint key (with operator Exists)")
+    operator: str | None = spec_field("Exists or Equal", unset="Equal (Kubernetes' default)", enum=("Exists", "Equal"))
+    value: str | None = spec_field("taint value", unset="the empty value")
     effect: str | None = spec_field(
-        "NoSchedule, PreferNoSchedule or NoExecute", enum=("NoSchedule", "PreferNoSchedule", "NoExecute")
+        "NoSchedule, PreferNoSchedule or NoExecute",
+        unset="every effect",
+        enum=("NoSchedule", "PreferNoSchedule", "NoExecute"),
     )
-    toleration_seconds: int | None = spec_field("how long a NoExecute taint is tolerated")
+    toleration_seconds: int | None = spec_field("how long a NoExecute taint is tolerated", unset="forever")
 
 
 @dataclass
@@ -143,8 +146,10 @@ class ResourcesSpec:
     processes_per_node: int | None = spec_field(
         "training processes per pod", unset="gpusPerNode (1 when gpusPerNode is 0)", minimum=1
     )
-    cpu: str | None = spec_field("CPU request and limit per trainer pod, e.g. '32'")
-    memory: str | None = spec_field("memory request and limit per trainer pod, e.g. 512Gi")
+    cpu: str | None = spec_field("CPU request and limit per trainer pod, e.g. '32'", unset="no CPU request or limit")
+    memory: str | None = spec_field(
+        "memory request and limit per trainer pod, e.g. 512Gi", unset="no memory request or limit"
+    )
     shm_size: str = spec_field("size of the /dev/shm memory volume (NCCL, dataloaders)", "16Gi")
     node_selector: dict[str, str] = spec_field("node labels the trainer and rollout pods must match", {})
     tolerations: list[Toleration] = spec_field("taints the trainer and rollout pods tolerate", [])
@@ -157,7 +162,11 @@ class ResourcesSpec:
 class RolloutSpec:
     """vLLM servers that generate completions (`trl vllm-serve`, weights synced after each step)."""
 
-    replicas: int = spec_field("servers; 0 = generate inside the trainer", 1, minimum=0)
+    replicas: int = spec_field(
+        "servers; 0 = generate inside the trainer (algorithm sft: 0 unless set, as SFT generates nothing)",
+        1,
+        minimum=0,
+    )
     gpus: int = spec_field("GPUs per server (tensorParallelSize x data parallel)", 1, minimum=1)
     tensor_parallel_size: int = spec_field("tensor parallel size; must divide gpus", 1, minimum=1)
     image: str | None = spec_field("vLLM image", unset="the operator's rollout image")
@@ -165,8 +174,8 @@ class RolloutSpec:
         "vLLM --gpu-memory-utilization", 0.9, minimum=0, maximum=1, exclusive_minimum=True
     )
     max_model_len: int | None = spec_field("vLLM --max-model-len", unset="the model's context length", minimum=1)
-    cpu: str | None = spec_field("CPU request and limit per server")
-    memory: str | None = spec_field("memory request and limit per server")
+    cpu: str | None = spec_field("CPU request and limit per server", unset="no CPU request or limit")
+    memory: str | None = spec_field("memory request and limit per server", unset="no memory request or limit")
     args: list[str] = spec_field("extra command-line arguments for the server", [])
 
 
@@ -175,8 +184,8 @@ class CheckpointSpec:
     """Where checkpoints, the final model and metrics.jsonl go; a run resumes from the newest checkpoint."""
 
     pvc: str | None = spec_field(
-        "PersistentVolumeClaim to keep checkpoints on (ReadWriteMany for nodes > 1); unset = an emptyDir, "
-        "lost with the pod, and a spec change cannot restart from a checkpoint"
+        "PersistentVolumeClaim to keep checkpoints on (ReadWriteMany for nodes > 1)",
+        unset="an emptyDir, lost with the pod, so a spec change cannot restart from a checkpoint",
     )
     path: str = spec_field(
         "mount path in the trainer pods; the run writes to <path>/<run name>", "/checkpoints", pattern=r"/.*"
@@ -225,8 +234,10 @@ class TeachingSpec:
 @dataclass
 class EnvVar:
     name: str = spec_field("variable name", required=True)
-    value: str | None = spec_field("literal value (never a secret: use valueFrom)")
-    value_from: dict[str, Any] | None = spec_field("a Kubernetes EnvVarSource, e.g. secretKeyRef")
+    value: str | None = spec_field(
+        "literal value (never a secret: use valueFrom)", unset="valueFrom, else the empty string"
+    )
+    value_from: dict[str, Any] | None = spec_field("a Kubernetes EnvVarSource, e.g. secretKeyRef", unset="value")
 
 
 @dataclass
@@ -237,7 +248,9 @@ class RunSpec:
     dataset: DatasetSpec = spec_field("training prompts", required=True)
     image: str | None = spec_field("trainer image", unset="the operator's trainer image")
     image_pull_secrets: list[LocalObjectReference] = spec_field("Secrets for pulling the images", [])
-    service_account_name: str | None = spec_field("ServiceAccount of the trainer and rollout pods")
+    service_account_name: str | None = spec_field(
+        "ServiceAccount of the trainer and rollout pods", unset="the namespace's default ServiceAccount"
+    )
     reward: RewardSpec = spec_field("reward functions and RIM judges", RewardSpec)
     training: TrainingSpec = spec_field("trainer hyper-parameters (GRPOConfig fields, camelCase)", TrainingSpec)
     resources: ResourcesSpec = spec_field("trainer topology: nodes, GPUs, CPU, memory, placement", ResourcesSpec)
@@ -358,6 +371,9 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None) -> Run:
         )
         name = str(name or "")
     spec = parse(SPEC_TYPES[kind], manifest.get("spec"), "spec", problems)
+    rollout = (manifest.get("spec") or {}).get("rollout")
+    if spec.algorithm == "sft" and (not isinstance(rollout, dict) or rollout.get("replicas") is None):
+        spec.rollout.replicas = 0  # SFT generates nothing: no rollout server unless one is asked for
     run = Run(
         kind=kind,
         name=name,
