@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from atlas_contract import metrics as contract_metrics
-from atlas_contract.names import RUN_CONFIG_FILE
 from atlas_operator.render import render_children
 from atlas_operator.schema import _unwrap_optional, camel
 from atlas_operator.spec import AtlasTeacherSpec, AtlasTrainingSpec, parse_run
+
+from atlas_contract import metrics as contract_metrics
+from atlas_contract.names import RUN_CONFIG_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_FILES = {
@@ -286,9 +286,10 @@ def test_operator_loads_without_the_training_library():
 
 
 def test_one_error_type_for_wrong_fields():
+    from atlas_operator.spec import InvalidRun
+
     from atlas_contract.errors import InvalidFields
     from atlas_core.training.run_config import RunConfigError, load_run_config
-    from atlas_operator.spec import InvalidRun
 
     with pytest.raises(InvalidFields) as operator_side:
         parse_run(manifest("AtlasTraining", {"model": 3}))
@@ -301,8 +302,9 @@ def test_one_error_type_for_wrong_fields():
 
 def test_exported_metrics_are_the_contracts_list():
     """Both registries export exactly the contract's metrics, with its types and help texts."""
-    from atlas_core.telemetry.metrics import TRAINER_REGISTRY
     from atlas_operator.metrics import REGISTRY
+
+    from atlas_core.telemetry.metrics import TRAINER_REGISTRY
 
     for registry, declared in ((TRAINER_REGISTRY, contract_metrics.TRAINER), (REGISTRY, contract_metrics.OPERATOR)):
         families = {f.name: f for f in registry.collect()}
@@ -310,6 +312,9 @@ def test_exported_metrics_are_the_contracts_list():
         for metric in declared:
             assert families[metric.name].type == metric.type
             assert families[metric.name].documentation == metric.help
+    from atlas_core.telemetry.metrics import exported_metric_names
+
+    assert exported_metric_names() == contract_metrics.exported_names(contract_metrics.TRAINER)
 
 
 def test_render_prints_plain_manifests(tmp_path):

@@ -106,7 +106,8 @@ def test_model_object_and_builtin_uri(tmp_path, tiny_model_dir):
         args=make_args(tmp_path, "builtin://tiny-llama", max_steps=1),
         train_dataset=arithmetic(),
     )
-    assert trainer.args.model_name_or_path == "builtin://tiny-llama"
+    # the URI resolved to the locally built tiny model, and that is what was loaded
+    assert trainer.model.name_or_path == str(tiny_model_dir)
     assert trainer.model.config.hidden_size == 64
 
 

@@ -17,6 +17,9 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
+
+from atlas_contract.rules import model_problems, model_reference
 
 #: The value of ``model`` (or ``student``) that means "the locally built tiny model".
 TINY_MODEL_URI = "builtin://tiny-llama"
@@ -163,4 +166,19 @@ def resolve_model_path(model: str, cache_dir: str | os.PathLike | None = None) -
     """Map ``builtin://tiny-llama`` to the built directory; anything else is returned unchanged."""
     if model == TINY_MODEL_URI:
         return str(build_tiny_model(cache_dir))
+    return model
+
+
+def policy_model(model: Any, args: Any, config_name: str) -> Any:
+    """The ``model`` a trainer was given, else its config's ``model_name_or_path``; a name is resolved
+    (``builtin://`` built, a local folder checked by the contract's model-reference rule)."""
+    if model is None:
+        model = getattr(args, "model_name_or_path", None)
+        if model is None:
+            raise ValueError(f"model: pass a model, or set {config_name}.model_name_or_path")
+    if isinstance(model, str):
+        model = resolve_model_path(model)
+        problems = model_problems(model, "model") if model_reference(model) == "path" else []
+        if problems:
+            raise ValueError(problems[0])
     return model

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from atlas_contract.names import OPERATOR_METRICS_PORT
 from atlas_operator.spec import InvalidRun, Run, parse_run
 
 
@@ -160,7 +161,7 @@ def operator_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--metrics-port",
         type=int,
-        help="port of /metrics and /healthz ($ATLAS_OPERATOR_METRICS_PORT, default 8080; 0 = off)",
+        help=f"port of /metrics and /healthz ($ATLAS_OPERATOR_METRICS_PORT, default {OPERATOR_METRICS_PORT}; 0 = off)",
     )
     parser.add_argument("--metrics-url-template", help="trainer metrics URL ($ATLAS_METRICS_URL_TEMPLATE)")
     parser.add_argument(

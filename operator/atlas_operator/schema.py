@@ -67,7 +67,7 @@ def description(f: dataclasses.Field) -> str:
         return f"{text}. Default: {_literal(default)}."
     if meta.get("unset"):
         return f"{text}. Unset: {meta['unset']}."
-    if f.default_factory in (list, dict) or _is_empty_factory(f):
+    if _is_empty_factory(f):
         return f"{text}. Default: empty."
     return text
 

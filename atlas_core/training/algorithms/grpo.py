@@ -21,8 +21,7 @@ import trl
 from accelerate.utils import gather, gather_object
 from transformers import EvalPrediction, TrainerCallback
 
-from atlas_contract.rules import model_problems, model_reference
-from atlas_core.models.tiny import resolve_model_path
+from atlas_core.models.tiny import policy_model, resolve_model_path
 from atlas_core.tasks.arithmetic import completion_text
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
 from atlas_core.training.callbacks import telemetry_callbacks
@@ -114,15 +113,8 @@ class GRPOTrainer(trl.GRPOTrainer):
         attn_implementation = getattr(args, "attn_implementation", None)
         if attn_implementation and args is not None:
             args.model_init_kwargs = {**(args.model_init_kwargs or {}), "attn_implementation": attn_implementation}
-        if model is None:
-            model = getattr(args, "model_name_or_path", None)
-            if model is None:
-                raise ValueError("model: pass a model, or set GRPOConfig.model_name_or_path")
+        model = policy_model(model, args, "GRPOConfig")
         if isinstance(model, str):
-            model = resolve_model_path(model)
-            problems = model_problems(model, "model") if model_reference(model) == "path" else []
-            if problems:
-                raise ValueError(problems[0])
             if args is not None and getattr(args, "model_name_or_path", None) is None:
                 args.model_name_or_path = model
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import trl
 
-from atlas_core.models.tiny import resolve_model_path
+from atlas_core.models.tiny import policy_model
 from atlas_core.training.algorithms.grpo_config import AtlasArguments
 from atlas_core.training.callbacks import telemetry_callbacks
 
@@ -49,12 +49,7 @@ class SFTTrainer(trl.SFTTrainer):
         max_seq_length: int | None = None,
         **kwargs: Any,
     ):
-        if model is None:
-            model = getattr(args, "model_name_or_path", None)
-            if model is None:
-                raise ValueError("model: pass a model, or set SFTConfig.model_name_or_path")
-        if isinstance(model, str):
-            model = resolve_model_path(model)
+        model = policy_model(model, args, "SFTConfig")
         if tokenizer is not None:
             if kwargs.get("processing_class") is not None:
                 raise ValueError("tokenizer: pass either tokenizer or processing_class, not both")
