@@ -25,13 +25,15 @@ from conftest import free_port, python_env  # noqa: E402
 from kube_emulator import PYTORCHJOBS, EmulatorThread, write_kubeconfig  # noqa: E402
 from operator_support import training  # noqa: E402
 
+from atlas_contract.names import ChildNames  # noqa: E402
+
 NS = "team-a"
-CHILDREN = (
-    ("v1/configmaps", "{}-config"),
-    ("v1/services", "{}-rollout"),
-    ("v1/services", "{}-metrics"),
-    ("apps/v1/deployments", "{}-rollout"),
-    (PYTORCHJOBS, "{}"),
+CHILDREN = (  # (resource, atlas_contract.names.ChildNames attribute)
+    ("v1/configmaps", "config_map"),
+    ("v1/services", "rollout"),
+    ("v1/services", "metrics"),
+    ("apps/v1/deployments", "rollout"),
+    (PYTORCHJOBS, "job"),
 )
 
 
@@ -69,7 +71,15 @@ def main() -> int:
         emu = server.emulator
         try:
             api = kubernetes.client.CustomObjectsApi(kubernetes.config.new_client_from_config(str(kubeconfig)))
-            time.sleep(2)  # the operator's start-up (imports, login, watches) is not what is measured
+            # The operator's start-up (imports, login) is not what is measured: start once it watches runs.
+            deadline = time.monotonic() + 120
+            while {c.resource for c in emu.calls(lambda c: c.query.get("watch") == "true")} < {
+                "atlastrainings",
+                "atlasteachers",
+            }:
+                if time.monotonic() > deadline or operator.poll() is not None:
+                    raise SystemExit("the operator never watched the runs: see operator.log")
+                time.sleep(0.1)
             names = [f"run-{i:03d}" for i in range(args.runs)]
             created_at: dict[str, float] = {}
             ready_at: dict[str, float] = {}
@@ -77,7 +87,9 @@ def main() -> int:
 
             import kmock
 
-            keys = {name: [(kmock.resource(r), NS, p.format(name)) for r, p in CHILDREN] for name in names}
+            keys = {
+                name: [(kmock.resource(r), NS, getattr(ChildNames(name), a)) for r, a in CHILDREN] for name in names
+            }
 
             def present(key) -> bool:  # a key lookup: no deep copy, so the watcher stays off the CPU
                 return key in emu.objects and not emu.objects[key].deleted
@@ -120,10 +132,13 @@ def main() -> int:
                     if c.status
                     and c.status < 400
                     and (
-                        c.name in (name, *(p.format(name) for _, p in CHILDREN))
+                        c.name in (name, *(getattr(ChildNames(name), a) for _, a in CHILDREN))
                         or (
                             isinstance(c.body, dict)
-                            and (c.body.get("metadata", {}).get("name") in {p.format(name) for _, p in CHILDREN})
+                            and (
+                                c.body.get("metadata", {}).get("name")
+                                in {getattr(ChildNames(name), a) for _, a in CHILDREN}
+                            )
                             or (isinstance(c.body, dict) and c.body.get("involvedObject", {}).get("name") == name)
                         )
                     )

@@ -176,8 +176,12 @@ def _trainer_config(kind: str, spec: dict, tmp_path: Path):
     return trainer_config_class(cfg.algorithm)(**kwargs), cfg
 
 
-# Spec fields that reach the trainer under another name or place than spec.training.<field>.
-TRAINER_ATTRIBUTE = {"spec.checkpoint.saveSteps": "save_steps"}
+# Spec fields that reach the trainer under another name or place than spec.training.<field> (transformers
+# reads activation_checkpointing; gradient_checkpointing is its deprecated alias).
+TRAINER_ATTRIBUTE = {
+    "spec.checkpoint.saveSteps": "save_steps",
+    "spec.training.gradientCheckpointing": "activation_checkpointing",
+}
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import time
@@ -49,7 +50,8 @@ def test_demo_end_to_end(tmp_path, atlas_cache):
     assert statistics.mean(rewards[-30:]) > statistics.mean(rewards[:30]) + 0.05
     teaching = [r for r in records if r["stage"] == "teacher" and "teaching/reward" in r]
     assert len(teaching) == 60
-    assert all(r["reward"] == r["teaching/reward"] for r in teaching)
+    # TRL's reward is a float32 mean of the same rewards: equal up to float32 rounding.
+    assert all(math.isclose(r["reward"], r["teaching/reward"], rel_tol=1e-6, abs_tol=1e-6) for r in teaching)
     assert statistics.mean(r["reward"] for r in teaching[-20:]) > statistics.mean(r["reward"] for r in teaching[:20])
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "grpo" / "model.safetensors").exists() and (out / "teacher" / "model.safetensors").exists()

@@ -19,7 +19,10 @@ POD_LAUNCH = (
 )
 
 
-def launch_nodes(preset: str, nodes: int, world: int, overrides: list[str], timeout=420):
+def launch_nodes(
+    preset: str, nodes: int, world: int, overrides: list[str], timeout=420, per_node: list[list[str]] | None = None
+):
+    """``nodes`` pods of one job on this machine; ``per_node`` adds overrides to each (e.g. its own output_dir)."""
     master_port = free_port()
     procs = []
     for node_rank in range(nodes):
@@ -30,7 +33,8 @@ def launch_nodes(preset: str, nodes: int, world: int, overrides: list[str], time
             PET_NODE_RANK=str(node_rank),
             PATH=f"{REPO / '.venv' / 'bin'}:{python_env()['PATH']}",
         )
-        command = POD_LAUNCH.format(preset=preset, world=world, overrides=" ".join(overrides))
+        own = per_node[node_rank] if per_node else []
+        command = POD_LAUNCH.format(preset=preset, world=world, overrides=" ".join([*overrides, *own]))
         procs.append(
             subprocess.Popen(
                 ["bash", "-c", command], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -148,3 +152,67 @@ def test_teacher_two_processes_zero3(tmp_path, atlas_cache):
     assert "done: rank 0/2 at global step 2" in output and "done: rank 1/2 at global step 2" in output
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "teaching/reward" in r] == [1, 2]
+
+
+# --------------------------------------------------------------------------- resume: one decision for all ranks
+
+
+def resume_overrides(max_steps: int, metrics_port: int) -> list[str]:
+    return [
+        f"trainer.max_steps={max_steps}",
+        "trainer.save_steps=2",
+        "trainer.per_device_train_batch_size=4",
+        f"trainer.metrics_port={metrics_port}",
+        "trainer.metrics_host=127.0.0.1",
+    ]
+
+
+def trained_steps(out) -> list[int]:
+    return [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+@pytest.mark.slow
+def test_per_node_checkpoint_folders_stop_every_rank_with_the_reason(tmp_path, atlas_cache):
+    """Two nodes, each with its own output folder (no shared volume): after a restart rank 0 finds a
+    complete checkpoint and rank 1 only its shard. Every rank stops with the reason, none trains."""
+    folders = [[f"output_dir={tmp_path / f'node{i}'}"] for i in range(2)]
+    codes, outputs = launch_nodes("deepspeed_zero2", 2, 2, resume_overrides(2, free_port()), per_node=folders)
+    assert codes == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
+    assert (tmp_path / "node0" / "checkpoint-2" / "trainer_state.json").is_file()
+    assert not (tmp_path / "node1" / "checkpoint-2" / "trainer_state.json").exists()
+
+    codes, outputs = launch_nodes(
+        "deepspeed_zero2", 2, 2, resume_overrides(4, free_port()), per_node=folders, timeout=240
+    )
+    assert codes[0] != 0 and codes[1] != 0, "\n\n".join(o[-3000:] for o in outputs)
+    for output in outputs:
+        assert "checkpoint-2 is complete for rank 0" in output, output[-3000:]
+        assert "rank 1 on" in output and "trainer_state.json" in output
+        assert "spec.checkpoint.pvc" in output and "ReadWriteMany" in output
+        assert "collective mismatch" not in output and "Traceback" not in output
+    assert not (tmp_path / "node0" / "checkpoint-4").exists()  # no rank trained a step
+
+
+@pytest.mark.slow
+def test_shared_folder_resumes_together_and_falls_back_when_a_shard_is_missing(tmp_path, atlas_cache):
+    """A shared output folder: both ranks resume from the same step and no step is trained twice; with
+    rank 1's ZeRO shard of the newest checkpoint deleted, both fall back to the previous checkpoint."""
+    out = tmp_path / "run"
+    shared = [f"output_dir={out}"]
+    codes, outputs = launch_nodes("deepspeed_zero2", 2, 2, [*shared, *resume_overrides(4, free_port())])
+    assert codes == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
+    assert trained_steps(out) == [1, 2, 3, 4]
+
+    codes, outputs = launch_nodes("deepspeed_zero2", 2, 2, [*shared, *resume_overrides(6, free_port())])
+    assert codes == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
+    assert "resume: all 2 ranks resume from checkpoint-4" in outputs[0]
+    assert "done: rank 1/2 at global step 6, resumed from" in outputs[1]
+    assert trained_steps(out) == [1, 2, 3, 4, 5, 6]
+
+    (shard,) = (out / "checkpoint-6" / "global_step6").glob("*zero_pp_rank_1_*optim_states.pt")
+    shard.unlink()
+    codes, outputs = launch_nodes("deepspeed_zero2", 2, 2, [*shared, *resume_overrides(8, free_port())])
+    assert codes == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
+    assert "zero_pp_rank_1" in outputs[1] and "resumes from checkpoint-4" in outputs[1]
+    assert "resume: all 2 ranks resume from checkpoint-4" in outputs[0]
+    assert trained_steps(out) == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]  # 5 and 6 again: checkpoint-6 could not load

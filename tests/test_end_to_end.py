@@ -110,6 +110,10 @@ def test_teacher_and_training_runs_train_and_report_progress(local_cluster):
     wait_phase(cluster, teacher, ("Succeeded", "Failed"), executor)
     recorder.stop()
     assert cluster.status(teacher)["phase"] == "Succeeded"
+    # Two pods, no spec.checkpoint.pvc: the operator says at once that restarts cannot resume, and why.
+    shared = next(c for c in cluster.status(teacher)["conditions"] if c["type"] == "CheckpointsShared")
+    assert shared["status"] == "False" and shared["reason"] == "CheckpointsNotShared"
+    assert "ReadWriteMany" in shared["message"] and "spec.checkpoint.pvc" in shared["message"]
     assert any(p.get("step", 0) >= 1 and "reward" in p and "kl" in p for p in recorder.seen), recorder.seen
 
     master, worker = executor.pods("local-teacher")

@@ -274,13 +274,21 @@ def test_every_problem_is_reported_at_once():
 
 
 def test_atlas_render_cli(tmp_path):
-    good = manifest_file(tmp_path, teacher())
+    good = manifest_file(tmp_path, teacher(checkpoint={"pvc": "atlas-ckpt"}))
     proc = subprocess.run(
         [PYTHON, "-m", "atlas_core.cli.main", "render", str(good)], capture_output=True, text=True, env=python_env()
     )
     assert proc.returncode == 0, proc.stderr
     kinds = [d["kind"] for d in yaml.safe_load_all(proc.stdout)]
     assert kinds == ["ConfigMap", "Service", "Service", "Service", "Deployment", "Deployment", "PyTorchJob"]
+    assert "warning" not in proc.stderr  # checkpoints on a shared PVC
+    unshared = manifest_file(tmp_path, teacher())
+    proc = subprocess.run(
+        [PYTHON, "-m", "atlas_core.cli.main", "render", str(unshared)], capture_output=True, text=True, env=python_env()
+    )
+    # 2 nodes and no spec.checkpoint.pvc: the warning of the operator's CheckpointsShared condition.
+    assert proc.returncode == 0 and proc.stderr.startswith("warning: teacher-run: spec.checkpoint.pvc: not set")
+    assert "ReadWriteMany" in proc.stderr
     bad = manifest_file(
         tmp_path, teacher(training={"perDeviceTrainBatchSize": 3, "numGenerations": 5}, deepspeed="zero9")
     )

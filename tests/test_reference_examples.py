@@ -533,20 +533,7 @@ def loop_recorder():
     return LoopRecorder()
 
 
-# Set after construction, these two never reach the run: TrainingArguments resolves them in __post_init__
-# (gradient_checkpointing into activation_checkpointing, bf16/fp16 into mixed_precision), and GRPOTrainer re-derives
-# only the generation batch. Strict: the test fails once the trainer honours them (then drop the marker).
-NOT_HONOURED_AFTER_CONSTRUCTION = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="set after GRPOConfig construction, the setting does not reach the trainer (product bug)",
-)
-TROUBLESHOOTING_CASES = [
-    pytest.param(name, marks=NOT_HONOURED_AFTER_CONSTRUCTION)
-    if name in ("gradient checkpointing", "mixed precision (bf16 on CPU)", "mixed precision (fp16)")
-    else name
-    for name in TROUBLESHOOTING
-]
+TROUBLESHOOTING_CASES = list(TROUBLESHOOTING)
 
 
 @pytest.mark.parametrize("name", TROUBLESHOOTING_CASES)

@@ -165,6 +165,12 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
         problems.append(f"dataset.guided_fraction: expected a number in [0, 1], got {fraction!r}")
 
+    from atlas_core.training.resume import resume_policy
+
+    try:
+        resume_policy(cfg.get("resume", "auto"))
+    except InvalidFields as invalid:
+        problems += invalid.problems
     kwargs = trainer_kwargs(cfg)
     known = {f.name for f in dataclasses.fields(trainer_config_class(cfg.algorithm))}
     for name in sorted(set(kwargs) - known):

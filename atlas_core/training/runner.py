@@ -6,7 +6,6 @@ The same function serves ``python -m atlas_core.cli.train`` (what trainer pods r
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from atlas_contract.names import METRICS_LOG_FILE
+from atlas_core.training.resume import agree_on_checkpoint, resume_policy
 from atlas_core.training.run_config import (
     RunConfigError,
     trainer_config_class,
@@ -33,25 +33,6 @@ class RunResult:
     process_index: int = 0
     num_processes: int = 1
     log_history: list[dict[str, Any]] = field(default_factory=list)
-
-
-def last_checkpoint(output_dir: str | os.PathLike) -> str | None:
-    """Newest complete ``checkpoint-N`` folder in ``output_dir`` (``None`` when there is none).
-
-    A checkpoint is complete once ``trainer_state.json`` is written — the Trainer writes it
-    after the weights, optimizer and RNG states — so one cut short by a kill is skipped.
-    """
-    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-    root = Path(output_dir)
-    if not root.is_dir():
-        return None
-    complete = []
-    for child in root.iterdir():
-        prefix, _, step = child.name.partition("-")
-        if prefix == PREFIX_CHECKPOINT_DIR and step.isdigit() and (child / "trainer_state.json").is_file():
-            complete.append((int(step), child))
-    return str(max(complete)[1]) if complete else None
 
 
 def build_trainer(cfg: DictConfig, callbacks: list | None = None):
@@ -129,7 +110,7 @@ def build_trainer(cfg: DictConfig, callbacks: list | None = None):
 
 
 def run_training(cfg: DictConfig, callbacks: list | None = None, quiet: bool = False) -> RunResult:
-    """Train per ``cfg``, resuming from the newest checkpoint when ``cfg.resume``; saves the final
+    """Train per ``cfg``, resuming as ``cfg.resume`` says (the newest checkpoint every rank can load); saves the final
     model (and tokenizer) into ``output_dir``. ``quiet`` drops the trainer's own console output
     (its progress bar and printed logs) for callers that show progress themselves."""
     trainer = build_trainer(cfg, callbacks)
@@ -138,7 +119,8 @@ def run_training(cfg: DictConfig, callbacks: list | None = None, quiet: bool = F
 
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
-    resume = last_checkpoint(cfg.output_dir) if cfg.resume else None
+    # One decision for every rank, made together before any step (atlas_core.training.resume).
+    resume = agree_on_checkpoint(cfg.output_dir, resume_policy(cfg.resume), deepspeed=trainer.is_deepspeed_enabled)
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(str(cfg.output_dir))
     return RunResult(

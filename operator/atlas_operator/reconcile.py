@@ -20,7 +20,7 @@ from atlas_contract.rules import find_reward_config
 from atlas_operator import kube
 from atlas_operator.config import OperatorConfig
 from atlas_operator.kube import ApiError, Kube
-from atlas_operator.render import child_names, render_children
+from atlas_operator.render import checkpoint_warning, child_names, render_children
 from atlas_operator.spec import InvalidRun, Run, parse_run
 from atlas_operator.status import FINISHED, Event, Result, job_phase, parse_progress, training_reason
 
@@ -59,15 +59,22 @@ class Reconciler:
                 events=[Event("Warning", "InvalidSpec", message)],
             )
         conditions = [_cond("Valid", True, "SpecValid", "the spec passed validation")]
+        unshared = checkpoint_warning(run)
+        events = [Event("Warning", "CheckpointsNotShared", unshared)] if unshared else []
+        if unshared:
+            conditions.append(_cond("CheckpointsShared", False, "CheckpointsNotShared", unshared))
+        else:
+            where = f"PersistentVolumeClaim {run.spec.checkpoint.pvc}" if run.spec.checkpoint.pvc else "one pod"
+            conditions.append(_cond("CheckpointsShared", True, "Shared", f"every rank's checkpoints are on {where}"))
 
         missing = self.missing_prerequisites(run)
         if missing:
             reason, message = missing
             conditions.append(_cond("PrerequisitesMet", False, reason, message))
-            return Result("Pending", conditions, events=[Event("Warning", reason, message)])
+            return Result("Pending", conditions, events=[*events, Event("Warning", reason, message)])
         conditions.append(_cond("PrerequisitesMet", True, "Found", "PyTorchJob CRD and referenced objects exist"))
 
-        result = Result("Pending", conditions, children=child_names(run))
+        result = Result("Pending", conditions, children=child_names(run), events=events)
         job = None
         for child in render_children(run, self.settings.images, reward_yaml(run)):
             adopt(child, body)

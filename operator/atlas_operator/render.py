@@ -93,6 +93,19 @@ def output_dir(run: Run) -> str:
     return f"{run.spec.checkpoint.path.rstrip('/')}/{run.name}"
 
 
+def checkpoint_warning(run: Run) -> str | None:
+    """Why restarts of a multi-node run cannot resume, or None: without spec.checkpoint.pvc every trainer pod
+    writes to its own emptyDir, and rank 0 alone writes the trainer state, so no rank can resume."""
+    nodes = run.spec.resources.nodes
+    if nodes < 2 or run.spec.checkpoint.pvc:
+        return None
+    return (
+        f"spec.checkpoint.pvc: not set, so each of the {nodes} trainer pods keeps its checkpoints on its own "
+        "emptyDir and a restart cannot resume (every rank stops and says why); set spec.checkpoint.pvc to a "
+        "ReadWriteMany PersistentVolumeClaim that every node shares"
+    )
+
+
 def student_endpoint(run: Run) -> str:
     return f"http://{ChildNames(run.name).student}.{run.namespace}.svc:{VLLM_PORT}/v1"
 
@@ -128,7 +141,7 @@ def run_config(run: Run) -> dict[str, Any]:
         "model": spec.model,
         "run_name": run.name,
         "output_dir": output_dir(run),
-        "resume": True,
+        "resume": "auto",  # one decision for all ranks (atlas_core.training.resume)
         "dataset": {"source": spec.dataset.source, "split": spec.dataset.split},
         "reward": {"funcs": reward_funcs(run), "config": reward_config_path(run), "weights": spec.reward.weights},
         "trainer": trainer,

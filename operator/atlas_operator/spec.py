@@ -306,7 +306,8 @@ class Condition:
     """Kubernetes-style condition."""
 
     type: str = spec_field(
-        "Valid, PrerequisitesMet, ChildrenReady, RolloutReady, Training or SpecApplied", required=True
+        "Valid, CheckpointsShared, PrerequisitesMet, ChildrenReady, RolloutReady, Training or SpecApplied",
+        required=True,
     )
     status: str = spec_field("True, False or Unknown", required=True, enum=("True", "False", "Unknown"))
     reason: str | None = spec_field("CamelCase reason")

@@ -85,6 +85,31 @@ class AtlasArguments:
             self.bf16 = False
         self.use_cpu = True
 
+    # Fields transformers resolves once, in __post_init__, into others the Trainer reads instead.
+    _RESOLVED = ("gradient_checkpointing", "activation_checkpointing", "bf16", "fp16")
+
+    def _remember_resolved(self) -> None:
+        self._resolved_at_init = {name: getattr(self, name, None) for name in self._RESOLVED}
+
+    def resync_resolved_fields(self) -> None:
+        """Apply settings changed after construction (as the trainers reference does: ``args.bf16 = True``)
+        that transformers only resolves when the config is built: ``gradient_checkpointing`` into
+        ``activation_checkpointing``, ``bf16``/``fp16`` into ``mixed_precision``. The trainers call this
+        before building the Trainer."""
+        before = getattr(self, "_resolved_at_init", None)
+        if before is None:
+            return
+        changed = {name for name in self._RESOLVED if getattr(self, name, None) != before[name]}
+        if "gradient_checkpointing" in changed and "activation_checkpointing" not in changed:
+            self.activation_checkpointing = self.gradient_checkpointing
+        elif "activation_checkpointing" in changed:
+            self.gradient_checkpointing = self.activation_checkpointing
+        if changed & {"bf16", "fp16"}:
+            self.mixed_precision = (
+                "fp16" if self.fp16 else "bf16" if self.bf16 else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+            )
+        self._remember_resolved()
+
     def _resolve_atlas_fields(self) -> None:
         port = self.metrics_port
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
@@ -97,6 +122,7 @@ class AtlasArguments:
             or os.path.basename(os.path.normpath(self.output_dir or "atlas"))
         )
         self.metrics_kind = self.metrics_kind or os.environ.get(ENV_KIND) or "local"
+        self._remember_resolved()
 
     def metric_labels(self) -> dict[str, str]:
         """Labels every ``atlas_training_*`` / ``atlas_teaching_*`` sample of this run carries."""
@@ -196,6 +222,7 @@ class GRPOConfig(_TRLGRPOConfig, AtlasArguments, TeachingArguments):
     def rederive_generation_batch(self) -> None:
         """Recompute TRL's generation batch from the current batch fields (they may have been set after
         construction, as the trainers reference does) and check that whole prompt groups fit."""
+        self.resync_resolved_fields()
         if not getattr(self, "_derived_generation_batch", False):
             return
         self.steps_per_generation = self.gradient_accumulation_steps

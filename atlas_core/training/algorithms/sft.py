@@ -50,6 +50,8 @@ class SFTTrainer(trl.SFTTrainer):
         **kwargs: Any,
     ):
         model = policy_model(model, args, "SFTConfig")
+        if hasattr(args, "resync_resolved_fields"):
+            args.resync_resolved_fields()  # settings changed after the config was built
         if tokenizer is not None:
             if kwargs.get("processing_class") is not None:
                 raise ValueError("tokenizer: pass either tokenizer or processing_class, not both")
