@@ -194,6 +194,11 @@ def agree_on_checkpoint(output_dir: str | os.PathLike, policy: str, deepspeed: b
         for v in views:
             _say(rank, f"resume: rank {v.rank} on {v.node} can load {_steps(v.loadable())}")
     if decision.stop:
+        if distributed and world > 1:
+            # Every rank stops here, together: leave the group so that nothing at exit (DeepSpeed's or
+            # Accelerate's clean-up) starts a collective that a rank already gone cannot join.
+            dist.barrier()
+            dist.destroy_process_group()
         raise InvalidFields([f"resume: {decision.stop}"])
     if rank == 0 and decision.step is not None:
         _say(rank, f"resume: all {len(views)} ranks resume from {CHECKPOINT_PREFIX}{decision.step}")
