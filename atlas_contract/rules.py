@@ -7,6 +7,7 @@ configuration, ``num_generations`` for a GRPOConfig), so the messages name the f
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -55,6 +56,7 @@ def generation_batch_problem(
     )
     if batch % num_generations == 0:
         return None
+
     def short(field: str) -> str:  # the headline names the field in full; the explanation by its last part
         return name(field).rsplit(".", 1)[-1]
 
@@ -88,6 +90,7 @@ def reward_config_dirs() -> list[Path]:
     return dirs
 
 
+@functools.cache  # the bundled folder does not change while a process runs
 def bundled_reward_configs() -> tuple[str, ...]:
     """Names of the RIM configs shipped in ``reward_system/`` (what ``spec.reward.config`` accepts)."""
     bundled = Path(__file__).resolve().parents[1] / REWARD_SYSTEM_DIR

@@ -191,10 +191,13 @@ def config_map(run: Run, reward_yaml: str | None = None) -> dict[str, Any]:
     }
 
 
+# libyaml's emitter when PyYAML has it: the ConfigMap is rendered on every reconciliation.
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 def _yaml_text(document: dict[str, Any], title: str) -> str:
-    return f"# {title} (rendered by atlas-operator; edit the run, not this file)\n" + yaml.safe_dump(
-        document, sort_keys=False
-    )
+    text = yaml.dump(document, Dumper=_DUMPER, sort_keys=False)
+    return f"# {title} (rendered by atlas-operator; edit the run, not this file)\n" + text
 
 
 # --------------------------------------------------------------------------- PyTorchJob
