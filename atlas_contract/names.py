@@ -28,12 +28,15 @@ REWARD_CONFIG_FILE = "reward.yaml"  # a named RIM config, embedded in the Config
 METRICS_LOG_FILE = "metrics.jsonl"  # one line per logged step, in the output folder
 CHECKPOINT_PREFIX = "checkpoint-"  # <output_dir>/checkpoint-<step>, as transformers names them
 REWARD_SYSTEM_DIR = "reward_system"  # bundled RIM configs: <name>.yaml
+RUN_IDENTITY_FILE = "atlas_run.json"  # in each checkpoint: which run wrote it, with which settings
+RUN_LOCK_FILE = ".atlas-run.lock"  # in the output folder: one run at a time
 
 # ------------------------------------------------------------------ environment of trainer pods
 ENV_NAMESPACE = "ATLAS_NAMESPACE"  # metric label `namespace`
 ENV_RUN = "ATLAS_RUN"  # metric label `run`
 ENV_KIND = "ATLAS_KIND"  # metric label `kind`
 ENV_REWARD_SYSTEM_DIR = "ATLAS_REWARD_SYSTEM_DIR"  # extra folder of named RIM configs
+ENV_RUN_UID = "ATLAS_RUN_UID"  # metadata.uid of the cluster run: checkpoints of another run are never resumed
 
 # ------------------------------------------------------------------ labels and annotations
 MANAGED_BY = "atlas-operator"

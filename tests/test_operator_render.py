@@ -161,6 +161,14 @@ def test_pytorchjob_shape():
     assert pod["securityContext"]["runAsNonRoot"] is True
     env = {e["name"]: e for e in container["env"]}
     assert env["ATLAS_RUN"]["value"] == "teacher-run" and env["ATLAS_KIND"]["value"] == "AtlasTeacher"
+    assert "ATLAS_RUN_UID" not in env  # a manifest from a file has no uid
+    with_uid = teacher()
+    with_uid["metadata"]["uid"] = "0b7e-uid"
+    job = children(with_uid)[("PyTorchJob", "teacher-run")]
+    env = {
+        e["name"]: e for e in job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["ATLAS_RUN_UID"]["value"] == "0b7e-uid"  # the cluster run's uid: checkpoints record it
     assert "NCCL_DEBUG" in env
     assert job["spec"]["nprocPerNode"] == "8"
     single = children(training(resources={"nodes": 1, "gpusPerNode": 4}))[("PyTorchJob", "grpo-run")]

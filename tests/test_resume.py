@@ -60,19 +60,43 @@ def test_rerun_after_kill_resumes_from_newest_checkpoint(tmp_path, atlas_cache):
     assert state["global_step"] == 24
 
 
-def test_partial_checkpoint_is_skipped(tmp_path):
-    def checkpoint(step, files):
-        (tmp_path / f"checkpoint-{step}").mkdir()
-        for name in files:
-            (tmp_path / f"checkpoint-{step}" / name).write_text("x")
+def write_checkpoint(root, step, skip=()):
+    """A checkpoint folder with the files a single process resumes from (real formats)."""
+    import torch
+    from safetensors.torch import save_file
 
-    whole = ("trainer_state.json", "rng_state.pth", "model.safetensors", "optimizer.pt")
-    checkpoint(3, whole)
-    checkpoint(6, whole[1:])  # killed while saving: no trainer_state.json
-    (tmp_path / "checkpoint-10-old").mkdir()
+    folder = root / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    writers = {
+        "trainer_state.json": lambda p: p.write_text(json.dumps({"global_step": step, "max_steps": 12})),
+        "rng_state.pth": lambda p: torch.save({"cpu": torch.random.get_rng_state()}, p),
+        "optimizer.pt": lambda p: torch.save({"state": {}}, p),
+        "model.safetensors": lambda p: save_file({"w": torch.zeros(64)}, str(p)),
+    }
+    for name, write in writers.items():
+        if name not in skip:
+            write(folder / name)
+    return folder
+
+
+def test_incomplete_or_corrupt_checkpoints_are_skipped(tmp_path):
+    write_checkpoint(tmp_path, 3)
+    write_checkpoint(tmp_path, 6, skip=("trainer_state.json",))  # killed while saving
+    weights = write_checkpoint(tmp_path, 9) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # truncated
+    (write_checkpoint(tmp_path, 10) / "trainer_state.json").write_text('{"global_st')  # truncated
+    optimizer = write_checkpoint(tmp_path, 11) / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:200])
+    (tmp_path / "checkpoint-12-old").mkdir()
     view = rank_view(tmp_path, rank=0, world_size=1, deepspeed=False)
-    assert view.checkpoints == {3: [], 6: ["trainer_state.json"]}
-    assert decide([view], "auto").step == 3
+    assert view.checkpoints[3] == []
+    assert view.checkpoints[6] == ["trainer_state.json"]
+    assert view.checkpoints[9] == ["model.safetensors (does not load: SafetensorError)"]
+    assert view.checkpoints[10] == ["trainer_state.json (does not load: JSONDecodeError)"]
+    assert view.checkpoints[11] == ["optimizer.pt (does not load: BadZipFile)"]
+    decision = decide([view], "auto")
+    assert decision.step == 3 and decision.stop is None
+    assert "checkpoint-11 is complete for" not in " ".join(decision.notes)
     assert rank_view(tmp_path / "missing", 0, 1, False).checkpoints == {}
 
 
@@ -81,7 +105,7 @@ def test_one_decision_from_every_ranks_view():
     # Per-node folders: rank 0 has checkpoint-6, rank 1 only its shard of it (no trainer state).
     per_node = [RankView(0, "pod-0", "/c", {6: ok}), RankView(1, "pod-1", "/c", {6: ["trainer_state.json", "latest"]})]
     stop = decide(per_node, "auto")
-    assert stop.step is None and "rank 1 on pod-1 cannot: trainer_state.json, latest missing" in stop.stop
+    assert stop.step is None and "rank 1 on pod-1: trainer_state.json, latest missing or broken" in stop.stop
     assert "spec.checkpoint.pvc" in stop.stop and "ReadWriteMany" in stop.stop
     over = decide(per_node, "start_over")
     assert over.step is None and over.stop is None and "EVERY RANK STARTS OVER" in over.notes[-1]
@@ -92,3 +116,65 @@ def test_one_decision_from_every_ranks_view():
     assert "zero_pp_rank_1" in fallback.notes[0] and "resumes from checkpoint-3" in fallback.notes[1]
     assert decide(shared, "never").step is None
     assert decide([RankView(0, "a", "/c", {}), RankView(1, "b", "/c", {})], "auto") == decide([], "auto")
+
+
+# --------------------------------------------------------------------------- resume that means it
+
+
+def run(out, max_steps, *extra, env=None, cwd=None):
+    return subprocess.run(
+        [*command(out, max_steps), *extra], cwd=cwd, env=python_env(**(env or {})), capture_output=True, text=True
+    )
+
+
+def test_finished_run_rerun_is_a_no_op_and_other_runs_or_settings_are_refused(tmp_path, atlas_cache):
+    out = tmp_path / "run"
+    first = run(out, 6, env={"ATLAS_RUN_UID": "uid-1"})
+    assert first.returncode == 0, first.stderr[-2000:]
+    identity = json.loads((out / "checkpoint-6" / "atlas_run.json").read_text())
+    assert identity["uid"] == "uid-1" and identity["settings"]["trainer.learning_rate"] > 0
+    steps = logged_steps(out)
+
+    # Twice more, as a restarted finished job would be: nothing is trained, and it says so.
+    for _ in range(2):
+        again = run(out, 6, env={"ATLAS_RUN_UID": "uid-1"})
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert "already finished" in again.stderr and "nothing trained" in again.stderr
+    assert logged_steps(out) == steps and not (out / "checkpoint-7").exists()
+
+    # More steps with other settings: refused, naming the setting (the checkpoint's optimizer keeps the old one).
+    changed = run(out, 9, "trainer.learning_rate=0.123", env={"ATLAS_RUN_UID": "uid-1"})
+    assert changed.returncode == 2
+    assert "trainer.learning_rate" in changed.stderr and "0.123 now" in changed.stderr
+    assert "Traceback" not in changed.stderr
+    # A different run (the same name re-created on the cluster: another uid; or another name): refused.
+    other_uid = run(out, 9, env={"ATLAS_RUN_UID": "uid-2"})
+    assert other_uid.returncode == 2 and "another run" in other_uid.stderr and "uid-1" in other_uid.stderr
+    other_name = run(out, 9, "run_name=someone-else", env={"ATLAS_RUN_UID": "uid-1"})
+    assert other_name.returncode == 2 and "another run" in other_name.stderr
+    assert logged_steps(out) == steps
+    # The same run with more steps continues from its last checkpoint.
+    more = run(out, 9, env={"ATLAS_RUN_UID": "uid-1"})
+    assert more.returncode == 0, more.stderr[-2000:]
+    assert logged_steps(out) == [*steps, 7, 8, 9]
+
+
+def test_one_run_per_output_folder(tmp_path, atlas_cache):
+    out = tmp_path / "run"
+    holder = subprocess.Popen(command(out, 500), env=python_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        lock = out / ".atlas-run.lock"
+        deadline = time.monotonic() + 240
+        while not (lock.exists() and lock.read_text().startswith("pid")):
+            assert holder.poll() is None, holder.stderr.read()[-2000:]
+            assert time.monotonic() < deadline, "the first run never took the output folder"
+            time.sleep(0.05)
+        second = run(out, 2)
+        assert second.returncode == 2
+        assert f"is in use by another run (pid {holder.pid} on" in second.stderr
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    # Killed without clean-up: the kernel dropped the lock, so the folder is free again.
+    third = run(out, 2, "resume=never")
+    assert third.returncode == 0, third.stderr[-2000:]

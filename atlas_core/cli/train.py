@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         report_problems(exc.problems)
         return 2
     resumed = f", resumed from {result.resumed_from}" if result.resumed_from else ""
+    if result.already_finished:
+        resumed = f"; already finished ({result.resumed_from} is its last step): nothing trained"
     print(
         f"done: rank {result.process_index}/{result.num_processes} at global step {result.global_step}{resumed}; "
         f"model in {result.output_dir}",

@@ -81,6 +81,24 @@ class JsonlMetricsCallback(TrainerCallback):
             f.write(json.dumps(record) + "\n")
 
 
+class RunIdentityCallback(TrainerCallback):
+    """Records in every checkpoint which run wrote it and with which settings (``atlas_run.json``), so that
+    a resume can refuse another run's checkpoint or one trained with other settings."""
+
+    def __init__(self, identity: dict):
+        self.identity = identity
+
+    def on_save(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        from atlas_contract.names import CHECKPOINT_PREFIX
+        from atlas_core.training.resume import write_identity
+
+        checkpoint = Path(args.output_dir) / f"{CHECKPOINT_PREFIX}{state.global_step}"
+        if checkpoint.is_dir():
+            write_identity(checkpoint, self.identity)
+
+
 def telemetry_callbacks(args) -> list[TrainerCallback]:
     """The Prometheus callback when ``args.metrics_port`` is set (Atlas configs); none otherwise."""
     port = int(getattr(args, "metrics_port", 0) or 0)

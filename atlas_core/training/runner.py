@@ -13,7 +13,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from atlas_contract.names import METRICS_LOG_FILE
-from atlas_core.training.resume import agree_on_checkpoint, resume_policy
+from atlas_core.training.callbacks import RunIdentityCallback
+from atlas_core.training.resume import IDENTITY_TRAINER_FIELDS, agree_on_checkpoint, resume_policy, run_identity
 from atlas_core.training.run_config import (
     RunConfigError,
     trainer_config_class,
@@ -32,6 +33,7 @@ class RunResult:
     resumed_from: str | None
     process_index: int = 0
     num_processes: int = 1
+    already_finished: bool = False  # the run had reached its last step before: nothing was trained
     log_history: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -120,14 +122,55 @@ def run_training(cfg: DictConfig, callbacks: list | None = None, quiet: bool = F
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
     # One decision for every rank, made together before any step (atlas_core.training.resume).
-    resume = agree_on_checkpoint(cfg.output_dir, resume_policy(cfg.resume), deepspeed=trainer.is_deepspeed_enabled)
-    trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(str(cfg.output_dir))
+    identity = run_identity(str(cfg.run_name), training_settings(cfg, trainer.args))
+    agreement = agree_on_checkpoint(
+        cfg.output_dir, resume_policy(cfg.resume), deepspeed=trainer.is_deepspeed_enabled, identity=identity
+    )
+    try:
+        finished_at = finished_step(agreement.checkpoint, trainer.args.max_steps)
+        if finished_at is None:
+            trainer.add_callback(RunIdentityCallback(identity))
+            trainer.train(resume_from_checkpoint=agreement.checkpoint)
+            trainer.save_model(str(cfg.output_dir))
+    finally:
+        agreement.release()
     return RunResult(
         output_dir=Path(cfg.output_dir),
-        global_step=trainer.state.global_step,
-        resumed_from=resume,
+        global_step=trainer.state.global_step if finished_at is None else finished_at,
+        resumed_from=agreement.checkpoint,
         process_index=trainer.accelerator.process_index,
         num_processes=trainer.accelerator.num_processes,
         log_history=list(trainer.state.log_history),
+        already_finished=finished_at is not None,
     )
+
+
+def training_settings(cfg: DictConfig, args) -> dict[str, Any]:
+    """What a checkpoint must share with this run to be resumed (see resume.IDENTITY_TRAINER_FIELDS)."""
+    settings = {
+        "algorithm": cfg.algorithm,
+        "model": str(cfg.model),
+        "student": None if cfg.get("student") is None else str(cfg.student),
+        "dataset.source": str(cfg.dataset.source),
+        "dataset.split": cfg.dataset.get("split"),
+        "reward.funcs": list(cfg.reward.funcs or []),
+        "reward.config": None if cfg.reward.get("config") is None else str(cfg.reward.config),
+        "reward.weights": None if cfg.reward.weights is None else list(cfg.reward.weights),
+    }
+    for name in IDENTITY_TRAINER_FIELDS:
+        if hasattr(args, name):
+            settings[f"trainer.{name}"] = getattr(args, name)
+    return settings
+
+
+def finished_step(checkpoint: str | None, max_steps: int) -> int | None:
+    """The checkpoint's step when it is already the end of the run (re-running a finished run trains
+    nothing), else None. The end is ``max_steps`` when set, else what the checkpoint's run planned."""
+    if checkpoint is None:
+        return None
+    import json
+
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    step, planned = int(state["global_step"]), int(state.get("max_steps") or 0)
+    end = max_steps if max_steps and max_steps > 0 else planned
+    return step if end and step >= end else None

@@ -22,6 +22,7 @@ from atlas_contract.names import (
     ENV_KIND,
     ENV_NAMESPACE,
     ENV_RUN,
+    ENV_RUN_UID,
     LABEL_COMPONENT,
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
@@ -222,6 +223,8 @@ def _env(run: Run) -> list[dict[str, Any]]:
         {"name": ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": ENV_RUN, "value": run.name},
         {"name": ENV_KIND, "value": run.kind},
+        # Checkpoints record the run that wrote them: a re-created run of the same name never resumes them.
+        *([{"name": ENV_RUN_UID, "value": run.uid}] if run.uid else []),
         {"name": "HF_HOME", "value": f"{run.spec.checkpoint.path.rstrip('/')}/.cache/huggingface"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
