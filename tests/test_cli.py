@@ -158,3 +158,22 @@ def test_busy_metrics_port_does_not_stop_training(tmp_path, atlas_cache):
         )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "metrics_port: cannot serve /metrics" in proc.stderr
+
+
+def test_run_files_any_name_and_unknown_keys_refused_as_on_the_command_line(tmp_path):
+    """A run file is read as the command line is: its unknown keys are errors naming them, and any file
+    name works (spaces, commas, quotes)."""
+    from atlas_core.training.run_config import load_run_config, validate_run_config
+
+    odd = tmp_path / "my run, v2 'final'.yaml"
+    odd.write_text(
+        "algorithm: grpo\nrsume: auto\ndataset:\n  source: builtin://arithmetic\n  num_sample: 8\n"
+        "reward:\n  funcs: [exact_match]\ntrainer:\n  lerning_rate: 0.1\n"
+    )
+    problems = validate_run_config(load_run_config([f"recipe={odd}"]))
+    assert [p.split(":")[0] for p in problems] == ["rsume", "dataset.num_sample", "trainer.lerning_rate"]
+    assert "unknown configuration key" in problems[0] and "resume" in problems[0]
+    odd.write_text("algorithm: grpo\nresume: sometimes\ndataset:\n  source: builtin://arithmetic\n")
+    assert validate_run_config(load_run_config([f"recipe={odd}"])) == [
+        "resume: expected auto (true), start_over or never (false), got 'sometimes'"
+    ]

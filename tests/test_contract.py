@@ -19,6 +19,7 @@ from atlas_operator.schema import _unwrap_optional, camel
 from atlas_operator.spec import AtlasTeacherSpec, AtlasTrainingSpec, parse_run
 
 from atlas_contract import metrics as contract_metrics
+from atlas_contract.errors import InvalidFields
 from atlas_contract.names import RUN_CONFIG_FILE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -342,3 +343,26 @@ def test_render_prints_plain_manifests(tmp_path):
     replicas = job["spec"]["pytorchReplicaSpecs"]
     assert replicas["Worker"]["replicas"] == 2
     assert replicas["Master"]["template"] == replicas["Worker"]["template"]
+
+
+def test_operator_owned_trainer_fields_are_exactly_what_the_operator_writes():
+    """Every trainer field run.yaml gets from somewhere other than spec.training is refused in
+    spec.training.extra (it would be overwritten without a word), and the list holds nothing else."""
+    from atlas_operator.render import run_config
+    from atlas_operator.spec import OPERATOR_OWNED_TRAINER_FIELDS, TrainingSpec
+
+    spec_fields = {f.name for f in dataclasses.fields(TrainingSpec)} - {"extra"}
+    written = set()
+    for kind, algorithm in BASE:
+        config = run_config(parse_run(manifest(kind, BASE[(kind, algorithm)])))
+        written |= set(config["trainer"]) - spec_fields
+        written |= {"output_dir", "run_name"} & set(config)
+    assert written == set(OPERATOR_OWNED_TRAINER_FIELDS)
+    for name in OPERATOR_OWNED_TRAINER_FIELDS:
+        spec = set_path(BASE[("AtlasTeacher", "teacher")], "spec.training.extra", {name: 1})
+        with pytest.raises(InvalidFields) as caught:
+            parse_run(manifest("AtlasTeacher", spec))
+        assert caught.value.problems == [
+            f"spec.training.extra.{name}: the operator sets it ({OPERATOR_OWNED_TRAINER_FIELDS[name]}); "
+            "remove it from extra"
+        ]

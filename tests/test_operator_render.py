@@ -245,6 +245,11 @@ def test_rendered_run_config_is_accepted_by_the_trainer(tmp_path, tiny_model_dir
         ({"trainingg": {}}, "spec.trainingg: unknown field"),
         ({"reward": {"config": "nope"}}, "spec.reward.config: expected one of interpretation"),
         ({"reward": {"funcs": ["made_up"]}}, "spec.reward.funcs: unknown reward 'made_up'"),
+        (
+            {"env": [{"name": "KEY", "value": "v", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]},
+            "spec.env[0]: KEY sets both value and valueFrom; set one",
+        ),
+        ({"algorithm": "sft", "rollout": {"replicas": 0}, "training": {"beta": 0.1}}, "spec.training.beta: a GRPO"),
     ],
 )
 def test_invalid_specs_name_the_field(change, expected):

@@ -326,3 +326,21 @@ def test_student_failure_during_training_does_not_stop_it(tmp_path, tiny_model_d
     assert t.state.global_step == 2
     logs = [r for r in t.state.log_history if "teaching/unscored_batches" in r]
     assert logs and all(r["teaching/unscored_batches"] == 1.0 for r in logs)
+
+
+def test_guidance_is_cut_to_max_guidance_tokens(tmp_path, tiny_model_dir):
+    """spec.teaching.maxGuidanceTokens bounds what the student reads during training, whatever the teacher
+    wrote (its completion may be longer: max_completion_length also holds its thinking)."""
+    with JudgeServer(lambda call: Reply("\\boxed{7}")) as server:
+        t = TeacherGRPOTrainer(
+            args=teacher_args(tmp_path, tiny_model_dir, student_samples=1, max_guidance_tokens=12),
+            train_dataset=arithmetic(),
+            student_model=server.base_url,
+        )
+        long = "<teaching>" + " ".join(f"step{i} add the units then the tens" for i in range(20)) + "</teaching>"
+        rewards = t.compute_rewards([long], ["What is 3 + 4?"], ground_truth=["7"])
+    guided = [c.messages[-1]["content"] for c in server.calls if teaching.GUIDANCE_INTRO in c.messages[-1]["content"]]
+    assert len(guided) == 1 and len(rewards) == 1
+    shown = guided[0].split(teaching.GUIDANCE_INTRO)[1].strip()
+    assert 0 < len(t.processing_class(shown, add_special_tokens=False)["input_ids"]) <= 12
+    assert "step19" not in shown and shown.startswith("step0")

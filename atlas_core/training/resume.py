@@ -316,33 +316,11 @@ class OutputLock:
 
 # --------------------------------------------------------------------------- which run wrote a checkpoint
 
-# Settings that decide what a training step computes: a checkpoint written with other values is not resumed
-# (its optimizer and schedule carry the old ones). max_steps, epochs, logging and saving may change.
-IDENTITY_TRAINER_FIELDS = (
-    "learning_rate",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "lr_scheduler_type",
-    "warmup_steps",
-    "weight_decay",
-    "max_grad_norm",
-    "seed",
-    "beta",
-    "num_generations",
-    "max_completion_length",
-    "temperature",
-    "top_p",
-    "num_iterations",
-    "epsilon",
-    "loss_type",
-    "scale_rewards",
-    "max_probe_tokens",
-    "max_guidance_tokens",
-    "efficiency_horizon",
-    "degradation_penalty",
-    "student_samples",
-    "student_max_tokens",
-)
+# Settings a checkpoint fixes: its optimizer state carries the learning rate and weight decay, its scheduler
+# the schedule, its RNG state the seed, and its weights the model, data and rewards it was trained for. A
+# resume with other values would silently keep the checkpoint's, so it is refused. Every other trainer
+# field (batch sizes, GRPO and teaching settings, max_steps, logging, saving) is read each step and applies.
+IDENTITY_TRAINER_FIELDS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "seed")
 
 
 def run_identity(run_name: str, settings: dict) -> dict:
@@ -382,9 +360,9 @@ def identity_problem(checkpoint: Path, identity: dict) -> str | None:
     ]
     if changed:
         return (
-            f"{name} was trained with other settings ({'; '.join(changed)}). Resuming would keep the "
-            "checkpoint's optimizer and learning-rate schedule, so it is refused: restore those settings to "
-            "continue, or start a new run (another output folder, or resume: never)"
+            f"{name} was trained with other settings ({'; '.join(changed)}). The checkpoint fixes these (its "
+            "optimizer, schedule, RNG state and weights would silently keep the old values), so resuming is "
+            "refused: restore them to continue, or start a new run (another output folder, or resume: never)"
         )
     return None
 

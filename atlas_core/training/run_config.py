@@ -85,7 +85,41 @@ def _prepare_overrides(overrides: list[str]) -> list[str]:
 
 
 def _staged_recipe_name(path: Path) -> str:
-    return f"_file_{path.stem}"
+    """A Hydra-safe name for a run file (any file name: spaces, commas, quotes), unique per path."""
+    import hashlib
+    import re
+
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+    return f"_file_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)}_{digest}"
+
+
+def _known_keys() -> dict[str, set[str]]:
+    """The keys a run configuration may hold: those of the primary config (train.yaml) — its top level and
+    its dataset and reward sections (trainer keys are the trainer config's fields, checked separately)."""
+    import yaml
+
+    primary = yaml.safe_load(
+        (Path(__file__).resolve().parent.parent / "configs" / f"{PRIMARY_CONFIG}.yaml").read_text()
+    )
+    known = {"": set(primary) - {"defaults"}}
+    for section in ("dataset", "reward"):
+        known[section] = set(primary[section])
+    return known
+
+
+def _unknown_key_problems(cfg: DictConfig) -> list[str]:
+    """Keys no part of Atlas reads (a typo in a run file is an error, as on the command line)."""
+    known, problems = _known_keys(), []
+    for key in cfg:
+        if key not in known[""]:
+            problems.append(f"{key}: unknown configuration key (known: {', '.join(sorted(known['']))})")
+    for section in ("dataset", "reward"):
+        for key in cfg.get(section) or {}:
+            if key not in known[section]:
+                problems.append(
+                    f"{section}.{key}: unknown configuration key (known: {', '.join(sorted(known[section]))})"
+                )
+    return problems
 
 
 def load_run_config(overrides: list[str] | None = None) -> DictConfig:
@@ -146,6 +180,7 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
     problems: list[str] = []
     if cfg.algorithm not in ALGORITHMS:
         return [f"algorithm: expected one of {', '.join(ALGORITHMS)}, got '{cfg.algorithm}'"]
+    problems += _unknown_key_problems(cfg)
     if OmegaConf.is_missing(cfg, "model"):
         problems.append("model: required (a hub id, a saved model folder or builtin://tiny-llama)")
     else:

@@ -432,12 +432,37 @@ def validate_run(run: Run) -> list[str]:
                 problems.append(
                     f"spec.training.{camel(name)}: a GRPO setting; algorithm sft does not use it (remove it)"
                 )
+    for name in sorted(set(training.extra) & set(OPERATOR_OWNED_TRAINER_FIELDS)):
+        problems.append(
+            f"spec.training.extra.{name}: the operator sets it ({OPERATOR_OWNED_TRAINER_FIELDS[name]}); "
+            "remove it from extra"
+        )
+    for index, var in enumerate(spec.env):
+        if var.value is not None and var.value_from is not None:
+            problems.append(f"spec.env[{index}]: {var.name} sets both value and valueFrom; set one")
     extra_clash = sorted(set(spec.training.extra) & {f.name for f in dataclasses.fields(TrainingSpec)})
     for name in extra_clash:
         problems.append(f"spec.training.extra.{name}: set it as spec.training.{camel(name)} instead")
     if spec.algorithm == "grpo" and not reward_funcs(run) and not has_judges(run):
         problems.append("spec.reward: expected at least one reward function (funcs) or RIM judges (config)")
     return problems
+
+
+# Trainer fields the operator writes into run.yaml itself (render.run_config), and where a user sets them.
+OPERATOR_OWNED_TRAINER_FIELDS = {
+    "output_dir": "from spec.checkpoint.path and the run's name",
+    "run_name": "from the run's name",
+    "save_strategy": "every spec.checkpoint.saveSteps steps",
+    "save_steps": "set spec.checkpoint.saveSteps instead",
+    "report_to": "metrics go to Prometheus through the run's metrics Service",
+    "metrics_port": "the port the run's metrics Service targets",
+    "metrics_host": "the address the run's metrics Service reaches",
+    "use_vllm": "from spec.rollout",
+    "vllm_mode": "from spec.rollout",
+    "vllm_server_base_url": "from spec.rollout",
+    "vllm_group_port": "from spec.rollout",
+    **{name: f"set spec.teaching.{camel(name)} instead" for name in defaults.TEACHING if name != "student_temperature"},
+}
 
 
 def _batch_problems(training: TrainingSpec, processes: int) -> list[str]:

@@ -217,7 +217,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
         baselines = kwargs.get("baseline_score")
         if baselines is None:  # called outside the loop: diagnose first
             baselines = [d.baseline_score for d in self._diagnose(tasks, contexts, self.args.max_probe_tokens)]
-        guidances = [teaching.extract_guidance(completion_text(c)) for c in completions]
+        guidances = [self._within_budget(teaching.extract_guidance(completion_text(c))) for c in completions]
         try:
             rewards, stats = self._teaching_rewards(tasks, contexts, baselines, guidances, log=True)
         except (RuntimeError, ValueError) as exc:
@@ -230,6 +230,15 @@ class TeacherGRPOTrainer(GRPOTrainer):
         for name, value in stats.items():
             self._log_metric(name, value)
         return torch.tensor(rewards, dtype=torch.float32)
+
+    def _within_budget(self, guidance: str) -> str:
+        """The guidance cut to ``max_guidance_tokens`` tokens: what the student reads and the efficiency
+        bonus counts (the completion itself is bounded by ``max_completion_length``, which also holds the
+        teacher's thinking)."""
+        ids = self.processing_class(guidance, add_special_tokens=False)["input_ids"]
+        if len(ids) <= self.args.max_guidance_tokens:
+            return guidance
+        return self.processing_class.decode(ids[: self.args.max_guidance_tokens], skip_special_tokens=True)
 
     # ------------------------------------------------------------------ batched phases
 
