@@ -8,6 +8,7 @@ real GRPOConfig / SFTConfig from a rendered run and checks each value, for every
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 # spec.training fields (snake_case) → default, for every algorithm.
@@ -74,3 +75,64 @@ def _shown(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return value if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# ------------------------------------------------------------------ limits
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The range a numeric setting must lie in: the CRD's minimum/maximum and the trainer's check."""
+
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+
+    def problem(self, value: float) -> str | None:
+        """``expected …`` when ``value`` is outside (None when inside)."""
+        if self.minimum is not None:
+            if self.exclusive_minimum and not value > self.minimum:
+                return f"expected a number > {_shown(self.minimum)}"
+            if not self.exclusive_minimum and not value >= self.minimum:
+                return f"expected a number >= {_shown(self.minimum)}"
+        if self.maximum is not None and not value <= self.maximum:
+            return f"expected a number <= {_shown(self.maximum)}"
+        return None
+
+    def schema(self) -> dict[str, Any]:
+        """The keyword arguments of the operator's ``spec_field`` for this limit."""
+        return {"minimum": self.minimum, "maximum": self.maximum, "exclusive_minimum": self.exclusive_minimum}
+
+
+POSITIVE, AT_LEAST_ONE, NON_NEGATIVE = Limit(0, exclusive_minimum=True), Limit(1), Limit(0)
+# Trainer and teaching settings (snake_case): the one statement of each range, for the spec and run.yaml.
+LIMITS: dict[str, Limit] = {
+    "learning_rate": POSITIVE,
+    "num_train_epochs": POSITIVE,
+    "max_steps": AT_LEAST_ONE,
+    "per_device_train_batch_size": AT_LEAST_ONE,
+    "gradient_accumulation_steps": AT_LEAST_ONE,
+    "beta": NON_NEGATIVE,
+    "num_generations": Limit(2),  # GRPO compares completions
+    "max_completion_length": AT_LEAST_ONE,
+    "temperature": POSITIVE,
+    "top_p": Limit(0, 1, exclusive_minimum=True),
+    "num_iterations": AT_LEAST_ONE,
+    "epsilon": NON_NEGATIVE,
+    "warmup_steps": NON_NEGATIVE,
+    "weight_decay": NON_NEGATIVE,
+    "max_grad_norm": NON_NEGATIVE,
+    "logging_steps": AT_LEAST_ONE,
+    "save_steps": AT_LEAST_ONE,
+    "steps_per_generation": AT_LEAST_ONE,
+    "generation_batch_size": AT_LEAST_ONE,
+    "max_probe_tokens": AT_LEAST_ONE,
+    "max_guidance_tokens": Limit(10),
+    "efficiency_horizon": POSITIVE,
+    "degradation_penalty": NON_NEGATIVE,
+    "student_samples": AT_LEAST_ONE,
+    "student_max_tokens": AT_LEAST_ONE,
+    "student_temperature": NON_NEGATIVE,
+}
+GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
+REWARD_SCALINGS = ("group", "batch", "none")

@@ -165,3 +165,43 @@ def model_problems(ref: str, field: str = "model", builtins: tuple[str, ...] = (
     if not (path / "config.json").is_file():
         return [f"{field}: '{ref}' has no config.json; expected a folder saved with save_pretrained"]
     return []
+
+
+# ------------------------------------------------------------------ trainer settings
+
+
+def setting_problem(name: str, value, accepted: tuple) -> str | None:
+    """What is wrong with ``value`` for setting ``name`` (None: nothing), as ``expected …, got …``: none of
+    the ``accepted`` kinds (bool, int, float, str, list, dict, an Enum class, ``type(None)``), a number that
+    is not finite, or outside :data:`atlas_contract.defaults.LIMITS`."""
+    import enum
+    import math
+
+    from atlas_contract.defaults import LIMITS
+
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    for kind in accepted:
+        if kind is float and number and not math.isfinite(value):
+            return f"expected a finite number, got {value!r}"
+        if (
+            (kind is bool and isinstance(value, bool))
+            or (kind is int and isinstance(value, int) and not isinstance(value, bool))
+            or (kind is float and number)
+            or (kind in (str, list, dict) and isinstance(value, kind))
+            or (kind is type(None) and value is None)
+            or (isinstance(kind, type) and issubclass(kind, enum.Enum) and isinstance(value, (str, kind)))
+        ):
+            limit_problem = LIMITS[name].problem(value) if number and name in LIMITS else None
+            return f"{limit_problem}, got {value!r}" if limit_problem else None
+    described = [_KIND_NAMES.get(k, "a string") for k in accepted if k is not type(None)]
+    return f"expected {' or '.join(dict.fromkeys(described))}, got {value!r}"
+
+
+_KIND_NAMES = {
+    bool: "true or false",
+    int: "a whole number",
+    float: "a finite number",
+    str: "a string",
+    list: "a list",
+    dict: "a mapping",
+}

@@ -74,7 +74,57 @@ def load_run_dataset(
         reason = " ".join(str(exc).split())[:300]
         raise DatasetSourceError(f"dataset.source: cannot load '{source}': {reason}") from None
     _check_columns(dataset.column_names, algorithm, source)
+    _check_rows(dataset, algorithm, source)
     return dataset
+
+
+_SHOWN_ROWS = 3  # rows named per problem; the count says how many more
+
+
+def _check_rows(dataset, algorithm: str, source: str) -> None:
+    """Every row's text columns before training starts: a prompt (and, for SFT, a completion or text) that
+    is a non-empty string or a non-empty list of chat messages, the same kind in every row."""
+    if algorithm == "sft":
+        columns = [c for c in ("prompt", "completion", "text", "messages") if c in dataset.column_names]
+    else:
+        columns = ["prompt"]
+    problems = []
+    for column in columns:
+        bad: dict[str, list[int]] = {}
+        kinds: dict[str, int] = {}
+        for index, value in enumerate(dataset[column]):
+            kind, problem = _text_kind(value)
+            if problem:
+                bad.setdefault(problem, []).append(index)
+            else:
+                kinds.setdefault(kind, index)
+        for problem, rows in bad.items():
+            shown = ", ".join(map(str, rows[:_SHOWN_ROWS])) + (
+                f" and {len(rows) - _SHOWN_ROWS} more" if len(rows) > _SHOWN_ROWS else ""
+            )
+            problems.append(
+                f"dataset.source: '{source}' column {column!r}: {problem} (row{'s' if len(rows) > 1 else ''} {shown})"
+            )
+        if len(kinds) > 1:
+            problems.append(
+                f"dataset.source: '{source}' column {column!r}: mixes plain-text and chat rows "
+                f"(row {kinds['text']} is text, row {kinds['chat']} is chat); use one kind"
+            )
+    if problems:
+        raise DatasetSourceError("\n".join(problems))
+
+
+def _text_kind(value) -> tuple[str | None, str | None]:
+    """("text" | "chat", None) for a usable value, else (None, what is wrong)."""
+    if isinstance(value, str):
+        return ("text", None) if value.strip() else (None, "empty text")
+    if isinstance(value, list):
+        if not value:
+            return None, "an empty message list"
+        if all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in value):
+            return "chat", None
+        return None, "chat messages need a role and a string content"
+    return None, f"expected text or chat messages, got {'null' if value is None else type(value).__name__}"
 
 
 def _with_guidance(rows: list[dict], fraction: float, seed: int, max_operand: int) -> list[dict]:

@@ -11,6 +11,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
+import types
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +211,8 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
     known = {f.name for f in dataclasses.fields(trainer_config_class(cfg.algorithm))}
     for name in sorted(set(kwargs) - known):
         problems.append(f"trainer.{name}: not a {trainer_config_class(cfg.algorithm).__name__} field")
+    value_problems = _trainer_value_problems(kwargs, trainer_config_class(cfg.algorithm))
+    problems += value_problems
 
     if cfg.algorithm == "teacher":
         if not cfg.get("student"):
@@ -230,7 +233,8 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
                 load_rim_config(str(rim))
             except RIMConfigError as exc:
                 problems.append(f"reward.config: {exc}")
-        problems += _batch_problems(kwargs)
+        if not value_problems:  # the batch rule needs whole numbers to work with
+            problems += _batch_problems(kwargs)
     return problems
 
 
@@ -255,6 +259,41 @@ def _dataset_problems(source: str) -> list[str]:
     if path.is_file() and path.suffix not in FILE_FORMATS:
         return [f"dataset.source: '{source}' has an unknown format (expected {', '.join(FILE_FORMATS)})"]
     return []
+
+
+def _trainer_value_problems(kwargs: dict[str, Any], config_class) -> list[str]:
+    """Every trainer value of the wrong kind (by the field's type), not finite, or outside its range
+    (atlas_contract.defaults.LIMITS), before anything is built: ``trainer.<field>: expected …``."""
+    problems = []
+    for f in dataclasses.fields(config_class):
+        if f.name not in kwargs or (kwargs[f.name] == f.default and type(kwargs[f.name]) is type(f.default)):
+            continue  # absent, or the trainer's own default (max_steps -1 = "not set")
+        accepted = _accepted_kinds(f)
+        problem = rules.setting_problem(f.name, kwargs[f.name], accepted) if accepted else None
+        if problem:
+            problems.append(f"trainer.{f.name}: {problem}")
+    return problems
+
+
+def _accepted_kinds(f: dataclasses.Field) -> tuple | None:
+    """The kinds of value a config field takes, from its annotation (None: too rich to check here)."""
+    import enum
+    import typing
+
+    annotation = f.type
+    if isinstance(annotation, str):  # a postponed annotation: judge by the default instead
+        return (type(f.default),) if f.default not in (None, dataclasses.MISSING) else None
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    kinds = []
+    for member in members or (annotation,):
+        member = typing.get_origin(member) or member
+        if member in (bool, int, float, str, list, dict, type(None)) or (
+            isinstance(member, type) and issubclass(member, enum.Enum)
+        ):
+            kinds.append(member)
+        else:
+            return None
+    return tuple(kinds)
 
 
 def _batch_problems(kwargs: dict[str, Any]) -> list[str]:

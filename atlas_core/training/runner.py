@@ -56,7 +56,7 @@ def build_trainer(cfg: DictConfig, callbacks: list | None = None):
             guided_fraction=float(cfg.dataset.get("guided_fraction", 0.0)),
         )
     except DatasetSourceError as exc:
-        raise RunConfigError([str(exc)]) from None
+        raise RunConfigError(str(exc).splitlines()) from None
 
     needs_truth = (algorithm == "grpo" and "exact_match" in (cfg.reward.funcs or [])) or (
         algorithm == "teacher" and not cfg.reward.funcs and not cfg.reward.get("config")

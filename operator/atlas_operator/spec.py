@@ -72,48 +72,64 @@ class TrainingSpec:
     """GRPOConfig / SFTConfig fields in camelCase; unset fields keep the trainer's defaults."""
 
     learning_rate: float | None = spec_field(
-        "peak learning rate", trainer_default=True, minimum=0, exclusive_minimum=True
+        "peak learning rate", trainer_default=True, **defaults.LIMITS["learning_rate"].schema()
     )
     num_train_epochs: float | None = spec_field(
-        "passes over the dataset", trainer_default=True, minimum=0, exclusive_minimum=True
+        "passes over the dataset", trainer_default=True, **defaults.LIMITS["num_train_epochs"].schema()
     )
     max_steps: int | None = spec_field(
-        "optimizer steps; overrides numTrainEpochs when set", unset="numTrainEpochs decides", minimum=1
+        "optimizer steps; overrides numTrainEpochs when set",
+        unset="numTrainEpochs decides",
+        **defaults.LIMITS["max_steps"].schema(),
     )
     per_device_train_batch_size: int | None = spec_field(
-        "completions per process per micro-batch", trainer_default=True, minimum=1
+        "completions per process per micro-batch",
+        trainer_default=True,
+        **defaults.LIMITS["per_device_train_batch_size"].schema(),
     )
     gradient_accumulation_steps: int | None = spec_field(
-        "micro-batches per optimizer step", trainer_default=True, minimum=1
+        "micro-batches per optimizer step",
+        trainer_default=True,
+        **defaults.LIMITS["gradient_accumulation_steps"].schema(),
     )
     beta: float | None = spec_field(
-        "KL coefficient against the reference model; 0 = no KL", trainer_default=True, minimum=0
+        "KL coefficient against the reference model; 0 = no KL",
+        trainer_default=True,
+        **defaults.LIMITS["beta"].schema(),
     )
     num_generations: int | None = spec_field(
-        "completions per prompt, GRPO's group size", trainer_default=True, minimum=2
+        "completions per prompt, GRPO's group size", trainer_default=True, **defaults.LIMITS["num_generations"].schema()
     )
-    max_completion_length: int | None = spec_field("tokens per completion", trainer_default=True, minimum=1)
+    max_completion_length: int | None = spec_field(
+        "tokens per completion", trainer_default=True, **defaults.LIMITS["max_completion_length"].schema()
+    )
     temperature: float | None = spec_field(
-        "sampling temperature", trainer_default=True, minimum=0, exclusive_minimum=True
+        "sampling temperature", trainer_default=True, **defaults.LIMITS["temperature"].schema()
     )
-    top_p: float | None = spec_field(
-        "nucleus sampling", trainer_default=True, minimum=0, maximum=1, exclusive_minimum=True
-    )
+    top_p: float | None = spec_field("nucleus sampling", trainer_default=True, **defaults.LIMITS["top_p"].schema())
     num_iterations: int | None = spec_field(
-        "policy updates per generation batch, GRPO's mu", trainer_default=True, minimum=1
+        "policy updates per generation batch, GRPO's mu",
+        trainer_default=True,
+        **defaults.LIMITS["num_iterations"].schema(),
     )
-    epsilon: float | None = spec_field("clipping epsilon", trainer_default=True, minimum=0)
-    loss_type: str | None = spec_field(
-        "GRPO loss", trainer_default=True, enum=("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
-    )
-    scale_rewards: str | None = spec_field("reward scaling", trainer_default=True, enum=("group", "batch", "none"))
+    epsilon: float | None = spec_field("clipping epsilon", trainer_default=True, **defaults.LIMITS["epsilon"].schema())
+    loss_type: str | None = spec_field("GRPO loss", trainer_default=True, enum=defaults.GRPO_LOSS_TYPES)
+    scale_rewards: str | None = spec_field("reward scaling", trainer_default=True, enum=defaults.REWARD_SCALINGS)
     lr_scheduler_type: str | None = spec_field("learning-rate schedule", trainer_default=True)
     warmup_steps: float | None = spec_field(
-        "warm-up steps, or a fraction of all steps when < 1", trainer_default=True, minimum=0
+        "warm-up steps, or a fraction of all steps when < 1",
+        trainer_default=True,
+        **defaults.LIMITS["warmup_steps"].schema(),
     )
-    weight_decay: float | None = spec_field("AdamW weight decay", trainer_default=True, minimum=0)
-    max_grad_norm: float | None = spec_field("gradient clipping", trainer_default=True, minimum=0)
-    logging_steps: int | None = spec_field("steps between logged metrics", trainer_default=True, minimum=1)
+    weight_decay: float | None = spec_field(
+        "AdamW weight decay", trainer_default=True, **defaults.LIMITS["weight_decay"].schema()
+    )
+    max_grad_norm: float | None = spec_field(
+        "gradient clipping", trainer_default=True, **defaults.LIMITS["max_grad_norm"].schema()
+    )
+    logging_steps: int | None = spec_field(
+        "steps between logged metrics", trainer_default=True, **defaults.LIMITS["logging_steps"].schema()
+    )
     seed: int | None = spec_field("random seed", trainer_default=True)
     gradient_checkpointing: bool | None = spec_field("recompute activations to save memory", trainer_default=True)
     bf16: bool | None = spec_field("bf16 mixed precision", unset="on when gpusPerNode > 0, off on CPU")
@@ -209,25 +225,34 @@ class TeachingSpec:
     """The adaptive teaching protocol (probe → guidance → student) and its reward."""
 
     max_probe_tokens: int = spec_field(
-        "tokens of the diagnostic probe", defaults.TEACHING["max_probe_tokens"], minimum=1
+        "tokens of the diagnostic probe",
+        defaults.TEACHING["max_probe_tokens"],
+        **defaults.LIMITS["max_probe_tokens"].schema(),
     )
     max_guidance_tokens: int = spec_field(
-        "tokens of the teaching guidance", defaults.TEACHING["max_guidance_tokens"], minimum=10
+        "tokens of the teaching guidance",
+        defaults.TEACHING["max_guidance_tokens"],
+        **defaults.LIMITS["max_guidance_tokens"].schema(),
     )
     efficiency_horizon: float = spec_field(
         "guidance length at which the efficiency bonus reaches 0",
         defaults.TEACHING["efficiency_horizon"],
-        minimum=0,
-        exclusive_minimum=True,
+        **defaults.LIMITS["efficiency_horizon"].schema(),
     )
     degradation_penalty: float = spec_field(
-        "subtracted when guidance makes the student worse", defaults.TEACHING["degradation_penalty"], minimum=0
+        "subtracted when guidance makes the student worse",
+        defaults.TEACHING["degradation_penalty"],
+        **defaults.LIMITS["degradation_penalty"].schema(),
     )
     student_samples: int = spec_field(
-        "student answers per task, baseline and guided", defaults.TEACHING["student_samples"], minimum=1
+        "student answers per task, baseline and guided",
+        defaults.TEACHING["student_samples"],
+        **defaults.LIMITS["student_samples"].schema(),
     )
     student_max_tokens: int = spec_field(
-        "tokens per student answer", defaults.TEACHING["student_max_tokens"], minimum=1
+        "tokens per student answer",
+        defaults.TEACHING["student_max_tokens"],
+        **defaults.LIMITS["student_max_tokens"].schema(),
     )
 
 

@@ -180,27 +180,11 @@ class TeachingArguments:
     student_offload: bool = field(default=False, metadata={"help": "Keep a local student on the CPU."})
 
     def _check_teaching_fields(self) -> None:
-        import math
-
         problems = []
-        for name, low in (
-            ("max_probe_tokens", 1),
-            ("max_guidance_tokens", 10),
-            ("student_samples", 1),
-            ("student_max_tokens", 1),
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                problems.append(f"{name}: expected a whole number >= {low}, got {value!r}")
-        for name, low, strict in (
-            ("efficiency_horizon", 0.0, True),
-            ("degradation_penalty", 0.0, False),
-            ("student_temperature", 0.0, False),
-        ):
-            value = getattr(self, name)
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            if not ok or value < low or (strict and value == low):
-                problems.append(f"{name}: expected a finite number {'>' if strict else '>='} {low:g}, got {value!r}")
+        for name, default in TEACHING.items():
+            problem = rules.setting_problem(name, getattr(self, name), (type(default),))
+            if problem:
+                problems.append(f"{name}: {problem}")
         if problems:
             raise ValueError("; ".join(problems))
 
