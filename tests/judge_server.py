@@ -34,6 +34,8 @@ class Reply:
     status: int = 200
     delay_s: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
+    raw: str | None = None  # sent as the body instead of a chat completion (a broken server)
+    message_content: Any = None  # the choices' message content as given (e.g. a list of parts), when set
 
 
 def judgment(score: float, uncertainty: float = 0.1, rationale: str = "fine") -> str:
@@ -87,6 +89,10 @@ class JudgeServer:
         finally:
             with self._lock:
                 self.in_flight -= 1
+        if reply.raw is not None:
+            return web.Response(
+                status=reply.status, text=reply.raw, headers=reply.headers, content_type="application/json"
+            )
         if reply.status != 200:
             body = json.dumps({"error": {"message": "scripted failure"}})
             return web.Response(status=reply.status, text=body, headers=reply.headers, content_type="application/json")
@@ -98,7 +104,14 @@ class JudgeServer:
                 "created": 0,
                 "model": call.model,
                 "choices": [
-                    {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                    {
+                        "index": i,
+                        "message": {
+                            "role": "assistant",
+                            "content": text if reply.message_content is None else reply.message_content,
+                        },
+                        "finish_reason": "stop",
+                    }
                     for i, text in enumerate(contents)
                 ],
                 "usage": {

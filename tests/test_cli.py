@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import PYTHON, python_env
+from conftest import PYTHON, REPO, python_env
 
 TRAIN = [PYTHON, "-m", "atlas_core.cli.train"]
 QUICK = ["trainer.max_steps=2", "trainer.metrics_port=0", "trainer.save_steps=2"]
@@ -177,3 +177,29 @@ def test_run_files_any_name_and_unknown_keys_refused_as_on_the_command_line(tmp_
     assert validate_run_config(load_run_config([f"recipe={odd}"])) == [
         "resume: expected auto (true), start_over or never (false), got 'sometimes'"
     ]
+
+
+def test_manifests_and_run_files_in_the_encodings_editors_write(tmp_path, capsys):
+    """UTF-16 with a BOM (PowerShell's `>`), UTF-8 with a BOM: read; other bytes: one line naming the file."""
+    import codecs
+
+    from atlas_operator.cli import render_main
+
+    from atlas_core.training.run_config import load_run_config
+
+    manifest = (REPO / "examples" / "grpo-run.yaml").read_text()
+    for encoding, bom in (("utf-16-le", codecs.BOM_UTF16_LE), ("utf-8", codecs.BOM_UTF8)):
+        path = tmp_path / f"run-{encoding}.yaml"
+        path.write_bytes(bom + manifest.encode(encoding))
+        assert render_main([str(path)]) == 0
+        assert "kind: PyTorchJob" in capsys.readouterr().out
+    latin = tmp_path / "latin1.yaml"
+    latin.write_bytes(manifest.replace("grpo-run", "grpo-run # café").encode("latin-1"))
+    assert render_main([str(latin)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {latin}: not UTF-8 text")
+
+    run_file = tmp_path / "run config.yaml"
+    run_file.write_bytes(
+        codecs.BOM_UTF16_LE + "algorithm: sft\ndataset:\n  source: builtin://arithmetic\n".encode("utf-16-le")
+    )
+    assert load_run_config([f"recipe={run_file}"]).algorithm == "sft"

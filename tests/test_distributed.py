@@ -190,7 +190,7 @@ def test_per_node_checkpoint_folders_stop_every_rank_with_the_reason(tmp_path, a
         assert "rank 1 on" in output and "trainer_state.json" in output
         assert "spec.checkpoint.pvc" in output and "ReadWriteMany" in output
         # The launcher prints its own traceback for a child's exit status; none comes from our code or torch's.
-        assert "collective mismatch" not in output and 'atlas_core/' not in output.split("error: resume:")[1]
+        assert "collective mismatch" not in output and "atlas_core/" not in output.split("error: resume:")[1]
         assert "exitcode  : 2" in output
     assert not (tmp_path / "node0" / "checkpoint-4").exists()  # no rank trained a step
 

@@ -95,3 +95,31 @@ def test_mixed_plain_and_chat_prompts_are_refused(tmp_path):
     with pytest.raises(DatasetSourceError) as caught:
         load_run_dataset(str(data))
     assert "column 'prompt': mixes plain-text and chat rows (row 0 is text, row 1 is chat)" in str(caught.value)
+
+
+def test_output_dir_problems_name_output_dir(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for output_dir, expected in (
+        (afile, f"output_dir: '{afile}' is a file"),
+        (afile / "sub", f"output_dir: '{afile / 'sub'}' cannot be created: '{afile}' is a file"),
+    ):
+        problems = validate_run_config(load_run_config(["recipe=tiny_grpo", f"output_dir={output_dir}"]))
+        assert len(problems) == 1 and problems[0].startswith(expected), problems
+
+
+def test_teacher_exact_match_without_ground_truth_names_the_dataset(tmp_path):
+    from atlas_core.training.run_config import RunConfigError
+    from atlas_core.training.runner import build_trainer
+
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(json.dumps({"prompt": "What is 3 + 4?"}) + "\n")
+    cfg = load_run_config(
+        ["recipe=tiny_teacher", f"dataset.source={data}", "reward.funcs=[exact_match]", f"output_dir={tmp_path / 'o'}"]
+    )
+    assert validate_run_config(cfg) == []
+    with pytest.raises(RunConfigError) as caught:
+        build_trainer(cfg)
+    assert caught.value.problems == [
+        f"dataset.source: '{data}' has no 'ground_truth' column, which exact-match scoring needs (columns: prompt)"
+    ]

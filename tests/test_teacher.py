@@ -344,3 +344,26 @@ def test_guidance_is_cut_to_max_guidance_tokens(tmp_path, tiny_model_dir):
     shown = guided[0].split(teaching.GUIDANCE_INTRO)[1].strip()
     assert 0 < len(t.processing_class(shown, add_special_tokens=False)["input_ids"]) <= 12
     assert "step19" not in shown and shown.startswith("step0")
+
+
+@pytest.mark.parametrize(
+    ("reply", "scored"),
+    [
+        (Reply(raw="<html>502 from a proxy</html>"), False),
+        (Reply(message_content=[{"type": "image_url", "image_url": {"url": "x"}}]), False),
+        (Reply(message_content=[{"type": "text", "text": "\\boxed{7}"}]), True),  # content parts: text is read
+    ],
+    ids=["non-json-body", "non-text-content", "text-parts"],
+)
+def test_student_endpoint_answering_garbage_gives_an_unscored_batch(tmp_path, tiny_model_dir, reply, scored):
+    """A student server that answers 200 with something that is not a chat answer: the batch is unscored
+    (NaN rewards: TRL gives it no advantage), training goes on, and the retries stay bounded."""
+    with JudgeServer(lambda call: reply) as server:
+        t = TeacherGRPOTrainer(
+            args=teacher_args(tmp_path, tiny_model_dir, student_samples=1),
+            train_dataset=arithmetic(),
+            student_model=server.base_url,
+        )
+        rewards = t.compute_rewards(["<teaching>add</teaching>"], ["What is 3 + 4?"], ground_truth=["7"])
+    assert len(rewards) == 1 and math.isnan(float(rewards[0])) is not scored
+    assert 1 <= len(server.calls) <= 3 * t.student.retry_policy.attempts

@@ -21,8 +21,14 @@ def _train(args: argparse.Namespace) -> int:
     if target.endswith((".yaml", ".yml")) and Path(target).is_file():
         import yaml
 
+        from atlas_contract.errors import InvalidFields
+        from atlas_contract.text import read_text
+
         try:
-            document = yaml.safe_load(Path(target).read_text())
+            document = next(iter(yaml.safe_load_all(read_text(target))), None)
+        except InvalidFields as invalid:
+            print("\n".join(f"error: {problem}" for problem in invalid.problems), file=sys.stderr)
+            return 2
         except yaml.YAMLError as exc:
             print(f"error: {target}: not valid YAML ({' '.join(str(exc).split())})", file=sys.stderr)
             return 2

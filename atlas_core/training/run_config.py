@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import tempfile
 import types
 from pathlib import Path
@@ -20,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from atlas_contract import rules
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import ALGORITHMS
+from atlas_contract.text import read_text
 
 CONFIG_MODULE = "atlas_core.configs"
 PRIMARY_CONFIG = "train"
@@ -141,8 +141,9 @@ def load_run_config(overrides: list[str] | None = None) -> DictConfig:
         if recipe_files:
             # Hydra looks for recipes in <search path>/recipe/<name>.yaml.
             (Path(staging.name) / "recipe").mkdir()
-            for recipe_file in recipe_files:
-                shutil.copyfile(recipe_file, Path(staging.name) / "recipe" / f"{_staged_recipe_name(recipe_file)}.yaml")
+            for recipe_file in recipe_files:  # re-encoded as UTF-8, the only encoding Hydra reads
+                staged = Path(staging.name) / "recipe" / f"{_staged_recipe_name(recipe_file)}.yaml"
+                staged.write_text(read_text(recipe_file), encoding="utf-8")
             prepared.insert(0, f"hydra.searchpath=[file://{staging.name}]")
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
             cfg = compose(config_name=PRIMARY_CONFIG, overrides=prepared)
@@ -191,6 +192,7 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
     else:
         problems += _dataset_problems(str(cfg.dataset.source))
 
+    problems += _output_dir_problems(str(cfg.output_dir))
     for name in ("num_samples", "max_operand", "seed"):
         value = cfg.dataset.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or (name == "num_samples" and value < 1):
@@ -242,6 +244,21 @@ def _model_problems(model: str, field: str = "model") -> list[str]:
     from atlas_core.models.tiny import TINY_MODEL_URI
 
     return rules.model_problems(model, field, builtins=(TINY_MODEL_URI,))
+
+
+def _output_dir_problems(output_dir: str) -> list[str]:
+    """Where checkpoints go must be a folder this process can create and write."""
+    path = Path(os.path.expanduser(output_dir))
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None:
+        return []
+    if existing != path and not existing.is_dir():
+        return [f"output_dir: '{output_dir}' cannot be created: '{existing}' is a file"]
+    if existing == path and not path.is_dir():
+        return [f"output_dir: '{output_dir}' is a file; expected a folder (checkpoints, final model, metrics)"]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [f"output_dir: '{existing}' is not writable"]
+    return []
 
 
 def _dataset_problems(source: str) -> list[str]:

@@ -58,9 +58,11 @@ def build_trainer(cfg: DictConfig, callbacks: list | None = None):
     except DatasetSourceError as exc:
         raise RunConfigError(str(exc).splitlines()) from None
 
-    needs_truth = (algorithm == "grpo" and "exact_match" in (cfg.reward.funcs or [])) or (
-        algorithm == "teacher" and not cfg.reward.funcs and not cfg.reward.get("config")
-    )
+    # exact_match scores against ground_truth: the policy's answers (grpo) or the student's (teacher, by
+    # default when no reward is named).
+    funcs = list(cfg.reward.funcs or [])
+    needs_truth = "exact_match" in funcs and algorithm in ("grpo", "teacher")
+    needs_truth |= algorithm == "teacher" and not funcs and not cfg.reward.get("config")
     if needs_truth and "ground_truth" not in dataset.column_names:
         raise RunConfigError(
             [

@@ -184,7 +184,7 @@ class EndpointStudent:
                 )
                 choices = response.choices or []
                 per_choice = (response.usage.completion_tokens // max(1, len(choices))) if response.usage else 0
-                answers += [StudentAnswer(c.message.content or "", per_choice) for c in choices]
+                answers += [StudentAnswer(_answer_text(c.message.content), per_choice) for c in choices]
                 if len(answers) >= num_samples:
                     return answers[:num_samples]
             raise RuntimeError(f"student endpoint {self.base_url} returned no answer")
@@ -215,3 +215,15 @@ def load_student(student_model: Any, device=None, offload: bool = False) -> Stud
     if is_endpoint(student_model):
         return EndpointStudent(student_model)
     return LocalStudent(student_model, device=device, offload=offload)
+
+
+def _answer_text(content: Any) -> str:
+    """A choice's message content as text: a string, or the text parts of a list of content parts (some
+    servers answer that way); anything else is a malformed answer, reported as the student failing."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = [p.get("text") if isinstance(p, dict) else getattr(p, "text", None) for p in content]
+        if all(isinstance(p, str) for p in parts):
+            return "".join(parts)
+    raise RuntimeError(f"student endpoint answered a malformed message content ({type(content).__name__})")

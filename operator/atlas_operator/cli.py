@@ -6,21 +6,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from atlas_contract.names import OPERATOR_METRICS_PORT
+from atlas_contract.text import decode_text, read_text
 from atlas_operator.spec import InvalidRun, Run, parse_run
 
 
 def load_manifests(path: str) -> list[dict[str, Any]]:
     """The documents of a YAML file; raises InvalidRun with a readable problem."""
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as exc:
-        raise InvalidRun([f"{path}: {exc.strerror or exc}"]) from exc
+    text = decode_text(sys.stdin.buffer.read(), "stdin") if path == "-" else read_text(path)
     try:
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:

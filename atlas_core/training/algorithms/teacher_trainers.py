@@ -215,10 +215,10 @@ class TeacherGRPOTrainer(GRPOTrainer):
         tasks = kwargs.get("task") or [teaching.task_text(p) for p in prompts]
         contexts = _row_contexts(kwargs, len(tasks), skip=("task", "baseline_score", "capability_level"))
         baselines = kwargs.get("baseline_score")
-        if baselines is None:  # called outside the loop: diagnose first
-            baselines = [d.baseline_score for d in self._diagnose(tasks, contexts, self.args.max_probe_tokens)]
         guidances = [self._within_budget(teaching.extract_guidance(completion_text(c))) for c in completions]
         try:
+            if baselines is None:  # called outside the loop: diagnose first
+                baselines = [d.baseline_score for d in self._diagnose(tasks, contexts, self.args.max_probe_tokens)]
             rewards, stats = self._teaching_rewards(tasks, contexts, baselines, guidances, log=True)
         except (RuntimeError, ValueError) as exc:
             # A failing student, a missing ground truth or a failed diagnosis (NaN baseline) must not stop
