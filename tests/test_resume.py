@@ -158,6 +158,14 @@ def test_finished_run_rerun_is_a_no_op_and_other_runs_or_settings_are_refused(tm
     assert more.returncode == 0, more.stderr[-2000:]
     assert logged_steps(out) == [*steps, 7, 8, 9]
 
+    # A pod killed while saving leaves a truncated file: that checkpoint is skipped, saying why.
+    weights = out / "checkpoint-9" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    after_kill = run(out, 10, env={"ATLAS_RUN_UID": "uid-1"})
+    assert after_kill.returncode == 0, after_kill.stderr[-2000:]
+    assert "skipped checkpoint-9" in after_kill.stderr and "model.safetensors (does not load" in after_kill.stderr
+    assert logged_steps(out) == [*steps, 7, 8, 9, 7, 8, 9, 10]
+
 
 def test_one_run_per_output_folder(tmp_path, atlas_cache):
     out = tmp_path / "run"

@@ -134,8 +134,9 @@ class TrainingSpec:
     gradient_checkpointing: bool | None = spec_field("recompute activations to save memory", trainer_default=True)
     bf16: bool | None = spec_field("bf16 mixed precision", unset="on when gpusPerNode > 0, off on CPU")
     extra: dict[str, Any] = spec_field(
-        "any other GRPOConfig/SFTConfig field, snake_case, passed to the trainer as is "
-        "(checked when the trainer starts)",
+        "any other GRPOConfig/SFTConfig field, snake_case, passed to the trainer (its kind and range are "
+        "checked when the trainer starts); the fields the operator sets itself (output_dir, run_name, save_*, "
+        "report_to, metrics_*, vllm_*, use_vllm and the teaching fields) are refused",
         {},
     )
 
