@@ -63,7 +63,7 @@ def test_print_config_shows_the_composed_recipe(tmp_path):
     [
         (["recipe=nope"], ["recipe: unknown recipe (available: grpo, teacher_rcl, tiny_grpo, tiny_sft, tiny_teacher)"]),
         (["recipe=tiny_teacher", "student=null"], ["student: required for algorithm teacher"]),
-        (["trainer.num_generations=abc"], ["trainer.num_generations: expected a whole number >= 1, got 'abc'"]),
+        (["trainer.num_generations=abc"], ["trainer.num_generations: expected a whole number, got 'abc'"]),
         (["dataset.num_samples=abc"], ["dataset.num_samples: expected a whole number >= 1, got 'abc'"]),
         (["recipe=tiny_teacher", "student=/no/student"], ["student: '/no/student' does not exist"]),
         (["trainer.bogus=1"], ["trainer.bogus: not a GRPOConfig/SFTConfig field"]),

@@ -24,7 +24,7 @@ FILE_TOKEN = re.compile(
 DOTTED = re.compile(r"\b(atlas_(?:core|operator|contract)(?:\.\w+)+)")
 BACKTICK = re.compile(r"`([^`]+)`")
 OPTION = re.compile(r"(?:^|(?<=[\s\[/(]))(--?[A-Za-z][\w-]*)")
-METRIC = re.compile(r"\b(atlas_\w+)(\*|\{[\w,]*\})?")
+METRIC = re.compile(r"\b(atlas_\w+)(\*|\{[\w,]*\})?(?!\w|\.(?:json|jsonl|yaml|py)\b)")  # not a file (atlas_run.json)
 MODULE_NAMES = {"atlas_core", "atlas_operator", "atlas_contract"}
 OTHER_PROGRAMS = {"python", "python3", "accelerate", "kopf", "kubectl", "helm", "make", "trl", "vllm", "docker", "pip"}
 
