@@ -366,3 +366,28 @@ def test_operator_owned_trainer_fields_are_exactly_what_the_operator_writes():
             f"spec.training.extra.{name}: the operator sets it ({OPERATOR_OWNED_TRAINER_FIELDS[name]}); "
             "remove it from extra"
         ]
+
+
+WRONG = ["x", 3, -1, 1e308, float("nan"), [], {}, None, True, "2 GB", [1, 2], {"a": [1]}, 10**30]
+
+
+@pytest.mark.parametrize("kind", list(SPEC_TYPES))
+def test_validation_never_raises_anything_but_invalid(kind):
+    """Every leaf field of the spec given values of every wrong kind: the run parses or is Invalid with the
+    problems listed; no other exception (the operator would stop reconciling it) and no unbounded work."""
+    base = BASE[(kind, "teacher" if kind == "AtlasTeacher" else "grpo")]
+    tried = 0
+    for (field_kind, path), _ in all_fields().items():
+        if field_kind != kind:
+            continue
+        for value in WRONG:
+            spec = set_path(base, path.replace("[]", ""), [value] if "[]" in path else value)
+            if "[]" in path:  # a list of objects: the wrong value inside one item
+                head, _, leaf = path.partition("[].")
+                spec = set_path(base, head, [{leaf: value}])
+            try:
+                parse_run(manifest(kind, spec))
+            except InvalidFields as invalid:
+                assert invalid.problems and all(isinstance(p, str) and ": " in p for p in invalid.problems)
+            tried += 1
+    assert tried >= 40 * len(WRONG)

@@ -286,6 +286,24 @@ def test_spec_change_recreates_the_job_from_the_checkpoint_volume(cluster):
     wait_for(lambda: any(e["reason"] == "JobRecreated" for e in cluster.events("change-run")), timeout=TIMEOUT)
 
 
+def test_servers_the_spec_no_longer_wants_are_deleted(cluster):
+    """rollout.replicas set to 0 on a live run: its Deployment and Service go (their GPUs with them), and
+    status.children stops listing them."""
+    manifest = training("shrink-run")
+    cluster.apply(manifest)
+    wait_children(cluster, "shrink-run", teacher_run=False)
+    cluster.wait_status(manifest, lambda s: "rollout" in (s.get("children") or {}), "rollout in status.children")
+    cluster.patch_spec(manifest, {"rollout": {"replicas": 0}})
+    wait_for(
+        lambda: cluster.emu.get("apps/v1/deployments", NS, "shrink-run-rollout") is None
+        and cluster.emu.get("v1/services", NS, "shrink-run-rollout") is None,
+        timeout=TIMEOUT,
+        what="the rollout Deployment and Service deleted",
+    )
+    cluster.wait_status(manifest, lambda s: "rollout" not in (s.get("children") or {}), "rollout gone from status")
+    assert cluster.emu.get("v1/services", NS, "shrink-run-metrics") is not None  # the rest stays
+
+
 def test_spec_change_without_checkpoint_volume_is_reported(cluster):
     manifest = training("nockpt-run")
     cluster.apply(manifest)

@@ -12,7 +12,7 @@ import yaml
 from atlas_operator.crd import custom_resource_definition
 from atlas_operator.render import Images, render_children, run_config
 from atlas_operator.spec import InvalidRun, TrainingSpec, parse_run
-from atlas_operator.status import job_phase, merge_conditions, parse_progress
+from atlas_operator.status import Result, job_phase, merge_conditions, parse_progress, status_update
 from conftest import PYTHON, REPO, python_env
 from operator_support import (
     KUBE_VERSION,
@@ -385,3 +385,60 @@ def test_local_teacher_example_trains_here(tmp_path, tiny_model_dir):
     assert "note: one process (the cluster runs 2: 2 nodes x 1)" in proc.stderr
     out = tmp_path / "outputs/local-teacher"
     assert (out / "checkpoint-4" / "trainer_state.json").is_file() and (out / "metrics.jsonl").is_file()
+
+
+@pytest.mark.parametrize(
+    ("resources", "field"),
+    [({"cpu": "lots"}, "cpu"), ({"memory": "2 GB"}, "memory"), ({"shmSize": "big"}, "shmSize")],
+)
+def test_quantities_are_checked_as_kubernetes_checks_them(resources, field):
+    """A bad quantity is Invalid at once (and refused by the CRD's anchored pattern), never a child the API
+    server rejects over and over."""
+    import jsonschema
+
+    with pytest.raises(InvalidRun) as caught:
+        parse_run(with_spec(training(), resources=resources))
+    assert caught.value.problems == [
+        f"spec.resources.{field}: expected a Kubernetes quantity such as 32, 500m, 16Gi or 1.5e3, "
+        f"got {resources[field]!r}"
+    ]
+    schema = custom_resource_definition("AtlasTraining")["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    prop = schema["properties"]["spec"]["properties"]["resources"]["properties"][field]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(resources[field], {"type": "string", "pattern": prop["pattern"]})
+    for good in ("32", "500m", "16Gi", "1.5e3"):
+        jsonschema.validate(good, {"type": "string", "pattern": prop["pattern"]})
+        parse_run(with_spec(training(), resources={field: good}))
+
+
+def test_operator_settings_are_checked_at_start_up():
+    """An interval of 0 would re-read every run in a hot loop: refused with one line naming the setting."""
+    from atlas_operator.config import OperatorConfig
+
+    with pytest.raises(SystemExit) as caught:
+        OperatorConfig.from_env({"ATLAS_PROGRESS_INTERVAL": "0", "ATLAS_OPERATOR_METRICS_PORT": "70000"})
+    assert str(caught.value).splitlines() == [
+        "error: ATLAS_PROGRESS_INTERVAL: expected at least 1.0, got 0.0",
+        "error: ATLAS_OPERATOR_METRICS_PORT: expected between 0 and 65535, got 70000",
+    ]
+    with pytest.raises(SystemExit, match="ATLAS_WORKERS: invalid literal"):
+        OperatorConfig.from_env({"ATLAS_WORKERS": "many"})
+    assert OperatorConfig.from_env({}, progress_interval=2.5).progress_interval == 2.5
+
+
+def test_status_absent_means_absent():
+    """A server the spec no longer has leaves status.children, and a KL the trainer no longer exports
+    (beta set to 0) leaves status.progress: the merge patch deletes them instead of keeping stale values."""
+    old = {
+        "phase": "Running",
+        "children": {"pytorchJob": "r", "configMap": "r-config", "rollout": "r-rollout"},
+        "progress": {"step": 7, "reward": 0.5, "kl": 0.01, "updatedAt": "2026-01-01T00:00:00Z"},
+    }
+    result = Result(
+        "Running", [], children={"pytorchJob": "r", "configMap": "r-config"}, progress={"step": 8, "reward": 0.6}
+    )
+    patch, _ = status_update(old, 2, result, "2026-01-01T00:01:00Z")
+    assert patch["children"] == {"pytorchJob": "r", "configMap": "r-config", "rollout": None}
+    assert patch["progress"] == {"step": 8, "reward": 0.6, "kl": None, "updatedAt": "2026-01-01T00:01:00Z"}
+    unchanged, _ = status_update({**old, "conditions": []}, 2, Result("Running", [], children=old["children"]), "t")
+    assert "children" not in unchanged and "progress" not in unchanged  # nothing scraped: progress kept

@@ -65,10 +65,34 @@ class OperatorConfig:
                 values[name] = _convert(name, raw, defaults)
             except ValueError as exc:
                 raise SystemExit(f"error: {variable}: {exc}") from None
+        problems = _setting_problems(values)
+        if problems:
+            raise SystemExit("\n".join(f"error: {problem}" for problem in problems))
         trainer = values.pop("trainer_image", None)
         rollout = values.pop("rollout_image", None) or trainer  # the trainer image carries vLLM
         images = Images(trainer=trainer or defaults.images.trainer, rollout=rollout or defaults.images.rollout)
         return replace(defaults, images=images, **values)
+
+
+# Ranges of the numeric settings: an interval of 0 would re-read every run in a hot loop.
+_RANGES = {
+    "progress_interval": (1.0, None),
+    "metrics_port": (0, 65535),
+    "retry_delay": (0.1, None),
+    "workers": (1, 256),
+}
+
+
+def _setting_problems(values: dict[str, Any]) -> list[str]:
+    problems = []
+    for name, (low, high) in _RANGES.items():
+        value = values.get(name)
+        if value is None:
+            continue
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            problems.append(f"{ENV[name]}: expected {bound}, got {value}")
+    return problems
 
 
 def _convert(name: str, raw: Any, defaults: OperatorConfig) -> Any:

@@ -83,6 +83,9 @@ class Reconciler:
                 result.actions[f"{child['kind']}/{child['metadata']['name']}"] = action
             if child["kind"] == "PyTorchJob":
                 job = observed
+        for component in self.prune(run, body, result.children):
+            result.actions[component] = "deleted"
+            result.events.append(Event("Normal", "ServerRemoved", f"{component}: no longer in the spec, deleted"))
         if result.actions:  # the log says what changed; the condition stays put (no status write per pass)
             log.info(
                 "%s %s/%s: %s",
@@ -256,6 +259,26 @@ class Reconciler:
         except ValueError as exc:
             log.warning("metrics of %s/%s at %s are not Prometheus text: %s", run.namespace, run.name, url, exc)
             return None
+
+    def prune(self, run: Run, body: dict[str, Any], wanted: dict[str, str]) -> list[str]:
+        """Delete the servers (Deployment + Service) the run had and its spec no longer wants (replicas set to
+        0): their GPUs are freed. What existed is read from status.children, so a run that never had one costs
+        no API call."""
+        had = ((body.get("status") or {}).get("children")) or {}
+        deleted = []
+        for component in ("rollout", "student"):
+            if component not in had or component in wanted:
+                continue
+            name = getattr(ChildNames(run.name), component)
+            for resource in (kube.DEPLOYMENT, kube.SERVICE):
+                existing = self.kube.get(resource, run.namespace, name)
+                if (
+                    existing is not None
+                    and _owned_by(existing, run.uid, body)
+                    and self.kube.delete(resource, run.namespace, name)
+                ):
+                    deleted.append(f"{resource.kind}/{name}")
+        return deleted
 
     @staticmethod
     def owning_run(child: dict[str, Any]) -> dict[str, Any] | None:

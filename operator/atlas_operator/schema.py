@@ -29,6 +29,7 @@ def spec_field(
     maximum: float | None = None,
     exclusive_minimum: bool = False,
     pattern: str | None = None,
+    pattern_doc: str | None = None,
 ) -> Any:
     """A documented field. The description's default is generated, never written by hand:
 
@@ -48,6 +49,7 @@ def spec_field(
         "maximum": maximum,
         "exclusive_minimum": exclusive_minimum,
         "pattern": pattern,
+        "pattern_doc": pattern_doc,  # what the pattern means, for error messages
     }
     if isinstance(default, (list, dict)) or (isinstance(default, type) and dataclasses.is_dataclass(default)):
         factory = default if isinstance(default, type) else (lambda d=default: type(d)(d))
@@ -123,6 +125,8 @@ def openapi_schema(cls: type) -> dict[str, Any]:
         ):
             if meta.get(key) is not None:
                 prop[schema_key] = list(meta[key]) if key == "enum" else meta[key]
+        if meta.get("pattern"):  # OpenAPI patterns match anywhere in the value: anchor it, as parse() does
+            prop["pattern"] = f"^(?:{meta['pattern']})$"
         if meta.get("exclusive_minimum"):
             prop["exclusiveMinimum"] = True
         default = default_of(f)
@@ -257,7 +261,7 @@ def _constraint_problem(meta: dict, value: Any, where: str, problems: list[str])
     if problem is None and maximum is not None and isinstance(value, (int, float)) and value > maximum:
         problem = f"expected a number <= {maximum}, got {_shown(value)}"
     if problem is None and pattern is not None and isinstance(value, str) and not re.fullmatch(pattern, value):
-        problem = f"expected a value matching {pattern}, got {_shown(value)}"
+        problem = f"expected {meta.get('pattern_doc') or 'a value matching ' + pattern}, got {_shown(value)}"
     if problem:
         problems.append(f"{where}: {problem}")
     return problem is not None

@@ -24,6 +24,11 @@ __all__ = ["API_VERSION", "GROUP", "KINDS", "SHORT_NAMES", "VERSION", "PHASES", 
 
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3", "zero3-offload")
 DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+# A Kubernetes resource quantity (k8s.io/apimachinery resource.Quantity): 32, 500m, 512Gi, 1.5e3.
+QUANTITY_PATTERN = (
+    r"(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?"
+)
+QUANTITY_FIELD = {"pattern": QUANTITY_PATTERN, "pattern_doc": "a Kubernetes quantity such as 32, 500m, 16Gi or 1.5e3"}
 
 
 @dataclass
@@ -163,11 +168,13 @@ class ResourcesSpec:
     processes_per_node: int | None = spec_field(
         "training processes per pod", unset="gpusPerNode (1 when gpusPerNode is 0)", minimum=1
     )
-    cpu: str | None = spec_field("CPU request and limit per trainer pod, e.g. '32'", unset="no CPU request or limit")
-    memory: str | None = spec_field(
-        "memory request and limit per trainer pod, e.g. 512Gi", unset="no memory request or limit"
+    cpu: str | None = spec_field(
+        "CPU request and limit per trainer pod, e.g. '32'", unset="no CPU request or limit", **QUANTITY_FIELD
     )
-    shm_size: str = spec_field("size of the /dev/shm memory volume (NCCL, dataloaders)", "16Gi")
+    memory: str | None = spec_field(
+        "memory request and limit per trainer pod, e.g. 512Gi", unset="no memory request or limit", **QUANTITY_FIELD
+    )
+    shm_size: str = spec_field("size of the /dev/shm memory volume (NCCL, dataloaders)", "16Gi", **QUANTITY_FIELD)
     node_selector: dict[str, str] = spec_field("node labels the trainer and rollout pods must match", {})
     tolerations: list[Toleration] = spec_field("taints the trainer and rollout pods tolerate", [])
 
@@ -191,8 +198,10 @@ class RolloutSpec:
         "vLLM --gpu-memory-utilization", 0.9, minimum=0, maximum=1, exclusive_minimum=True
     )
     max_model_len: int | None = spec_field("vLLM --max-model-len", unset="the model's context length", minimum=1)
-    cpu: str | None = spec_field("CPU request and limit per server", unset="no CPU request or limit")
-    memory: str | None = spec_field("memory request and limit per server", unset="no memory request or limit")
+    cpu: str | None = spec_field("CPU request and limit per server", unset="no CPU request or limit", **QUANTITY_FIELD)
+    memory: str | None = spec_field(
+        "memory request and limit per server", unset="no memory request or limit", **QUANTITY_FIELD
+    )
     args: list[str] = spec_field("extra command-line arguments for the server", [])
 
 
@@ -413,7 +422,11 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None) -> Run:
     # Semantic checks run on what did parse (a wrong field falls back to its default); a field the
     # schema already rejected is not reported twice.
     reported = {p.split(":")[0] for p in problems}
-    problems += [p for p in validate_run(run) if p.split(":")[0] not in reported]
+    try:
+        semantic = validate_run(run)
+    except Exception as exc:  # noqa: BLE001 - a check that breaks must give Invalid, never a dead reconcile
+        semantic = [f"spec: cannot be validated ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"]
+    problems += [p for p in semantic if p.split(":")[0] not in reported]
     if problems:
         raise InvalidRun(problems)
     return run

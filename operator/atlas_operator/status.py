@@ -121,6 +121,10 @@ def status_update(old: dict[str, Any], generation: int | None, result: Result, a
         if progress != result.progress:
             new["progress"] = {**result.progress, "updatedAt": at}
     patch = {key: value for key, value in new.items() if old.get(key) != value}
+    for key in ("children", "progress"):  # a merge patch keeps keys it does not name: delete what is gone
+        before, after = old.get(key) or {}, patch.get(key)
+        if isinstance(after, dict):
+            patch[key] = {**{k: None for k in before if k not in after}, **after}
     events = []
     transitioned = old.get("phase") != result.phase
     if transitioned:
