@@ -295,8 +295,10 @@ def test_servers_the_spec_no_longer_wants_are_deleted(cluster):
     cluster.wait_status(manifest, lambda s: "rollout" in (s.get("children") or {}), "rollout in status.children")
     cluster.patch_spec(manifest, {"rollout": {"replicas": 0}})
     wait_for(
-        lambda: cluster.emu.get("apps/v1/deployments", NS, "shrink-run-rollout") is None
-        and cluster.emu.get("v1/services", NS, "shrink-run-rollout") is None,
+        lambda: (
+            cluster.emu.get("apps/v1/deployments", NS, "shrink-run-rollout") is None
+            and cluster.emu.get("v1/services", NS, "shrink-run-rollout") is None
+        ),
         timeout=TIMEOUT,
         what="the rollout Deployment and Service deleted",
     )
@@ -554,3 +556,78 @@ def test_run_phase_follows_its_job_without_waiting_for_the_timer(tmp_path):
             cluster.set_job_conditions("watch-run", *conditions)
             cluster.wait_status(manifest, lambda s, p=phase: s.get("phase") == p, phase, timeout=10)
         wait_for(lambda: {"Running", "Succeeded"} <= {e["reason"] for e in cluster.events("watch-run")}, timeout=10)
+
+
+class _TricklingMetrics:
+    """Trainer metrics endpoints on 127.0.0.1 under /<run>/metrics: runs named slow-* answer one line every
+    0.2 s and never finish (for at most 60 s); the others answer at once with their step."""
+
+    def __init__(self):
+        import http.server
+        import threading
+        import time
+
+        outer = self
+        self.slow_connections: set[str] = set()
+        self.lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                run = self.path.strip("/").split("/")[0]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.end_headers()
+                if not run.startswith("slow"):
+                    labels = f'namespace="{NS}",run="{run}",kind="AtlasTraining"'
+                    self.wfile.write(f"atlas_training_step{{{labels}}} 42\n".encode())
+                    return
+                with outer.lock:
+                    outer.slow_connections.add(run)
+                end = time.monotonic() + 60
+                try:
+                    while time.monotonic() < end:
+                        self.wfile.write(b"# still here\n")
+                        self.wfile.flush()
+                        time.sleep(0.2)
+                except OSError:
+                    pass  # the operator gave up on it: what it should do
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def template(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/{{name}}/metrics"
+
+
+def test_a_trickling_trainer_endpoint_delays_no_other_run(tmp_path):
+    """Two runs whose trainers trickle their /metrics forever, two reconcile workers: a new run still gets
+    its children and its progress, because scrapes are bounded and off the reconcile path."""
+    with (
+        _TricklingMetrics() as metrics,
+        own_cluster(tmp_path, metrics_url=metrics.template, operator_env={"ATLAS_WORKERS": "2"}) as cluster,
+    ):
+        for name in ("slow-a", "slow-b"):
+            cluster.apply(training(name))
+            wait_children(cluster, name, teacher_run=False)
+            cluster.set_job_conditions(name, "Created", "Running")
+        wait_for(lambda: metrics.slow_connections == {"slow-a", "slow-b"}, timeout=TIMEOUT, what="both slow scrapes")
+        fast = training("fast-run")
+        cluster.apply(fast)
+        wait_children(cluster, "fast-run", teacher_run=False)
+        cluster.set_job_conditions("fast-run", "Created", "Running")
+        cluster.wait_status(fast, lambda s: (s.get("progress") or {}).get("step") == 42, "the fast run's progress")
+        for name in ("slow-a", "slow-b"):  # the slow runs themselves keep being reconciled
+            cluster.wait_status(training(name), lambda s: s.get("phase") == "Running", f"{name} Running")

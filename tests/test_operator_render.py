@@ -14,6 +14,7 @@ from atlas_operator.render import Images, render_children, run_config
 from atlas_operator.spec import InvalidRun, TrainingSpec, parse_run
 from atlas_operator.status import Result, job_phase, merge_conditions, parse_progress, status_update
 from conftest import PYTHON, REPO, python_env
+from kube_emulator import wait_for
 from operator_support import (
     KUBE_VERSION,
     crd_jsonschema,
@@ -442,3 +443,47 @@ def test_status_absent_means_absent():
     assert patch["progress"] == {"step": 8, "reward": 0.6, "kl": None, "updatedAt": "2026-01-01T00:01:00Z"}
     unchanged, _ = status_update({**old, "conditions": []}, 2, Result("Running", [], children=old["children"]), "t")
     assert "children" not in unchanged and "progress" not in unchanged  # nothing scraped: progress kept
+
+
+def test_trainer_scrape_is_bounded_in_time_and_size():
+    """fetch_text: a deadline for the whole request (a trickling endpoint is cut), and a size cap."""
+    import http.server
+    import threading
+    import time
+
+    from atlas_operator.reconcile import fetch_text
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            try:
+                if self.path == "/slow":
+                    for _ in range(300):  # 60 s of one line every 0.2 s, unless cut
+                        self.wfile.write(b"# still here\n")
+                        self.wfile.flush()
+                        time.sleep(0.2)
+                elif self.path == "/big":
+                    self.wfile.write(b"#" * (3 << 20))
+                else:
+                    self.wfile.write(b"atlas_training_step 42\n")
+            except OSError:
+                self.server.cut.append(self.path)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads, server.cut = True, []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert fetch_text(base + "/ok", 5, 1 << 20) == "atlas_training_step 42\n"
+        with pytest.raises(TimeoutError):
+            fetch_text(base + "/slow", 0.5, 1 << 20)
+        with pytest.raises(ValueError, match="larger than"):
+            fetch_text(base + "/big", 5, 1 << 20)
+        wait_for(lambda: "/slow" in server.cut, timeout=10, what="the slow answer cut by the client")
+    finally:
+        server.shutdown()
+        server.server_close()

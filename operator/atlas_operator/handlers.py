@@ -93,6 +93,7 @@ for _plural in KINDS.values():
             deleted = memo.reconciler.delete_children(copy.deepcopy(dict(body)))
         except ApiError as exc:
             raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
+        memo.reconciler.forget(dict(body))
         memo.phases.set(body["kind"], body.metadata.namespace, body.metadata.name, None)
         logger.info("deleted %s", ", ".join(deleted) or "nothing (no children left)")
 

@@ -9,10 +9,13 @@ comes back.
 
 from __future__ import annotations
 
+import http.client
 import logging
+import threading
 import time
-import urllib.request
+import urllib.parse
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from atlas_contract.names import KINDS, SPEC_HASH_ANNOTATION, ChildNames
@@ -45,6 +48,11 @@ class Reconciler:
         self.kube = client
         self.settings = settings or OperatorConfig()
         self._pytorchjob_crd_seen_at = 0.0
+        # Trainer scrapes: their own small pool, one in flight per run, results cached by run.
+        self._scraper = ThreadPoolExecutor(max_workers=4, thread_name_prefix="atlas-scrape")
+        self._scrape_lock = threading.Lock()
+        self._scrapes: dict[tuple, Future] = {}
+        self._progress: dict[tuple, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ entry point
 
@@ -246,19 +254,34 @@ class Reconciler:
         )
 
     def scrape_progress(self, run: Run) -> dict[str, Any] | None:
-        """The trainer's step/reward/kl, or None when its endpoint cannot be read (not up yet)."""
-        url = self.metrics_url(run)
+        """The trainer's step/reward/kl as last read, or None before the first answer. Reading happens off
+        the reconcile path, one scrape in flight per run, each bounded in time and size: a trainer that
+        trickles or floods its endpoint delays only its own progress, never another run's reconcile."""
+        key = (run.namespace, run.name, run.uid)
+        with self._scrape_lock:
+            pending = self._scrapes.get(key)
+            if pending is None or pending.done():
+                self._scrapes[key] = self._scraper.submit(self._scrape, key, self.metrics_url(run), run)
+            return self._progress.get(key)
+
+    def _scrape(self, key: tuple, url: str, run: Run) -> None:
         try:
-            with urllib.request.urlopen(url, timeout=self.settings.scrape_timeout_s) as response:
-                text = response.read().decode("utf-8", "replace")
-        except (OSError, ValueError) as exc:
+            text = fetch_text(url, self.settings.scrape_timeout_s, MAX_METRICS_BYTES)
+            progress = parse_progress(text, run.name, run.namespace) or None
+        except (OSError, ValueError, http.client.HTTPException) as exc:  # not up, too slow or big, not metrics
             log.debug("metrics of %s/%s not readable at %s: %s", run.namespace, run.name, url, exc)
-            return None
-        try:
-            return parse_progress(text, run.name, run.namespace) or None
-        except ValueError as exc:
-            log.warning("metrics of %s/%s at %s are not Prometheus text: %s", run.namespace, run.name, url, exc)
-            return None
+            return
+        if progress is not None:
+            with self._scrape_lock:
+                self._progress[key] = progress
+
+    def forget(self, body: dict[str, Any]) -> None:
+        """Drop what is cached for a deleted run."""
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", "default"), meta.get("name"), meta.get("uid"))
+        with self._scrape_lock:
+            self._progress.pop(key, None)
+            self._scrapes.pop(key, None)
 
     def prune(self, run: Run, body: dict[str, Any], wanted: dict[str, str]) -> list[str]:
         """Delete the servers (Deployment + Service) the run had and its spec no longer wants (replicas set to
@@ -313,6 +336,37 @@ class Reconciler:
             if self.kube.delete(resource, namespace, child):
                 deleted.append(f"{resource.kind}/{child}")
         return deleted
+
+
+MAX_METRICS_BYTES = 1 << 20  # a trainer's /metrics is a few KB; more is not a metrics endpoint
+
+
+def fetch_text(url: str, deadline_s: float, max_bytes: int) -> str:
+    """GET ``url`` within ``deadline_s`` for the whole request (not per read) and at most ``max_bytes``."""
+    parts = urllib.parse.urlsplit(url)
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    end = time.monotonic() + deadline_s
+    connection = connection_class(parts.hostname, parts.port, timeout=deadline_s)
+    try:
+        connection.request("GET", parts.path or "/")
+        sock = connection.sock  # the response reads through it (the connection may drop its reference)
+        response = connection.getresponse()
+        if response.status != 200:
+            raise OSError(f"HTTP {response.status}")
+        body = bytearray()
+        while True:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no complete answer within {deadline_s:g} s")
+            sock.settimeout(remaining)
+            chunk = response.read1(65536)
+            if not chunk:
+                return body.decode("utf-8", "replace")
+            body += chunk
+            if len(body) > max_bytes:
+                raise ValueError(f"answer larger than {max_bytes} bytes")
+    finally:
+        connection.close()
 
 
 def reward_yaml(run: Run) -> str | None:
