@@ -391,3 +391,21 @@ def test_validation_never_raises_anything_but_invalid(kind):
                 assert invalid.problems and all(isinstance(p, str) and ": " in p for p in invalid.problems)
             tried += 1
     assert tried >= 40 * len(WRONG)
+
+
+def test_extra_values_the_contract_knows_are_checked_and_reported_briefly():
+    """spec.training.extra values whose kind the contract knows are checked, and a huge value gives a short
+    message (validation runs in the operator's process)."""
+    spec = set_path(
+        BASE[("AtlasTraining", "grpo")],
+        "spec.training.extra",
+        {"steps_per_generation": "abc", "generation_batch_size": [1] * 10**6, "save_total_limit": 2},
+    )
+    with pytest.raises(InvalidFields) as caught:
+        parse_run(manifest("AtlasTraining", spec))
+    problems = caught.value.problems
+    assert [p.split(":")[0] for p in problems] == [
+        "spec.training.extra.generation_batch_size",
+        "spec.training.extra.steps_per_generation",
+    ]
+    assert all(len(p) < 200 for p in problems) and "expected a whole number" in problems[0]

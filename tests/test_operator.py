@@ -558,6 +558,66 @@ def test_run_phase_follows_its_job_without_waiting_for_the_timer(tmp_path):
         wait_for(lambda: {"Running", "Succeeded"} <= {e["reason"] for e in cluster.events("watch-run")}, timeout=10)
 
 
+def test_a_child_the_api_server_rejects_is_reported_not_retried_in_a_loop(tmp_path):
+    """The API server refuses a child as rendered (422): a ChildrenReady=False condition and a Warning Event
+    name the child and the server's message, and the operator does not resend it in a hot loop; once the
+    cause is gone, the next reconciliation creates it."""
+    with own_cluster(tmp_path, operator_env={"ATLAS_PROGRESS_INTERVAL": "600"}) as cluster:
+        refusal = 'Deployment.apps "rejected-run-rollout" is invalid: spec.template: Invalid value: admission policy'
+        fault = cluster.emu.fail_next(
+            "POST",
+            "apps/v1/deployments",
+            status=422,
+            times=1000,
+            namespace=NS,
+            reason="Invalid",
+            message=refusal,
+        )
+        manifest = training("rejected-run")
+        cluster.apply(manifest)
+        status = cluster.wait_status(
+            manifest,
+            lambda s: cluster.condition(manifest, "ChildrenReady").get("reason") == "ChildRejected",
+            "ChildrenReady False",
+        )
+        message = cluster.condition(manifest, "ChildrenReady")["message"]
+        assert "Deployment rejected-run-rollout: 422 Invalid" in message and "admission policy" in message
+        assert status["phase"] == "Pending"
+        wait_for(lambda: "ChildRejected" in {e["reason"] for e in cluster.events("rejected-run")}, timeout=TIMEOUT)
+        # Another run reconciles meanwhile (seconds of operator time): the refused POST was not repeated.
+        other = training("other-run", rollout={"replicas": 0})  # no Deployment: the fault is not its business
+        cluster.apply(other)
+        wait_for(lambda: cluster.status(other).get("children"), timeout=TIMEOUT, what="other-run reconciled")
+        assert fault.hits == 1
+        fault.times = fault.hits  # the cause is gone (say, the admission policy was fixed)
+        cluster.patch_spec(manifest, {"training": {"perDeviceTrainBatchSize": 4, "numGenerations": 4, "maxSteps": 11}})
+        wait_children(cluster, "rejected-run", teacher_run=False)
+        cluster.wait_status(
+            manifest, lambda s: cluster.condition(manifest, "ChildrenReady").get("status") == "True", "ChildrenReady"
+        )
+
+
+def test_an_invalid_edit_of_a_running_run_keeps_reporting_its_job(cluster):
+    """An edit that makes a running run invalid changes nothing that runs: the job goes on, the phase follows
+    it, Valid=False and SpecApplied=False name the problems."""
+    manifest = training("edited-run")
+    cluster.apply(manifest)
+    objects = wait_children(cluster, "edited-run", teacher_run=False)
+    cluster.set_job_conditions("edited-run", "Created", "Running")
+    cluster.wait_status(manifest, lambda s: s.get("phase") == "Running", "Running")
+    cluster.patch_spec(manifest, {"training": {"perDeviceTrainBatchSize": 4, "numGenerations": 5, "maxSteps": 10}})
+    cluster.wait_status(
+        manifest, lambda s: cluster.condition(manifest, "Valid").get("status") == "False", "Valid False"
+    )
+    status = cluster.status(manifest)
+    assert status["phase"] == "Running" and status["children"]["pytorchJob"] == "edited-run"
+    applied = cluster.condition(manifest, "SpecApplied")
+    assert applied["status"] == "False" and "numGenerations: 5 does not divide" in applied["message"]
+    assert cluster.condition(manifest, "Training")["status"] == "True"
+    job = cluster.emu.get(PYTORCHJOBS, NS, "edited-run")
+    assert job["metadata"]["uid"] == objects["job"]["metadata"]["uid"]  # not recreated, not deleted
+
+
 class _TricklingMetrics:
     """Trainer metrics endpoints on 127.0.0.1 under /<run>/metrics: runs named slow-* answer one line every
     0.2 s and never finish (for at most 60 s); the others answer at once with their step."""

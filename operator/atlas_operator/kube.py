@@ -55,6 +55,12 @@ class ApiError(Exception):
     def conflict(self) -> bool:
         return self.status == 409
 
+    @property
+    def rejected(self) -> bool:
+        """The server refuses the request as sent (invalid, forbidden, bad request): retrying it unchanged
+        cannot succeed."""
+        return self.status in (400, 403, 422)
+
 
 class Kube:
     """Thin synchronous client (kopf runs sync handlers in its thread pool)."""

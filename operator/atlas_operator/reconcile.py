@@ -60,12 +60,7 @@ class Reconciler:
         try:
             run = parse_run(body)
         except InvalidRun as invalid:
-            message = "; ".join(invalid.problems)
-            return Result(
-                "Invalid",
-                [_cond("Valid", False, "InvalidSpec", message)],
-                events=[Event("Warning", "InvalidSpec", message)],
-            )
+            return self.invalid(body, "; ".join(invalid.problems))
         conditions = [_cond("Valid", True, "SpecValid", "the spec passed validation")]
         unshared = checkpoint_warning(run)
         events = [Event("Warning", "CheckpointsNotShared", unshared)] if unshared else []
@@ -84,9 +79,20 @@ class Reconciler:
 
         result = Result("Pending", conditions, children=child_names(run), events=events)
         job = None
+        rejected = []
         for child in render_children(run, self.settings.images, reward_yaml(run)):
             adopt(child, body)
-            observed, action = self.apply(run, child, result)
+            try:
+                observed, action = self.apply(run, child, result)
+            except ApiError as exc:
+                if not exc.rejected:
+                    raise  # transient: kopf retries the reconciliation
+                # The API server refuses this object as rendered: retrying at once changes nothing, so say
+                # why and try again at the next status refresh (the timer), not in a hot loop.
+                rejected.append(
+                    f"{child['kind']} {child['metadata']['name']}: {exc.status} {exc.reason}: {exc.message}"
+                )
+                continue
             if action:
                 result.actions[f"{child['kind']}/{child['metadata']['name']}"] = action
             if child["kind"] == "PyTorchJob":
@@ -102,7 +108,12 @@ class Reconciler:
                 run.name,
                 ", ".join(f"{action} {child}" for child, action in result.actions.items()),
             )
-        conditions.append(_cond("ChildrenReady", True, "Applied", "all children exist and match the spec"))
+        if rejected:
+            message = "the API server rejected " + "; ".join(rejected)
+            conditions.append(_cond("ChildrenReady", False, "ChildRejected", message))
+            result.events.append(Event("Warning", "ChildRejected", message))
+        else:
+            conditions.append(_cond("ChildrenReady", True, "Applied", "all children exist and match the spec"))
         if not any(c["type"] == "SpecApplied" for c in conditions):
             conditions.append(_cond("SpecApplied", True, "UpToDate", "the running job matches the spec"))
         conditions.append(self.rollout_condition(run))
@@ -113,6 +124,26 @@ class Reconciler:
         if scrape and job is not None and result.phase == "Running":  # a finished job's pods serve nothing
             result.progress = self.scrape_progress(run)
         return result
+
+    def invalid(self, body: dict[str, Any], message: str) -> Result:
+        """An invalid spec: nothing is created or changed. An edit that makes a running run invalid leaves
+        its job running on the last valid spec, and the status keeps reporting that job."""
+        conditions = [_cond("Valid", False, "InvalidSpec", message)]
+        events = [Event("Warning", "InvalidSpec", message)]
+        meta = body.get("metadata") or {}
+        job_name = ((body.get("status") or {}).get("children") or {}).get("pytorchJob")
+        job = self.kube.get(kube.PYTORCH_JOB, meta.get("namespace", "default"), job_name) if job_name else None
+        if job is None or not _owned_by(job, meta.get("uid"), body):
+            return Result("Invalid", conditions, events=events)
+        suspended = bool(((job.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+        phase = job_phase(job, suspended)
+        reason, job_message = training_reason(job)
+        conditions += [
+            _cond("SpecApplied", False, "InvalidSpec", f"PyTorchJob {job_name} runs the last valid spec; {message}"),
+            _cond("Training", phase == "Running", reason, job_message),
+        ]
+        children = dict((body.get("status") or {}).get("children") or {})
+        return Result(phase, conditions, children=children, events=events)
 
     # ------------------------------------------------------------------ prerequisites
 

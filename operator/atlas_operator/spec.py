@@ -476,6 +476,12 @@ def validate_run(run: Run) -> list[str]:
             f"spec.training.extra.{name}: the operator sets it ({OPERATOR_OWNED_TRAINER_FIELDS[name]}); "
             "remove it from extra"
         )
+    for name, value in sorted(training.extra.items()):  # the ones whose kind and range the contract knows
+        if name in defaults.LIMITS and name not in OPERATOR_OWNED_TRAINER_FIELDS:
+            kinds = (int,) if name in ("steps_per_generation", "generation_batch_size") else (int, float)
+            problem = rules.setting_problem(name, value, kinds)
+            if problem:
+                problems.append(f"spec.training.extra.{name}: {problem}")
     for index, var in enumerate(spec.env):
         if var.value is not None and var.value_from is not None:
             problems.append(f"spec.env[{index}]: {var.name} sets both value and valueFrom; set one")

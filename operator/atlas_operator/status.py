@@ -132,7 +132,8 @@ def status_update(old: dict[str, Any], generation: int | None, result: Result, a
         events.append(Event("Warning" if warning else "Normal", result.phase, transition_message(result)))
     said = {(c.get("reason"), c.get("message")) for c in old.get("conditions") or []}
     for event in result.events:
-        carried = transitioned and event.type == "Warning"  # the transition event already says it
+        # A Warning the transition event already says (Invalid: the problems) is not posted twice.
+        carried = transitioned and event.type == "Warning" and event.message == transition_message(result)
         if (event.reason, event.message) not in said and not carried:
             events.append(event)
     return patch, events
