@@ -101,13 +101,22 @@ def main() -> int:
                             ready_at[name] = time.monotonic()
                     time.sleep(0.02)
 
+            # Multi-node runs keep checkpoints on a shared claim, as the operator asks them to (without one a run
+            # also gets a CheckpointsNotShared Warning Event: one more write).
+            kubernetes.client.CoreV1Api(api.api_client).create_namespaced_persistent_volume_claim(
+                NS,
+                {
+                    "metadata": {"name": "ckpt"},
+                    "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Ti"}}},
+                },
+            )
             watcher = threading.Thread(target=watch_children, daemon=True)
             watcher.start()
             started = time.monotonic()
             for name in names:
                 created_at[name] = time.monotonic()
                 api.create_namespaced_custom_object(
-                    "atlas.arc.computer", "v1alpha1", NS, "atlastrainings", training(name)
+                    "atlas.arc.computer", "v1alpha1", NS, "atlastrainings", training(name, checkpoint={"pvc": "ckpt"})
                 )
             deadline = time.monotonic() + 120
             while len(ready_at) < len(names) and time.monotonic() < deadline:
