@@ -487,3 +487,53 @@ def test_trainer_scrape_is_bounded_in_time_and_size():
     finally:
         server.shutdown()
         server.server_close()
+
+
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+def _pod_templates(obj):
+    if obj["kind"] == "PyTorchJob":
+        return [r["template"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
+    if obj["kind"] == "Deployment":
+        return [obj["spec"]["template"]]
+    return []
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        training(),
+        teacher(checkpoint={"pvc": "ckpt"}, reward={"configMapRef": {"name": "judges"}}),
+        *[yaml.safe_load(p.read_text()) for p in EXAMPLES],
+    ],
+    ids=["training", "teacher", *[p.name for p in EXAMPLES]],
+)
+def test_every_pod_meets_the_restricted_pod_security_profile_and_holds_no_api_token(manifest):
+    """Pod Security Standards, restricted profile (kubernetes.io/docs/concepts/security/pod-security-standards),
+    checked rule by rule on every pod template rendered; and no pod mounts a ServiceAccount token."""
+    templates = [t for obj in render_children(parse_run(manifest)) for t in _pod_templates(obj)]
+    assert templates
+    for template in templates:
+        pod = template["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC", "hostUsers"))
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"].get("runAsUser", 1) != 0
+        assert pod["securityContext"]["seccompProfile"]["type"] in ("RuntimeDefault", "Localhost")
+        for volume in pod["volumes"]:
+            assert set(volume) - {"name"} <= RESTRICTED_VOLUMES, volume
+        for container in pod["containers"] + pod.get("initContainers", []):
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False and not context.get("privileged")
+            assert context["capabilities"]["drop"] == ["ALL"] and not context["capabilities"].get("add")
+            assert not any(p.get("hostPort") for p in container.get("ports", []))
+    assert parse_run(with_spec(training(), automountServiceAccountToken=True)).spec.automount_service_account_token

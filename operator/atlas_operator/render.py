@@ -261,7 +261,8 @@ def _resources(gpus: int, cpu: str | None, memory: str | None) -> dict[str, Any]
 
 def _placement(run: Run) -> dict[str, Any]:
     spec = run.spec
-    placement: dict[str, Any] = {}
+    # No API token in pods that never call the API (they run third-party model code), unless asked for.
+    placement: dict[str, Any] = {"automountServiceAccountToken": spec.automount_service_account_token}
     if spec.service_account_name:
         placement["serviceAccountName"] = spec.service_account_name
     if spec.image_pull_secrets:

@@ -286,6 +286,11 @@ class RunSpec:
     service_account_name: str | None = spec_field(
         "ServiceAccount of the trainer and rollout pods", unset="the namespace's default ServiceAccount"
     )
+    automount_service_account_token: bool = spec_field(
+        "mount the ServiceAccount's API token into the trainer and server pods; only for code of yours that "
+        "calls the Kubernetes API (nothing of Atlas's does, and the pods run third-party model code)",
+        False,
+    )
     reward: RewardSpec = spec_field("reward functions and RIM judges", RewardSpec)
     training: TrainingSpec = spec_field("trainer hyper-parameters (GRPOConfig fields, camelCase)", TrainingSpec)
     resources: ResourcesSpec = spec_field("trainer topology: nodes, GPUs, CPU, memory, placement", ResourcesSpec)
