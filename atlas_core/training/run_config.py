@@ -8,6 +8,7 @@ Both raise or return plain data, never print: the CLI decides how to report.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tempfile
 import types
@@ -94,6 +95,7 @@ def _staged_recipe_name(path: Path) -> str:
     return f"_file_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)}_{digest}"
 
 
+@functools.cache  # train.yaml is part of the package: read it once
 def _known_keys() -> dict[str, set[str]]:
     """The keys a run configuration may hold: those of the primary config (train.yaml) — its top level and
     its dataset and reward sections (trainer keys are the trainer config's fields, checked separately)."""
@@ -314,18 +316,15 @@ def _accepted_kinds(f: dataclasses.Field) -> tuple | None:
 
 
 def _batch_problems(kwargs: dict[str, Any]) -> list[str]:
-    """GRPO needs whole prompt groups in every generation batch (TRL's rule, atlas_contract.rules)."""
+    """GRPO needs whole prompt groups in every generation batch (TRL's rule, atlas_contract.rules). Called
+    once the values passed :func:`_trainer_value_problems` (whole numbers in range)."""
     from atlas_core.training.algorithms.grpo_config import GRPOConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
-    values, problems = {}, []
-    for name in ("per_device_train_batch_size", "num_generations", "gradient_accumulation_steps"):
-        value = kwargs.get(name, defaults[name])
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            problems.append(f"trainer.{name}: expected a whole number >= 1, got {value!r}")
-        values[name] = value
-    if problems:
-        return problems
+    values = {
+        name: kwargs.get(name, defaults[name])
+        for name in ("per_device_train_batch_size", "num_generations", "gradient_accumulation_steps")
+    }
     problem = rules.generation_batch_problem(
         values["num_generations"],
         values["per_device_train_batch_size"],
