@@ -30,6 +30,10 @@ CHECKPOINT_PREFIX = "checkpoint-"  # <output_dir>/checkpoint-<step>, as transfor
 REWARD_SYSTEM_DIR = "reward_system"  # bundled RIM configs: <name>.yaml
 RUN_IDENTITY_FILE = "atlas_run.json"  # in each checkpoint: which run wrote it, with which settings
 RUN_LOCK_FILE = ".atlas-run.lock"  # in the output folder: one run at a time
+EVAL_DIR = "evaluation"  # in the output folder: the evaluation after training (eval.json, problems.jsonl)
+EVAL_REPORT_FILE = "eval.json"  # every figure of an evaluation (atlas eval, evaluation after training)
+EVAL_PROBLEMS_FILE = "problems.jsonl"  # one line per evaluated problem; an interrupted evaluation resumes from it
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # the trainer container's terminationMessagePath
 
 # ------------------------------------------------------------------ environment of trainer pods
 ENV_NAMESPACE = "ATLAS_NAMESPACE"  # metric label `namespace`
@@ -37,6 +41,7 @@ ENV_RUN = "ATLAS_RUN"  # metric label `run`
 ENV_KIND = "ATLAS_KIND"  # metric label `kind`
 ENV_REWARD_SYSTEM_DIR = "ATLAS_REWARD_SYSTEM_DIR"  # extra folder of named RIM configs
 ENV_RUN_UID = "ATLAS_RUN_UID"  # metadata.uid of the cluster run: checkpoints of another run are never resumed
+ENV_RESULT_FILE = "ATLAS_RESULT_FILE"  # where rank 0 writes the run's result (atlas_contract.results)
 
 # ------------------------------------------------------------------ labels and annotations
 MANAGED_BY = "atlas-operator"
@@ -73,6 +78,12 @@ class ChildNames:
     @property
     def student(self) -> str:
         return f"{self.run}-student"
+
+    @property
+    def master_pod(self) -> str:
+        """The PyTorchJob's Master pod, as the Kubeflow controller names it: its termination message is
+        the run's result."""
+        return f"{self.run}-master-0"
 
 
 # The longest suffix above must still leave a valid Service name (a DNS label of 63 characters).

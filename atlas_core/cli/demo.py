@@ -1,16 +1,19 @@
 """``atlas demo``: the whole pipeline on the offline tiny model, on CPU, in minutes.
 
-Stages run through the same run configurations and runner as ``python -m atlas_core.cli.train``:
-1. ``sft`` — SFT warm-up (recipe ``tiny_sft``) teaches the answer format; half the tasks come with
-   teacher guidance, so the model can later serve as a student that reads guidance;
+Stages run through the same run configurations and runner as ``python -m atlas_core.cli.train``, on the
+bundled teaching task ``builtin://multistep`` (:mod:`atlas_core.tasks.multistep`):
+1. ``sft`` — the student's warm-up: one-step sums alone, two-step sums only with their first step given;
 2. ``grpo`` — GRPO (recipe ``tiny_grpo`` on the warmed-up model) raises the exact-match reward;
-3. ``teacher-sft`` — a teacher warm-up on (task, probe, guidance) examples;
+3. ``teacher-sft`` — a teacher warm-up on (task, probe, guidance) demonstrations of mixed quality;
 4. ``teacher`` — teacher GRPO (recipe ``tiny_teacher``): the warmed-up teacher guides the frozen
-   stage-1 student and is rewarded by the student's improvement (the teaching reward).
+   stage-1 student and is rewarded by the student's improvement (the teaching reward);
+5. ``eval`` — ATLAS's two-pass evaluation (:mod:`atlas_core.evaluation`) on held-out problems: the
+   student alone, with the SFT-only teacher and with the GRPO-trained teacher.
 
-Leaves in the output folder: one folder per stage (checkpoints, final model), ``metrics.jsonl``
-(every logged step, tagged with its stage) and ``curves.png``; prints a live progress bar and a
-summary table; serves Prometheus on 127.0.0.1 while it runs.
+Leaves in the output folder: one folder per stage (checkpoints, final model; ``eval/sft-teacher`` and
+``eval/grpo-teacher`` with ``eval.json`` and ``problems.jsonl``), ``metrics.jsonl`` (every logged step,
+tagged with its stage) and ``curves.png``; prints a live progress bar and two summary tables; serves
+Prometheus on 127.0.0.1 while it runs.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ from atlas_contract.names import METRICS_LOG_FILE, TRAINER_METRICS_PORT
 
 METRICS_FILE = METRICS_LOG_FILE
 CURVES_FILE = "curves.png"
+#: Held-out problems of the evaluation stage (builtin://multistep's test split).
+EVAL_PROBLEMS = 200
+#: The two teachers the evaluation compares: (label, stage whose model it is, folder under eval/).
+EVAL_TEACHERS = (("SFT-only teacher", "teacher-sft", "sft-teacher"), ("GRPO teacher", "teacher", "grpo-teacher"))
 #: Steps averaged at each end of a stage for the "first" and "last" columns of the summary.
 SUMMARY_WINDOW = 10
 
@@ -63,28 +70,45 @@ class _ProgressCallback(TrainerCallback):
 
 #: (stage, recipe, overrides) of each stage; {steps} and {output} are filled in.
 STAGES = (
-    ("sft", "tiny_sft", ["dataset.num_samples=4000", "dataset.guided_fraction=0.5"]),
+    (
+        "sft",
+        "tiny_sft",
+        [
+            "dataset.source=builtin://multistep",
+            "dataset.num_samples=30000",
+            "trainer.per_device_train_batch_size=32",
+        ],
+    ),
     (
         "grpo",
         "tiny_grpo",
         [
             "model={output}/sft",
+            "dataset.source=builtin://multistep",
             "dataset.num_samples=8192",
             "trainer.per_device_train_batch_size=32",
             "trainer.learning_rate=5e-4",
         ],
     ),
-    ("teacher-sft", "tiny_sft", ["dataset.source=builtin://teacher-arithmetic", "dataset.num_samples=2000"]),
+    (
+        "teacher-sft",
+        "tiny_sft",
+        ["model={output}/sft", "dataset.source=builtin://teacher-multistep", "dataset.num_samples=4000"],
+    ),
     (
         "teacher",
         "tiny_teacher",
         [
             "model={output}/teacher-sft",
             "student={output}/sft",
+            "dataset.source=builtin://multistep",
             "dataset.num_samples=4096",
             "trainer.per_device_train_batch_size=16",
-            "trainer.max_completion_length=48",
+            "trainer.max_completion_length=32",
             "trainer.learning_rate=5e-4",
+            # a greedy student: the reward measures the guidance, not the student's sampling noise
+            "trainer.student_temperature=0.0",
+            "trainer.student_samples=1",
         ],
     ),
 )
@@ -144,14 +168,75 @@ def _summary_table(summaries: list[StageSummary]) -> Table:
     return table
 
 
-def plot_curves(records: list[dict], path: Path) -> None:
+def evaluate_teachers(output: Path, teacher_args, problems: int = EVAL_PROBLEMS, progress: Progress | None = None):
+    """The two-pass evaluation of both teachers on the held-out split, with the student and the protocol
+    settings the teacher was trained with (greedy student: see STAGES); returns {label: TeachingEvaluation}."""
+    from atlas_core.evaluation import GuidanceMeter, evaluate_teaching
+    from atlas_core.tasks.multistep import make_multistep_dataset
+    from atlas_core.training.finish import evaluation_settings
+    from atlas_core.training.student import LocalStudent
+
+    student = LocalStudent(str(output / "sft"))
+    rows = make_multistep_dataset(problems, "test")
+    settings = evaluation_settings(teacher_args, samples=teacher_args.student_samples)
+    task = progress.add_task("eval", total=problems * len(EVAL_TEACHERS), info="") if progress else None
+    reports = {}
+    for i, (label, stage, folder) in enumerate(EVAL_TEACHERS):
+        teacher = LocalStudent(str(output / stage), role="teacher")
+        target = output / "eval" / folder
+        for stale in target.glob("*"):  # a new demo run evaluates new models
+            stale.unlink()
+        reports[label] = evaluate_teaching(
+            teacher,
+            student,
+            rows,
+            settings,
+            output_dir=target,
+            meter=GuidanceMeter(teacher.tokenizer),
+            on_progress=(lambda done, total, i=i: progress.update(task, completed=i * problems + done))
+            if progress
+            else None,
+            names={
+                "teacher": str(output / stage),
+                "student": str(output / "sft"),
+                "dataset": "builtin://multistep",
+                "split": "test",
+            },
+        )
+    return reports
+
+
+def _points(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:+.1f}"
+
+
+def _evaluation_table(reports: dict) -> Table:
+    first = next(iter(reports.values()))
+    table = Table(title=f"teaching evaluation: {first.problems} held-out problems (builtin://multistep, test split)")
+    for column in ("student", "accuracy", "delta (points, 95% CI)", "non-degradation", "guidance tokens"):
+        table.add_column(column)
+    table.add_column("teaching reward")
+    table.add_row("alone", f"{first.student_accuracy:.1%}", "", "", "", "")
+    for label, r in reports.items():
+        table.add_row(
+            f"+ {label}",
+            f"{r.guided_accuracy:.1%}",
+            f"{_points(r.accuracy_delta)} [{_points(r.accuracy_delta_low)}, {_points(r.accuracy_delta_high)}]",
+            f"{r.non_degradation_rate:.1%}",
+            f"{r.guidance_tokens_mean:.1f}",
+            f"{r.teaching_reward_mean:.3f}",
+        )
+    return table
+
+
+def plot_curves(records: list[dict], path: Path, reports: dict | None = None) -> None:
     """Reward and KL of the GRPO and teacher stages against the step, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 4 if reports else 3, figsize=(20 if reports else 15, 4))
     panels = (("grpo", "GRPO reward (exact match)"), ("teacher", "teacher GRPO: teaching reward"))
     for ax, (stage, title) in zip(axes, panels, strict=False):
         rows = [r for r in records if r.get("stage") == stage and isinstance(r.get("reward"), (int, float))]
@@ -167,6 +252,13 @@ def plot_curves(records: list[dict], path: Path) -> None:
         axes[2].plot([r["step"] for r in rows], [r["kl"] for r in rows], color=color, label=stage)
     axes[2].set(title="KL to the reference model", xlabel="step", ylabel="KL")
     axes[2].legend()
+    if reports:
+        first = next(iter(reports.values()))
+        labels = ["alone", *reports]
+        values = [first.student_accuracy, *(r.guided_accuracy for r in reports.values())]
+        bars = axes[3].bar(labels, [100 * v for v in values], color=["tab:gray", "tab:orange", "tab:green"])
+        axes[3].bar_label(bars, fmt="%.1f%%")
+        axes[3].set(title=f"student accuracy, {first.problems} held-out problems", ylabel="%", ylim=(0, 100))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -227,6 +319,9 @@ def run_demo(
                 ]
                 result = run_training(cfg, callbacks=callbacks, quiet=True)
                 summaries.append(_summarise(stage, result.log_history, time.perf_counter() - started))
+            started = time.perf_counter()
+            reports = evaluate_teachers(output, result.args, progress=progress)
+            summaries.append(StageSummary("eval", 0, time.perf_counter() - started, None, None, None, None))
     except RunConfigError as exc:
         report_problems(exc.problems)
         return 2
@@ -234,7 +329,8 @@ def run_demo(
         stop_metrics_servers()
 
     records = [json.loads(line) for line in metrics_path.read_text().splitlines()]
-    plot_curves(records, output / CURVES_FILE)
+    plot_curves(records, output / CURVES_FILE, reports)
     console.print(_summary_table(summaries))
+    console.print(_evaluation_table(reports))
     console.print(f"metrics: {metrics_path}   curves: {output / CURVES_FILE}")
     return 0

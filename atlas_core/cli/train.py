@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     except RunConfigError as exc:
         report_problems(exc.problems)
         return 2
+    _leave_process_group()  # the evaluation runs on rank 0 alone: no rank waits on it in a collective
+    if result.process_index == 0:
+        code = _finish(cfg, result)
+        if code:
+            return code
     resumed = f", resumed from {result.resumed_from}" if result.resumed_from else ""
     if result.already_finished:
         resumed = f"; already finished ({result.resumed_from} is its last step): nothing trained"
@@ -67,6 +72,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _finish(cfg, result) -> int:
+    """Rank 0 after training: the evaluation the run asks for, then its result for ``.status.result``."""
+    from atlas_core.training.finish import evaluate_trained_teacher, last_reward, write_result
+
+    evaluation = None
+    if cfg.get("evaluation") is not None:
+        from atlas_core.evaluation import EvaluationError
+
+        try:
+            report = evaluate_trained_teacher(cfg, result.args)
+        except (EvaluationError, ValueError) as exc:
+            print(f"error: evaluation: {exc}", file=sys.stderr)
+            return 1
+        evaluation = report.to_dict()
+        print(
+            f"evaluation: {report.problems} problems, student alone {report.student_accuracy:.3f}, "
+            f"guided {report.guided_accuracy:.3f}, delta {100 * report.accuracy_delta:+.1f} points "
+            f"[{100 * report.accuracy_delta_low:+.1f}, {100 * report.accuracy_delta_high:+.1f}], "
+            f"non-degradation {report.non_degradation_rate:.3f}",
+            file=sys.stderr,
+        )
+    write_result(result.global_step, last_reward(result.log_history), evaluation)
+    return 0
+
+
+_LEFT_GROUP = False
+
+
 def _leave_process_group() -> bool:
     """Tear the process group down after training; True when one existed.
 
@@ -75,10 +108,12 @@ def _leave_process_group() -> bool:
     """
     import torch.distributed as dist
 
+    global _LEFT_GROUP
     if not (dist.is_available() and dist.is_initialized()):
-        return False
+        return _LEFT_GROUP
     dist.barrier()
     dist.destroy_process_group()
+    _LEFT_GROUP = True
     return True
 
 

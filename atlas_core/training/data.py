@@ -13,7 +13,9 @@ from pathlib import Path
 
 BUILTIN_ARITHMETIC = "builtin://arithmetic"
 BUILTIN_TEACHER_ARITHMETIC = "builtin://teacher-arithmetic"
-BUILTIN_SOURCES = (BUILTIN_ARITHMETIC, BUILTIN_TEACHER_ARITHMETIC)
+BUILTIN_MULTISTEP = "builtin://multistep"
+BUILTIN_TEACHER_MULTISTEP = "builtin://teacher-multistep"
+BUILTIN_SOURCES = (BUILTIN_ARITHMETIC, BUILTIN_TEACHER_ARITHMETIC, BUILTIN_MULTISTEP, BUILTIN_TEACHER_MULTISTEP)
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -47,6 +49,8 @@ def load_run_dataset(
         if algorithm != "sft":
             raise DatasetSourceError(f"dataset.source: '{source}' is an SFT dataset (use algorithm sft)")
         return Dataset.from_list(make_teacher_sft_dataset(num_samples, seed=seed, max_operand=max_operand))
+    if source in (BUILTIN_MULTISTEP, BUILTIN_TEACHER_MULTISTEP):
+        return Dataset.from_list(_multistep_rows(source, split, algorithm, num_samples, seed))
     try:
         if source.startswith("hf://"):
             dataset = load_dataset(source.removeprefix("hf://"), split=split)
@@ -141,6 +145,25 @@ def _with_guidance(rows: list[dict], fraction: float, seed: int, max_operand: in
         if rng.random() < fraction:
             row["prompt"] = enhanced_messages(problem["prompt"][0]["content"], guidance_text(problem))
     return rows
+
+
+def _multistep_rows(source: str, split: str, algorithm: str, num_samples: int, seed: int) -> list[dict]:
+    from atlas_core.tasks import multistep
+
+    if split not in multistep.SPLITS:
+        raise DatasetSourceError(f"dataset.split: '{source}' has splits {', '.join(multistep.SPLITS)}, got '{split}'")
+    if algorithm == "sft" and split != "train":
+        raise DatasetSourceError(f"dataset.split: '{source}' trains only on its 'train' split, got '{split}'")
+    try:
+        if source == BUILTIN_TEACHER_MULTISTEP:
+            if algorithm != "sft":
+                raise DatasetSourceError(f"dataset.source: '{source}' is an SFT dataset (use algorithm sft)")
+            return multistep.make_teacher_sft_dataset(num_samples, seed=seed)
+        if algorithm == "sft":
+            return multistep.make_student_sft_dataset(num_samples, seed=seed)
+        return multistep.make_multistep_dataset(num_samples, split, seed=seed)
+    except ValueError as exc:
+        raise DatasetSourceError(f"dataset.num_samples: {exc}") from None
 
 
 def _check_columns(columns: list[str], algorithm: str, source: str) -> None:

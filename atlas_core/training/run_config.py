@@ -223,6 +223,9 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
             problems.append("student: required for algorithm teacher (a hub id, a path or an OpenAI-compatible URL)")
         elif not str(cfg.student).startswith(("http://", "https://")):
             problems += _model_problems(str(cfg.student), field="student")
+    from atlas_core.training.finish import evaluation_problems
+
+    problems += evaluation_problems(cfg)
     if cfg.algorithm in ("grpo", "teacher"):
         funcs = list(cfg.reward.funcs or [])
         rim = cfg.reward.get("config")

@@ -35,6 +35,7 @@ class RunResult:
     num_processes: int = 1
     already_finished: bool = False  # the run had reached its last step before: nothing was trained
     log_history: list[dict[str, Any]] = field(default_factory=list)
+    args: Any = None  # the trainer's configuration (GRPOConfig / SFTConfig) the run used
 
 
 def build_trainer(cfg: DictConfig, callbacks: list | None = None):
@@ -142,8 +143,9 @@ def run_training(cfg: DictConfig, callbacks: list | None = None, quiet: bool = F
         resumed_from=agreement.checkpoint,
         process_index=trainer.accelerator.process_index,
         num_processes=trainer.accelerator.num_processes,
-        log_history=list(trainer.state.log_history),
+        log_history=list(trainer.state.log_history) if finished_at is None else _logged(agreement.checkpoint),
         already_finished=finished_at is not None,
+        args=trainer.args,
     )
 
 
@@ -163,6 +165,13 @@ def training_settings(cfg: DictConfig, args) -> dict[str, Any]:
         if hasattr(args, name):
             settings[f"trainer.{name}"] = getattr(args, name)
     return settings
+
+
+def _logged(checkpoint: str) -> list[dict[str, Any]]:
+    """The log history a finished run's last checkpoint kept (its result is reported again on a re-run)."""
+    import json
+
+    return list(json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("log_history") or [])
 
 
 def finished_step(checkpoint: str | None, max_steps: int) -> int | None:

@@ -56,7 +56,7 @@ def _outside_zero3_init():
 class LocalStudent:
     """A model loaded frozen: no gradients, eval mode; on ``device`` or, with ``offload``, on CPU."""
 
-    def __init__(self, model: Any, tokenizer=None, device=None, offload: bool = False):
+    def __init__(self, model: Any, tokenizer=None, device=None, offload: bool = False, role: str = "student"):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
@@ -69,9 +69,9 @@ class LocalStudent:
                     model = AutoModelForCausalLM.from_pretrained(path, dtype="auto")
                 tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
             except OSError as exc:
-                raise ValueError(f"student_model: cannot load {path!r}: {' '.join(str(exc).split())[:200]}") from None
+                raise ValueError(f"{role}_model: cannot load {path!r}: {' '.join(str(exc).split())[:200]}") from None
         elif not isinstance(model, PreTrainedModel):
-            raise TypeError(f"student_model: expected a path, a hub id, a URL or a model, got {type(model).__name__}")
+            raise TypeError(f"{role}_model: expected a path, a hub id, a URL or a model, got {type(model).__name__}")
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(model.name_or_path)
         tokenizer.padding_side = "left"
@@ -82,7 +82,8 @@ class LocalStudent:
         self.device = torch.device("cpu") if offload or device is None else torch.device(device)
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
-        self.name = getattr(model, "name_or_path", "student")
+        self.name = getattr(model, "name_or_path", role)
+        self.role = role
 
     def generate(self, conversations, max_new_tokens, num_samples=1, temperature=0.7):
         import torch
@@ -91,18 +92,21 @@ class LocalStudent:
             self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations
         ]
         batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+        greedy = temperature <= 0
+        sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature}
         try:
             with torch.no_grad():
                 output = self.model.generate(
                     **batch,
                     max_new_tokens=max_new_tokens,
-                    num_return_sequences=num_samples,
+                    num_return_sequences=1 if greedy else num_samples,
                     pad_token_id=self.tokenizer.pad_token_id,
                     **sampling,
                 )
+            if greedy and num_samples > 1:  # greedy decoding gives one answer: each sample is that answer
+                output = output.repeat_interleave(num_samples, dim=0)
         except Exception as exc:  # noqa: BLE001 - reported as the documented RuntimeError
-            raise RuntimeError(f"student {self.name!r} failed to generate: {type(exc).__name__}: {exc}") from exc
+            raise RuntimeError(f"{self.role} {self.name!r} failed to generate: {type(exc).__name__}: {exc}") from exc
         new = output[:, batch["input_ids"].shape[1] :]
         answers = []
         for row in new:
@@ -208,13 +212,14 @@ class EndpointStudent:
             raise RuntimeError(f"student endpoint {self.base_url} failed: {type(exc).__name__}") from None
 
 
-def load_student(student_model: Any, device=None, offload: bool = False) -> Student:
-    """A URL → EndpointStudent; a path, hub id or model → LocalStudent (frozen)."""
+def load_student(student_model: Any, device=None, offload: bool = False, role: str = "student") -> Student:
+    """A URL → EndpointStudent; a path, hub id or model → LocalStudent (frozen). ``role`` names the model in
+    errors (a frozen teacher under evaluation is loaded the same way)."""
     if student_model is None:
-        raise ValueError("student_model: required (a path, a hub id, an OpenAI-compatible URL or a model)")
+        raise ValueError(f"{role}_model: required (a path, a hub id, an OpenAI-compatible URL or a model)")
     if is_endpoint(student_model):
         return EndpointStudent(student_model)
-    return LocalStudent(student_model, device=device, offload=offload)
+    return LocalStudent(student_model, device=device, offload=offload, role=role)
 
 
 def _answer_text(content: Any) -> str:

@@ -20,39 +20,24 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from atlas_core.tasks.arithmetic import completion_text, extract_answer, normalize_answer
+from atlas_core.tasks.arithmetic import completion_text
 from atlas_core.training import teaching
 from atlas_core.training.algorithms.grpo import GRPOTrainer
+from atlas_core.training.protocol import (
+    DiagnosticResult,
+    ProtocolSettings,
+    TeachingProtocol,
+    diagnostic_judge_of,
+)
 from atlas_core.training.student import Student, load_student
 
+__all__ = ["DiagnosticResult", "TeacherGRPOTrainer"]
+
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class DiagnosticResult:
-    """What the diagnostic probe measured about the student on one task."""
-
-    capability_level: float
-    """Student capability in [0, 1]: the RIM diagnostic judge's score when configured, else the mean score of
-    the student's baseline answers."""
-    confidence_score: float
-    """Agreement between the student's baseline answers in [0, 1] (1 = all gave the same answer)."""
-    identified_gaps: list[str] = field(default_factory=list)
-    """What went wrong: wrong or missing answers, and the diagnostic judge's analysis when configured."""
-    response_quality: dict[str, float] = field(default_factory=dict)
-    """answer_rate, baseline_accuracy, mean_answer_tokens of the baseline answers."""
-    probe_tokens: int = 0
-    """Tokens the student spent on the probe."""
-    probe_response: str = ""
-    """The student's description of its approach."""
-    baseline_score: float = 0.0
-    """Mean score of the baseline answers (the ``baseline_score`` of the teaching reward)."""
 
 
 class TeacherGRPOTrainer(GRPOTrainer):
@@ -157,12 +142,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
             raise TypeError(f"teaching_length: expected an integer, got {type(teaching_length).__name__}")
         if teaching_length < 0:
             raise ValueError(f"teaching_length: expected a value >= 0, got {teaching_length}")
-        delta = float(enhanced_score) - float(baseline_score)
-        if math.isclose(delta, 0.0, abs_tol=1e-9):
-            return 0.0
-        if delta > 0:
-            return delta + max(0.0, 1.0 - teaching_length / self.args.efficiency_horizon)
-        return delta - self.args.degradation_penalty
+        return self.protocol.teaching_reward(baseline_score, enhanced_score, teaching_length)
 
     def teaching_step(self, batch: dict[str, list]) -> list[float]:
         """One teaching interaction for a batch, every phase batched: probe and baseline in one student
@@ -242,58 +222,19 @@ class TeacherGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ batched phases
 
+    @property
+    def protocol(self) -> TeachingProtocol:
+        """The protocol this trainer runs (built per use: ``student`` and ``args`` may be replaced)."""
+        return TeachingProtocol(
+            self.student,
+            ProtocolSettings.of(self.args),
+            self.answer_scorers,
+            self.scorer_weights,
+            diagnostic_judge_of(self.answer_scorers),
+        )
+
     def _diagnose(self, tasks: list[str], contexts: list[dict], max_tokens: int) -> list[DiagnosticResult]:
-        samples = self.args.student_samples
-        probes = self.student.generate(
-            [teaching.probe_messages(t) for t in tasks], max_tokens, 1, self.args.student_temperature
-        )
-        answers = self.student.generate(
-            [teaching.baseline_messages(t) for t in tasks],
-            self.args.student_max_tokens,
-            samples,
-            self.args.student_temperature,
-        )
-        flat_scores = self.score_answers(
-            [t for t in tasks for _ in range(samples)],
-            [a.text for group in answers for a in group],
-            [c for c in contexts for _ in range(samples)],
-        )
-        judge = self._diagnostic_judge()
-        judged = (
-            judge.evaluate_batch(tasks, [p[0].text for p in probes], [dict(c) for c in contexts]) if judge else None
-        )
-        results = []
-        for i in range(len(tasks)):
-            group = answers[i]
-            scores = [s for s in flat_scores[i * samples : (i + 1) * samples] if s is not None]
-            extracted = [extract_answer(a.text) for a in group]
-            top = Counter(extracted).most_common(1)[0][1]
-            agreement = (top - 1) / (samples - 1) if samples > 1 else 0.0
-            gaps = _observed_gaps(extracted, contexts[i].get("ground_truth"))
-            if scores:
-                baseline = statistics.mean(scores)
-            else:  # nothing to score against: self-consistency is the only measurement left
-                baseline = agreement * (sum(e is not None for e in extracted) / samples)
-                gaps.append("no reference answer: capability estimated from the agreement of the student's answers")
-            capability = judged[i].judge_scores["diagnostic"] if judged else baseline
-            if judged:
-                gaps.append(judged[i].judge_explanations["diagnostic"])
-            results.append(
-                DiagnosticResult(
-                    capability_level=float(capability),
-                    confidence_score=agreement,
-                    identified_gaps=gaps,
-                    response_quality={
-                        "answer_rate": sum(e is not None for e in extracted) / samples,
-                        "baseline_accuracy": baseline,
-                        "mean_answer_tokens": statistics.mean(a.tokens for a in group),
-                    },
-                    probe_tokens=probes[i][0].tokens,
-                    probe_response=probes[i][0].text,
-                    baseline_score=baseline,
-                )
-            )
-        return results
+        return self.protocol.diagnose(tasks, contexts, max_tokens)
 
     def _guidance(self, tasks: list[str], diagnostics: list[DiagnosticResult], max_tokens: int) -> list[str]:
         """Teacher (policy) guidance for each task, in one batched generate call."""
@@ -301,12 +242,8 @@ class TeacherGRPOTrainer(GRPOTrainer):
 
         tokenizer = self.processing_class
         texts = [
-            tokenizer.apply_chat_template(
-                teaching.teacher_messages(t, d.probe_response, d.capability_level),
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-            for t, d in zip(tasks, diagnostics, strict=True)
+            tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            for messages in TeachingProtocol.teacher_prompts(tasks, diagnostics)
         ]
         padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
         batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(
@@ -330,22 +267,11 @@ class TeacherGRPOTrainer(GRPOTrainer):
     def _teaching_rewards(self, tasks, contexts, baselines, guidances, log: bool = False):
         """Student answers with each guidance, scored; returns (rewards, teaching/* statistics)."""
         samples = self.args.student_samples
-        shown = [teaching.withhold_answer(g, c.get("ground_truth")) for g, c in zip(guidances, contexts, strict=True)]
-        answers = self.student.generate(
-            [teaching.enhanced_messages(t, g) for t, g in zip(tasks, shown, strict=True)],
-            self.args.student_max_tokens,
-            samples,
-            self.args.student_temperature,
-        )
-        flat = self.score_answers(
-            [t for t in tasks for _ in range(samples)],
-            [a.text for group in answers for a in group],
-            [c for c in contexts for _ in range(samples)],
-            per_item=samples if log else None,
-        )
-        if any(score is None for score in flat):
-            raise ValueError("ground_truth: needed to score the student's answers (or pass reward_funcs)")
-        enhanced = [statistics.mean(flat[i * samples : (i + 1) * samples]) for i in range(len(tasks))]
+        log_extra = None
+        if log:
+            log_extra = lambda name, values: self._log_completion_extra(name, _fold(values, samples))  # noqa: E731
+        guided = self.protocol.guided(tasks, contexts, guidances, log_extra=log_extra)
+        enhanced = [g.score for g in guided]
         lengths = [len(self.processing_class(g, add_special_tokens=False)["input_ids"]) for g in guidances]
         rewards = [
             self.compute_teaching_reward(float(b), float(e), n)
@@ -365,32 +291,13 @@ class TeacherGRPOTrainer(GRPOTrainer):
         return rewards, stats
 
     def score_answers(self, tasks, answers, contexts, per_item: int | None = None) -> list[float | None]:
-        """Scores in [0, 1] of student answers: ``reward_funcs`` (weighted mean) or exact match
-        (``None`` where there is no ground truth to match).
-
-        With ``per_item``, per-sample information a scorer logs (RIM's ``rim_rewards`` /
-        ``rim_explanations``) is folded to one value per teacher completion and logged.
-        """
-        if not self.answer_scorers:
-            return [
-                None
-                if c.get("ground_truth") is None
-                else float(extract_answer(a) == normalize_answer(str(c["ground_truth"])))
-                for a, c in zip(answers, contexts, strict=True)
-            ]
-        columns = {k: [c.get(k) for c in contexts] for k in set().union(*contexts)} if contexts else {}
-        extra = {}
+        """Scores in [0, 1] of student answers (:meth:`TeachingProtocol.score_answers`). With ``per_item``,
+        per-sample information a scorer logs (RIM's ``rim_rewards`` / ``rim_explanations``) is folded to one
+        value per teacher completion and logged."""
+        log_extra = None
         if per_item:
-            extra["log_extra"] = lambda name, values: self._log_completion_extra(name, _fold(values, per_item))
-        total = [0.0] * len(answers)
-        for scorer, weight in zip(self.answer_scorers, self.scorer_weights, strict=True):
-            values = scorer(prompts=tasks, completions=answers, **columns, **extra)
-            total = [
-                t + weight * (0.0 if v is None or not math.isfinite(v) else v)
-                for t, v in zip(total, values, strict=True)
-            ]
-        weight_sum = sum(self.scorer_weights) or 1.0
-        return [min(1.0, max(0.0, t / weight_sum)) for t in total]
+            log_extra = lambda name, values: self._log_completion_extra(name, _fold(values, per_item))  # noqa: E731
+        return self.protocol.score_answers(tasks, answers, contexts, log_extra=log_extra)
 
     def _dataset_ground_truth(self) -> dict[str, Any]:
         """task text → ground truth of the training dataset (built once, for standalone probes)."""
@@ -403,30 +310,11 @@ class TeacherGRPOTrainer(GRPOTrainer):
             self._ground_truth_index = index
         return self._ground_truth_index
 
-    def _diagnostic_judge(self):
-        from atlas_core.reward.interpretation import RIMReward
-
-        for scorer in self.answer_scorers:
-            if isinstance(scorer, RIMReward) and "diagnostic" in scorer.config.judges:
-                return scorer
-        return None
-
 
 def _row_contexts(columns: dict[str, Any], n: int, skip: tuple[str, ...]) -> list[dict[str, Any]]:
     """Per-row dicts of the list-valued columns of length ``n`` (dataset columns such as ground_truth)."""
     kept = {k: v for k, v in columns.items() if k not in skip and isinstance(v, list) and len(v) == n}
     return [{k: v[i] for k, v in kept.items()} for i in range(n)]
-
-
-def _observed_gaps(extracted: list[str | None], ground_truth: Any) -> list[str]:
-    gaps = []
-    if any(e is None for e in extracted):
-        gaps.append("gave no final answer")
-    if ground_truth is not None:
-        expected = normalize_answer(str(ground_truth))
-        for found in dict.fromkeys(e for e in extracted if e is not None and e != expected):
-            gaps.append(f"answered {found} where {expected} was expected")
-    return gaps
 
 
 def _fold(values: list, per_item: int) -> list:

@@ -1,0 +1,179 @@
+"""The bundled teaching task: problems a teacher can help with without giving the answer away.
+
+Two kinds of problem, answers checked by exact match (``ground_truth``):
+
+* **one-step** ``x + y`` (x in 2..18, y in 1..9): the warmed-up student solves most of these alone;
+* **two-step** ``a + b + c`` (a, b, c in 1..9): the student was never shown one without help and
+  mostly fails alone. Guidance that states the intermediate sum (``First find a + b = s``) turns it
+  into a one-step problem the student can do; the answer itself is never stated, and the protocol
+  would mask it if it were.
+
+Every sum a one-step problem asks for (x + y with x ≤ 18) is also the second step of some two-step
+problem, so a student warmed up on guided two-step problems and on the *training* one-step problems
+can answer held-out one-step problems: the sums are its skills, the problems are new.
+
+**Splits.** Each distinct problem belongs to exactly one split, decided by a hash of its text
+(:func:`split_of`): ``test`` holds about half of the one-step problems and 30% of the two-step ones,
+``train`` the rest. Training data (the student's warm-up, the teacher's warm-up, teacher GRPO) only ever
+draws from ``train``; evaluation draws from ``test``. ``test`` mixes one third one-step and two thirds
+two-step problems, in a fixed shuffled order, so that ``limit`` keeps the mix.
+
+**Teacher demonstrations** (the teacher's SFT warm-up) are deliberately of mixed quality: a third give
+the intermediate step, a third a generic method, a third a short check, whatever the problem and the
+student's capability.
+On one-step problems the intermediate step *is* the answer, so that guidance is masked to
+``[withheld]`` and helps no one. Which guidance helps which student is left for RL to find.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from functools import cache
+from typing import Any
+
+from atlas_core.tasks.arithmetic import SYSTEM_HINT
+
+SPLITS = ("train", "test")
+#: Share of each kind's problems in the held-out ``test`` split (by hash, see :func:`split_of`).
+TEST_SHARE = {"one-step": 0.5, "two-step": 0.3}
+#: Share of one-step problems when a split is drawn as a mix (the rest two-step).
+ONE_STEP_SHARE = 1 / 3
+_SALT = "atlas-multistep-v1"
+METHOD_GUIDANCE = "Work from left to right, one number at a time. Put the result in \\boxed{}."
+CHECK_GUIDANCE = "Check your sum before you answer."
+#: The styles of the teacher's warm-up demonstrations, drawn uniformly.
+DEMONSTRATION_STYLES = ("step", "method", "check")
+
+
+def _value(a: int, op: str, b: int) -> int:
+    return a + b if op == "+" else a - b
+
+
+def kind_of(question: str) -> str:
+    return "one-step" if len(question.split()) == 3 else "two-step"
+
+
+def split_of(question: str) -> str:
+    """``test`` or ``train``: a stable hash of the problem's text, so a problem has one split forever."""
+    digest = hashlib.sha256(f"{_SALT}:{question}".encode()).digest()
+    return "test" if int.from_bytes(digest[:8], "big") / 2**64 < TEST_SHARE[kind_of(question)] else "train"
+
+
+@cache
+def problems(kind: str, split: str) -> tuple[dict[str, Any], ...]:
+    """Every problem of ``kind`` (``one-step`` | ``two-step``) in ``split``, in a fixed shuffled order."""
+    if split not in SPLITS:
+        raise ValueError(f"split: expected one of {', '.join(SPLITS)}, got {split!r}")
+    rows = []
+    if kind == "one-step":
+        for x in range(2, 19):
+            for y in range(1, 10):
+                rows.append({"question": f"{x} + {y}", "kind": kind, "ground_truth": str(x + y)})
+    elif kind == "two-step":
+        for a in range(1, 10):
+            for b in range(1, 10):
+                for c in range(1, 10):
+                    rows.append({"question": f"{a} + {b} + {c}", "kind": kind, "ground_truth": str(a + b + c)})
+    else:
+        raise ValueError(f"kind: expected one-step or two-step, got {kind!r}")
+    chosen = [dict(r, prompt=prompt_of(r["question"])) for r in rows if split_of(r["question"]) == split]
+    random.Random(f"{_SALT}:{kind}:{split}").shuffle(chosen)
+    return tuple(chosen)
+
+
+def prompt_of(question: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"What is {question}? {SYSTEM_HINT}"}]
+
+
+def make_multistep_dataset(n: int, split: str = "train", seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` problems of ``split`` (one third one-step): ``{"prompt", "question", "kind", "ground_truth"}``.
+
+    ``test`` gives distinct problems in a fixed order (the first ``n`` of the mix), ``n`` at most the
+    split's size; ``train`` samples with ``seed`` and may repeat problems.
+    """
+    if n < 1:
+        raise ValueError(f"n: expected a positive number of problems, got {n}")
+    one, two = problems("one-step", split), problems("two-step", split)
+    if split == "test":
+        ones = round(n * ONE_STEP_SHARE)
+        if ones > len(one) or n - ones > len(two):
+            most = min(int(len(one) / ONE_STEP_SHARE), int(len(two) / (1 - ONE_STEP_SHARE)))
+            raise ValueError(f"n: the test split has {most} problems in its mix, asked for {n}")
+        mixed = [one[i] for i in range(ones)] + [two[i] for i in range(n - ones)]
+        random.Random(f"{_SALT}:mix").shuffle(mixed)
+        return [dict(r) for r in mixed]
+    rng = random.Random(seed)
+    return [dict(rng.choice(one if rng.random() < ONE_STEP_SHARE else two)) for _ in range(n)]
+
+
+def intermediate_step(row: dict[str, Any]) -> str:
+    """The first step written out: ``a + b = s`` (for a one-step problem, that is the answer)."""
+    a, op, b = row["question"].split()[:3]
+    return f"{a} {op} {b} = {_value(int(a), op, int(b))}"
+
+
+def step_guidance(row: dict[str, Any]) -> str:
+    """Guidance that gives the intermediate result and the step left."""
+    parts = row["question"].split()
+    rest = f" Then {'add' if parts[3] == '+' else 'subtract'} {parts[4]}." if len(parts) == 5 else ""
+    return f"First find {intermediate_step(row)}.{rest}"
+
+
+def student_solution(row: dict[str, Any], guided: bool) -> str:
+    """The student's worked answer: one step, from the intermediate result when it was given."""
+    parts = row["question"].split()
+    if len(parts) == 5 and guided:
+        first = _value(int(parts[0]), parts[1], int(parts[2]))
+        line = f"{first} {parts[3]} {parts[4]} = {row['ground_truth']}"
+    else:
+        line = f"{row['question']} = {row['ground_truth']}"
+    return f"{line}. \\boxed{{{row['ground_truth']}}}"
+
+
+def make_student_sft_dataset(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """The student's warm-up: training one-step problems alone (two thirds of them with the generic method
+    or check guidance, so guidance alone does not throw it) and two-step problems only with the intermediate step.
+    Never an unguided two-step problem: alone, the student is weak at them."""
+    from atlas_core.training.teaching import enhanced_messages
+
+    rng = random.Random(seed)
+    rows = []
+    for row in make_multistep_dataset(n, "train", seed):
+        task = row["prompt"][0]["content"]
+        if row["kind"] == "two-step":
+            prompt = enhanced_messages(task, step_guidance(row))
+            guided = True
+        else:
+            guidance = rng.choice(("", METHOD_GUIDANCE, CHECK_GUIDANCE))
+            prompt = enhanced_messages(task, guidance) if guidance else row["prompt"]
+            guided = False
+        rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": student_solution(row, guided)}]})
+    return rows
+
+
+def teacher_demonstration(row: dict[str, Any], rng: random.Random) -> str:
+    """A teacher completion of the warm-up: the intermediate step, the generic method or a short check,
+    a third each."""
+    style = rng.choice(DEMONSTRATION_STYLES)
+    guidance = {"step": step_guidance, "method": lambda r: METHOD_GUIDANCE, "check": lambda r: CHECK_GUIDANCE}[style](
+        row
+    )
+    return f"<thinking>{row['kind']}</thinking><teaching>{guidance}</teaching>"
+
+
+def make_teacher_sft_dataset(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """(task, probe, guidance) examples in the teacher's format, over training problems and random
+    capabilities (see the module docstring: the demonstrations ignore both)."""
+    from atlas_core.training.teaching import teacher_messages
+
+    rng = random.Random(seed)
+    rows = []
+    for row in make_multistep_dataset(n, "train", seed):
+        task = row["prompt"][0]["content"]
+        probe = rng.choice(["I would add the numbers.", "I am not sure.", "Left to right."])
+        prompt = teacher_messages(task, probe, capability=rng.random())
+        rows.append(
+            {"prompt": prompt, "completion": [{"role": "assistant", "content": teacher_demonstration(row, rng)}]}
+        )
+    return rows

@@ -1,0 +1,160 @@
+"""After training, on rank 0: evaluate a trained teacher (run configuration ``evaluation``) and report the
+run's result where Kubernetes carries it to ``.status.result`` (``$ATLAS_RESULT_FILE``, the trainer
+container's termination message; ``atlas_contract.results``)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from atlas_contract.defaults import EVALUATION
+from atlas_contract.names import ENV_RESULT_FILE, EVAL_DIR
+from atlas_contract.results import result_message
+
+logger = logging.getLogger(__name__)
+
+EVALUATION_KEYS = {"dataset": {"source", "split"}, "samples": None, "limit": None}
+
+
+def evaluation_problems(cfg: DictConfig) -> list[str]:
+    """Every problem of the run configuration's ``evaluation`` section (``null`` = no evaluation)."""
+    section = cfg.get("evaluation")
+    if section is None:
+        return []
+    if not OmegaConf.is_dict(section):
+        return [f"evaluation: expected a mapping (dataset, samples, limit) or null, got {section!r}"]
+    problems = []
+    if cfg.algorithm != "teacher":
+        problems.append(f"evaluation: only a teacher run evaluates its teaching (algorithm is '{cfg.algorithm}')")
+    for key in section:
+        if key not in EVALUATION_KEYS:
+            problems.append(f"evaluation.{key}: unknown configuration key (known: {', '.join(EVALUATION_KEYS)})")
+    dataset = section.get("dataset")
+    if dataset is not None:
+        if not OmegaConf.is_dict(dataset):
+            problems.append(f"evaluation.dataset: expected a mapping (source, split), got {dataset!r}")
+        else:
+            for key in dataset:
+                if key not in EVALUATION_KEYS["dataset"]:
+                    problems.append(f"evaluation.dataset.{key}: unknown configuration key (known: source, split)")
+            for key in ("source", "split"):
+                value = dataset.get(key)
+                if value is not None and (not isinstance(value, str) or not value.strip()):
+                    problems.append(f"evaluation.dataset.{key}: expected a non-empty string, got {value!r}")
+    for key in ("samples", "limit"):
+        value = section.get(key)
+        if value is None:
+            continue  # samples: the default; limit: every problem
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(f"evaluation.{key}: expected an integer >= 1, got {value!r}")
+    return problems
+
+
+def evaluation_request(cfg: DictConfig) -> dict[str, Any] | None:
+    """source, split, samples, limit of the evaluation, with the defaults applied; None = no evaluation."""
+    section = cfg.get("evaluation")
+    if section is None:
+        return None
+    dataset = section.get("dataset") or {}
+    return {
+        "source": str(dataset.get("source") or cfg.dataset.source),
+        "split": str(dataset.get("split") or EVALUATION["split"]),
+        "samples": int(section.get("samples") or EVALUATION["samples"]),
+        "limit": None if section.get("limit") is None else int(section.limit),
+    }
+
+
+def evaluation_settings(args: Any, samples: int, limit: int | None = None):
+    """Evaluation settings that run the protocol exactly as a teacher run's configuration ``args`` trained it
+    (probe and answer budgets, student temperature, reward constants; the teacher's whole completion
+    bounded by ``max_completion_length``), the teacher decoding greedily."""
+    from atlas_core.evaluation import EvaluationSettings
+
+    return EvaluationSettings(
+        samples=samples,
+        limit=limit,
+        seed=int(args.seed),
+        max_probe_tokens=args.max_probe_tokens,
+        max_guidance_tokens=args.max_guidance_tokens,
+        teacher_max_tokens=args.max_completion_length,
+        student_max_tokens=args.student_max_tokens,
+        student_temperature=args.student_temperature,
+        efficiency_horizon=args.efficiency_horizon,
+        degradation_penalty=args.degradation_penalty,
+    )
+
+
+def evaluate_trained_teacher(cfg: DictConfig, args: Any):
+    """The two-pass evaluation of the teacher saved in ``output_dir`` against the run's student, with the
+    run's protocol settings; files in ``<output_dir>/evaluation`` (an interrupted one resumes)."""
+    from atlas_core.evaluation import evaluate_teaching
+    from atlas_core.models.tiny import resolve_model_path
+    from atlas_core.tasks.arithmetic import REWARD_FUNCTIONS
+    from atlas_core.training.data import load_run_dataset
+    from atlas_core.training.student import load_student
+
+    request = evaluation_request(cfg)
+    dataset = load_run_dataset(
+        request["source"],
+        split=request["split"],
+        algorithm="teacher",
+        num_samples=request["limit"] or int(cfg.dataset.num_samples),
+        max_operand=int(cfg.dataset.max_operand),
+        seed=int(cfg.dataset.seed),
+    )
+    scorers = [REWARD_FUNCTIONS[name] for name in cfg.reward.funcs or []]
+    if cfg.reward.get("config"):
+        from atlas_core.reward.interpretation import RIMReward
+
+        scorers.append(RIMReward(str(cfg.reward.config)))
+    weights = None if cfg.reward.weights is None else [float(w) for w in cfg.reward.weights]
+    settings = evaluation_settings(args, request["samples"], request["limit"])
+    teacher = load_student(str(cfg.output_dir), role="teacher")
+    student = load_student(resolve_model_path(str(cfg.student)))
+    return evaluate_teaching(
+        teacher,
+        student,
+        dataset,
+        settings,
+        output_dir=Path(cfg.output_dir) / EVAL_DIR,
+        scorers=scorers,
+        weights=weights,
+        names={
+            "teacher": str(cfg.output_dir),
+            "student": str(cfg.student),
+            "dataset": request["source"],
+            "split": request["split"],
+            "scorer": ", ".join(
+                [*(cfg.reward.funcs or []), *([str(cfg.reward.config)] if cfg.reward.get("config") else [])]
+            )
+            or "exact_match",
+        },
+    )
+
+
+def last_reward(log_history: list[dict[str, Any]]) -> float | None:
+    """The last logged reward of the run (GRPO: the reward; teacher: the teaching reward); None for SFT."""
+    for record in reversed(log_history):
+        value = record.get("reward")
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def write_result(step: int, reward: float | None, evaluation: dict[str, Any] | None) -> Path | None:
+    """Write the result to ``$ATLAS_RESULT_FILE`` when set (a pod's termination message); the path written."""
+    target = os.environ.get(ENV_RESULT_FILE)
+    if not target:
+        return None
+    path = Path(target)
+    try:
+        path.write_text(result_message(step, reward, evaluation))
+    except OSError as exc:  # the result is a report, not the run: never fail a finished run over it
+        logger.warning("could not write the run's result to %s: %s", path, exc)
+        return None
+    return path

@@ -1,0 +1,229 @@
+"""The two-pass evaluation: the bundled teaching task's splits, the figures, the result a run reports, and the
+evaluation after training of a real teacher run."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+
+import pytest
+from conftest import PYTHON, python_env
+
+from atlas_contract import results
+from atlas_core.evaluation import figures, paired_bootstrap
+from atlas_core.tasks import multistep
+from atlas_core.tasks.arithmetic import exact_match_reward
+from atlas_core.training.teaching import task_text, withhold_answer
+
+# ------------------------------------------------------------------ the bundled task
+
+
+def _questions(rows) -> set[str]:
+    """The problem of each row: its question, or for warm-up rows the task inside the prompt."""
+    found = set()
+    for row in rows:
+        text = task_text(row["prompt"])
+        if "Task:\n" in text:  # a teacher prompt: the task follows "Task:"
+            text = text.split("Task:\n", 1)[1].split("\n", 1)[0]
+        found.add(text.split("What is ", 1)[1].split("?", 1)[0])
+    return found
+
+
+def test_test_split_is_disjoint_from_every_training_split():
+    test = _questions(multistep.make_multistep_dataset(200, "test"))
+    assert len(test) == 200  # distinct problems
+    trained_on = (
+        _questions(multistep.make_multistep_dataset(20000, "train", seed=3))
+        | _questions(multistep.make_student_sft_dataset(20000, seed=0))
+        | _questions(multistep.make_teacher_sft_dataset(20000, seed=0))
+    )
+    assert trained_on and not (test & trained_on)
+    # every training problem was drawn: the training split is all the rest
+    every = {r["question"] for kind in ("one-step", "two-step") for r in multistep.problems(kind, "train")}
+    assert trained_on == every
+
+
+def test_test_mix_keeps_a_third_one_step_and_answers_are_right():
+    rows = multistep.make_multistep_dataset(150, "test")
+    assert sum(r["kind"] == "one-step" for r in rows) == 50
+    for row in rows:
+        assert multistep.split_of(row["question"]) == "test"
+        assert int(row["ground_truth"]) == sum(int(x) for x in row["question"].split(" + "))
+    assert rows == multistep.make_multistep_dataset(150, "test")  # a fixed order: limit keeps the mix
+    with pytest.raises(ValueError, match="n: the test split has"):
+        multistep.make_multistep_dataset(100000, "test")
+
+
+def test_step_guidance_teaches_without_telling_and_the_student_target_uses_it():
+    for row in multistep.problems("two-step", "train")[:200]:
+        guidance = multistep.step_guidance(row)
+        a, b, c = (int(x) for x in row["question"].split(" + "))
+        assert f"{a} + {b} = {a + b}" in guidance
+        if a + b != a + b + c:
+            assert withhold_answer(guidance, row["ground_truth"]) == guidance  # the answer is not in it
+        solution = multistep.student_solution(row, guided=True)
+        assert solution.startswith(f"{a + b} + {c} = ") and exact_match_reward([solution], [row["ground_truth"]]) == [1.0]
+    # one-step: the "first step" is the answer, which the protocol masks
+    row = multistep.problems("one-step", "train")[0]
+    assert "[withheld]" in withhold_answer(multistep.step_guidance(row), row["ground_truth"])
+
+
+# ------------------------------------------------------------------ figures
+
+
+def _record(alone, guided, capability="weak", tokens=5):
+    return {
+        "accuracy_alone": alone,
+        "accuracy_guided": guided,
+        "capability": capability,
+        "guidance_tokens": tokens,
+        "answers_alone": ["\\boxed{1}", "no answer here"],
+        "answers_guided": ["\\boxed{2}", "\\boxed{3}"],
+        "tokens_alone": [4, 6],
+        "tokens_guided": [3, 3],
+        "teaching_reward": guided - alone,
+    }
+
+
+def test_figures_are_the_per_problem_means():
+    records = [_record(0.0, 1.0), _record(0.5, 0.5), _record(1.0, 0.5), _record(0.0, 0.5)]
+    f = figures(records, seed=1)
+    assert f.problems == 4
+    assert f.student_accuracy == pytest.approx(0.375) and f.guided_accuracy == pytest.approx(0.625)
+    assert f.accuracy_delta == pytest.approx(0.25)
+    assert f.non_degradation_rate == pytest.approx(0.75) and f.improvement_rate == pytest.approx(0.5)
+    assert f.mean_degradation == pytest.approx(0.5)
+    assert f.completion_rate_alone == pytest.approx(0.5) and f.completion_rate_guided == pytest.approx(1.0)
+    assert f.student_tokens_alone_mean == pytest.approx(5.0) and f.student_tokens_guided_mean == pytest.approx(3.0)
+    assert f.accuracy_delta_low <= f.accuracy_delta <= f.accuracy_delta_high
+    assert figures([]).problems == 0 and figures([]).student_accuracy is None
+
+
+def test_paired_bootstrap_interval():
+    # every problem gains exactly 0.2: resampling pairs cannot move the mean
+    low, high = paired_bootstrap([0.1, 0.5, 0.3] * 20, [0.3, 0.7, 0.5] * 20)
+    assert low == pytest.approx(0.2) and high == pytest.approx(0.2)
+    # a noisy gain: the interval holds the mean, narrows with more problems, and is reproducible with a seed
+    alone = [0.0, 1.0, 0.0, 1.0, 0.0] * 8
+    guided = [1.0, 1.0, 0.0, 0.0, 1.0] * 8
+    small = paired_bootstrap(alone, guided, seed=3)
+    large = paired_bootstrap(alone * 10, guided * 10, seed=3)
+    mean = statistics.mean(g - a for a, g in zip(alone, guided, strict=True))
+    assert small[0] < mean < small[1] and large[0] < mean < large[1]
+    assert large[1] - large[0] < small[1] - small[0]
+    assert paired_bootstrap(alone, guided, seed=3) == small
+
+
+# ------------------------------------------------------------------ the result a run reports
+
+
+def test_result_message_round_trip_and_foreign_messages():
+    report = {
+        "problems": 200,
+        "student_accuracy": 0.41,
+        "guided_accuracy": 0.63,
+        "accuracy_delta": 0.22,
+        "accuracy_delta_low": 0.15,
+        "accuracy_delta_high": 0.29,
+        "non_degradation_rate": 0.98,
+        "guidance_tokens_mean": 31.2,
+        "by_capability": {"weak": {"problems": 3}},
+    }
+    message = results.result_message(120, 0.61, report)
+    assert len(message.encode()) <= results.MAX_MESSAGE_BYTES
+    assert results.parse_result_message(message) == {
+        "step": 120,
+        "reward": 0.61,
+        "evaluation": {
+            "problems": 200,
+            "studentAccuracy": 0.41,
+            "guidedAccuracy": 0.63,
+            "accuracyDelta": 0.22,
+            "accuracyDeltaLow": 0.15,
+            "accuracyDeltaHigh": 0.29,
+            "nonDegradationRate": 0.98,
+            "guidanceTokensMean": 31.2,
+        },
+    }
+    assert results.parse_result_message(results.result_message(7, float("nan"))) == {"step": 7}
+    for foreign in ("", "Traceback (most recent call last):", "[1, 2]", '{"step": "x"}', '{"step": true}', "{" * 5000):
+        assert results.parse_result_message(foreign) is None
+    assert results.parse_result_message('{"step": 3, "reward": "high", "evaluation": {"problems": 1.5}}') == {
+        "step": 3
+    }
+
+
+# ------------------------------------------------------------------ evaluation after training (real run)
+
+
+def test_teacher_run_evaluates_after_training_and_writes_its_result(tmp_path, atlas_cache):
+    result_file = tmp_path / "termination-log"
+    out = tmp_path / "run"
+    overrides = [
+        "recipe=tiny_teacher",
+        f"output_dir={out}",
+        "dataset.source=builtin://multistep",
+        "trainer.max_steps=2",
+        "trainer.metrics_port=0",
+        "+evaluation={samples: 2, limit: 5}",
+    ]
+    proc = subprocess.run(
+        [PYTHON, "-m", "atlas_core.cli.train", *overrides],
+        env=python_env(ATLAS_RESULT_FILE=str(result_file)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = results.parse_result_message(result_file.read_text())
+    assert result["step"] == 2
+    report = json.loads((out / "evaluation" / "eval.json").read_text())
+    lines = [json.loads(line) for line in (out / "evaluation" / "problems.jsonl").read_text().splitlines()]
+    assert report["problems"] == len(lines) == 5 and report["split"] == "test" and report["samples"] == 2
+    assert all(multistep.split_of(line["task"].split("What is ", 1)[1].split("?")[0]) == "test" for line in lines)
+    assert report["student_accuracy"] == pytest.approx(statistics.mean(line["accuracy_alone"] for line in lines))
+    assert result["evaluation"] == results.parse_result_message(results.result_message(2, None, report))["evaluation"]
+    assert "evaluation: 5 problems" in proc.stderr
+
+    # a re-run of the finished run trains nothing, resumes the finished evaluation and reports it again
+    result_file.unlink()
+    again = subprocess.run(
+        [PYTHON, "-m", "atlas_core.cli.train", *overrides],
+        env=python_env(ATLAS_RESULT_FILE=str(result_file)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "already finished" in again.stderr
+    assert results.parse_result_message(result_file.read_text()) == result
+
+
+def test_evaluation_section_is_checked(tmp_path):
+    proc = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "atlas_core.cli.train",
+            "recipe=tiny_grpo",
+            f"output_dir={tmp_path / 'x'}",
+            "+evaluation={samples: 0, limit: -1, dataset: {source: '', bogus: 1}, extra: 2}",
+        ],
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: evaluation")]
+    text = "\n".join(errors)
+    for expected in (
+        "evaluation: only a teacher run",
+        "evaluation.extra: unknown",
+        "evaluation.dataset.bogus: unknown",
+        "evaluation.dataset.source: expected a non-empty string",
+        "evaluation.samples: expected an integer >= 1, got 0",
+        "evaluation.limit: expected an integer >= 1, got -1",
+    ):
+        assert expected in text, proc.stderr
