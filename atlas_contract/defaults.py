@@ -53,6 +53,14 @@ TEACHING: dict[str, Any] = {
     "student_temperature": 0.7,
 }
 
+# The evaluation after training (AtlasTeacher spec.evaluation; run.yaml's `evaluation`): the two-pass
+# protocol on held-out problems. Unset dataset.source = the run's own spec.dataset.source; unset limit =
+# every problem of the split.
+EVALUATION: dict[str, Any] = {
+    "split": "test",
+    "samples": 4,  # student answers per problem, alone and guided
+}
+
 
 def training_defaults(algorithm: str) -> dict[str, Any]:
     """The spec.training defaults of an algorithm (grpo, teacher or sft)."""
@@ -133,6 +141,9 @@ LIMITS: dict[str, Limit] = {
     "student_samples": AT_LEAST_ONE,
     "student_max_tokens": AT_LEAST_ONE,
     "student_temperature": NON_NEGATIVE,
+    # The evaluation after training (run.yaml `evaluation.samples` / `evaluation.limit`).
+    "evaluation_samples": AT_LEAST_ONE,
+    "evaluation_limit": AT_LEAST_ONE,
 }
 GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
 REWARD_SCALINGS = ("group", "batch", "none")

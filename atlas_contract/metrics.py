@@ -81,7 +81,9 @@ TRAINER = (
         "teaching/guidance_tokens_mean",
     ),
     Metric("atlas_eval_student_accuracy", "gauge", "Evaluation: student accuracy alone.", RUN_LABELS),
-    Metric("atlas_eval_guided_accuracy", "gauge", "Evaluation: student accuracy with the teacher's guidance.", RUN_LABELS),
+    Metric(
+        "atlas_eval_guided_accuracy", "gauge", "Evaluation: student accuracy with the teacher's guidance.", RUN_LABELS
+    ),
     Metric("atlas_eval_accuracy_delta", "gauge", "Evaluation: guided minus alone accuracy.", RUN_LABELS),
     Metric(
         "atlas_eval_non_degradation_rate",

@@ -67,6 +67,7 @@ from kmock._internal import parsing as _kparsing
 CORE_RESOURCES: dict[str, dict[str, Any]] = {
     "v1/namespaces": dict(kind="Namespace", namespaced=False, subresources=["status"]),
     "v1/configmaps": dict(kind="ConfigMap", namespaced=True),
+    "v1/pods": dict(kind="Pod", namespaced=True, subresources=["status"]),  # written by tests/pod_executor.py
     "v1/services": dict(kind="Service", namespaced=True, subresources=["status"]),
     "v1/events": dict(kind="Event", namespaced=True),
     "v1/secrets": dict(kind="Secret", namespaced=True),
@@ -77,6 +78,7 @@ CORE_RESOURCES: dict[str, dict[str, Any]] = {
     ),
 }
 PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
+PODS = "v1/pods"
 TRAININGS = "atlas.arc.computer/v1alpha1/atlastrainings"
 TEACHERS = "atlas.arc.computer/v1alpha1/atlasteachers"
 KUBEFLOW_RESOURCES: dict[str, dict[str, Any]] = {
@@ -727,6 +729,7 @@ __all__ = [
     "EmulatorThread",
     "Fault",
     "KopfProcess",
+    "PODS",
     "PYTORCHJOBS",
     "TEACHERS",
     "TRAININGS",

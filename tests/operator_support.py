@@ -258,6 +258,46 @@ class Cluster:
             "kubeflow.org", "v1", NS, "pytorchjobs", name, {"status": {"conditions": conditions}}
         )
 
+    def finish_master_pod(self, name: str, message: str | None, exit_code: int = 0) -> dict:
+        """What Kubeflow and the kubelet leave of job ``name``'s finished Master: Pod ``<name>-master-0``, owned by
+        the job, its ``pytorch`` container terminated with ``message`` (the termination message)."""
+        job = self.emu.get(PYTORCHJOBS, NS, name)
+        core = kubernetes.client.CoreV1Api(self.api_client)
+        owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": name, "uid": job["metadata"]["uid"]}
+        core.create_namespaced_pod(
+            NS,
+            {
+                "metadata": {"name": f"{name}-master-0", "ownerReferences": [{**owner, "controller": True}]},
+                "spec": {"containers": [{"name": "pytorch", "image": "registry.example/atlas-trainer:test"}]},
+            },
+        )
+        terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error"}
+        if message is not None:
+            terminated["message"] = message
+        status = {
+            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "containerStatuses": [
+                {
+                    "name": "pytorch",
+                    "image": "registry.example/atlas-trainer:test",
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": terminated},
+                }
+            ],
+        }
+        core.patch_namespaced_pod_status(
+            f"{name}-master-0", NS, {"status": status}, _content_type="application/merge-patch+json"
+        )
+        return self.emu.get("v1/pods", NS, f"{name}-master-0")
+
+    def pod_reads(self, name: str) -> list:
+        """The operator's requests for pod ``name``."""
+        return self.emu.calls(
+            lambda c: c.resource == "pods" and c.name == name and (c.user_agent or "").startswith("atlas-operator/")
+        )
+
     # reads
     def run(self, manifest: dict) -> dict | None:
         resource = TEACHERS if manifest["kind"] == "AtlasTeacher" else TRAININGS

@@ -13,6 +13,13 @@ container as a local process group, with what a cluster would give it:
   exit code; Restarting when a replica exits non-zero and the restart policy (OnFailure) allows it,
   up to runPolicy.backoffLimit; ``replicaStatuses`` with active/succeeded/failed counts.
 
+* Pod objects ``<job>-<replica type, lowercase>-<index>`` in the API, as the controller names them (owner: the
+  job) and as the kubelet reports them: Running, then ``containerStatuses[].state.terminated`` with the exit
+  code, reason ``Completed`` or ``Error`` and the termination message — the container's
+  ``terminationMessagePath`` is a fresh local file per (re)start (remapped in the env and command like a
+  mount), read back when the process exits and cut to 4096 bytes as the kubelet cuts it
+  (``terminationMessagePolicy: FallbackToLogsOnError`` falls back to the log tail when it is empty and the
+  container failed);
 * container ports mapped to host ports, as separate pod networks would keep them apart: a port named in
   ``host_ports`` (e.g. ``{"metrics": <a free port>}``) is served on that host port instead of its
   ``containerPort`` — the executor rewrites that port number where the pod's ConfigMap YAML files set a
@@ -24,6 +31,7 @@ Jobs run one at a time (a one-node cluster: every Master would bind the same hos
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shutil
 import signal
@@ -40,6 +48,8 @@ import kubernetes
 import yaml
 
 HOST_ENV = ("HOME", "LANG", "HF_HUB_OFFLINE", "ATLAS_CACHE_DIR", "TOKENIZERS_PARALLELISM", "TMPDIR")
+MAX_TERMINATION_MESSAGE = 4096  # bytes the kubelet keeps of a termination message
+FALLBACK_LOG_LINES = 80  # FallbackToLogsOnError: the kubelet's log tail (at most 80 lines, still <= 4096 bytes)
 
 
 def _free_port() -> int:
@@ -67,6 +77,9 @@ class Replica:
     restarts: int = 0
     exit_code: int | None = None
     master_port: int = 0
+    termination_file: Path | None = None  # the container's terminationMessagePath, here
+    started_at: str | None = None
+    last_state: dict[str, Any] | None = None  # the previous run's state.terminated, once restarted
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -127,6 +140,7 @@ class PodExecutor:
         host_ports: dict[str, int] | None = None,
     ):
         self.host_ports = dict(host_ports or {})  # container port name → the host port it is served on
+        self.api = api_client
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.workdir = workdir
@@ -135,6 +149,7 @@ class PodExecutor:
         self.poll_s = poll_s
         self.replicas: dict[str, list[Replica]] = {}  # job uid → pods
         self.done: set[str] = set()
+        self.collected: set[str] = set()  # deleted jobs whose Pod objects are gone too
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -175,10 +190,13 @@ class PodExecutor:
                 self._launch(job)
                 running.append(uid)
         present = {j["metadata"]["uid"] for j in jobs}
-        for uid in [u for u in self.replicas if u not in present and u not in self.done]:
-            for pod in self.replicas[uid]:  # the job was deleted: its pods go
-                pod.kill()
+        for uid in [u for u in self.replicas if u not in present and u not in self.collected]:
+            for pod in self.replicas[uid]:  # the job was deleted: its pods go (the garbage collector's part too)
+                if uid not in self.done:
+                    pod.kill()
+                self._delete_pod_object(pod.name, uid)
             self.done.add(uid)
+            self.collected.add(uid)
 
     # ------------------------------------------------------------------ pods
 
@@ -201,6 +219,7 @@ class PodExecutor:
         self._write_status(job, [("Created", f"PyTorchJob {name} is created.")])
         master_port = _free_port()
         for pod in pods:
+            self._create_pod_object(job, pod)
             self._start_pod(job, pod, len(pods), master_port)
         self._write_status(
             job, [("Created", f"PyTorchJob {name} is created."), ("Running", f"PyTorchJob {name} is running.")]
@@ -211,8 +230,16 @@ class PodExecutor:
         (container,) = [c for c in spec["containers"] if c["name"] == "pytorch"]
         mounts = self._mount_volumes(job, pod, spec, container)
 
+        paths: dict[str, Path] = dict(mounts)
+        termination_path = container.get("terminationMessagePath")
+        if termination_path:  # the kubelet gives each container run a fresh, empty file there
+            pod.termination_file = pod.root / pod.name / "termination-log"
+            pod.termination_file.parent.mkdir(parents=True, exist_ok=True)
+            pod.termination_file.write_bytes(b"")
+            paths[termination_path] = pod.termination_file
+
         def remap(text: str) -> str:
-            for mount_path, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+            for mount_path, local in sorted(paths.items(), key=lambda kv: -len(kv[0])):
                 text = text.replace(mount_path, str(local))
             return text
 
@@ -256,6 +283,12 @@ class PodExecutor:
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=pod.root, start_new_session=True
             )
         pod.exit_code = None
+        pod.started_at = _now()
+        self._write_pod_status(
+            pod,
+            "Running",
+            {"state": {"running": {"startedAt": pod.started_at}}, "ready": True, "started": True},
+        )
 
     def _mount_volumes(self, job, pod: Replica, spec, container) -> dict[str, Path]:
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
@@ -304,7 +337,10 @@ class PodExecutor:
             if code is None:
                 continue
             pod.exit_code = code
-            if code != 0 and pod.restart_policy in ("OnFailure", "Always", "ExitCode") and pod.restarts < backoff_limit:
+            restarts = code != 0 and pod.restart_policy in ("OnFailure", "Always", "ExitCode")
+            restarts = restarts and pod.restarts < backoff_limit
+            self._pod_terminated(pod, code, restarts)
+            if restarts:
                 pod.restarts += 1
                 self._write_status(
                     job,
@@ -397,3 +433,106 @@ class PodExecutor:
         self.custom.patch_namespaced_custom_object_status(
             "kubeflow.org", "v1", self.namespace, "pytorchjobs", job["metadata"]["name"], {"status": status}
         )
+
+    # ------------------------------------------------------------------ Pod objects (controller + kubelet)
+
+    def _call(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> tuple[int, Any]:
+        """One plain API call (the typed client would validate a partial Pod): (HTTP status, decoded answer)."""
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        method, url, headers, body, _ = self.api.param_serialize(
+            method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
+        )
+        response = self.api.call_api(method, url, header_params=headers, body=body)
+        data = response.read()
+        try:
+            return response.status, json.loads(data) if data else {}
+        except ValueError:
+            return response.status, {}
+
+    def _pods_path(self, name: str | None = None, subresource: str | None = None) -> str:
+        return "/".join(p for p in (f"/api/v1/namespaces/{self.namespace}/pods", name, subresource) if p)
+
+    def _create_pod_object(self, job: dict[str, Any], pod: Replica) -> None:
+        """The Pod as the Kubeflow controller creates it: named <job>-<type>-<index>, owned by the job."""
+        self._delete_pod_object(pod.name, None)  # one of an earlier job of the same name, not collected yet
+        meta = pod.template.get("metadata") or {}
+        labels = {
+            **(meta.get("labels") or {}),
+            "training.kubeflow.org/job-name": pod.job,
+            "training.kubeflow.org/replica-type": pod.replica_type.lower(),
+            "training.kubeflow.org/replica-index": str(pod.index),
+            **({"training.kubeflow.org/job-role": "master"} if pod.replica_type == "Master" else {}),
+        }
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod.name,
+                "namespace": self.namespace,
+                "labels": labels,
+                "annotations": dict(meta.get("annotations") or {}),
+                "ownerReferences": [
+                    {
+                        "apiVersion": "kubeflow.org/v1",
+                        "kind": "PyTorchJob",
+                        "name": pod.job,
+                        "uid": job["metadata"]["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {**pod.template["spec"], "restartPolicy": pod.restart_policy},
+        }
+        status, _ = self._call("POST", self._pods_path(), body)
+        if status not in (200, 201):
+            raise RuntimeError(f"creating pod {pod.name}: HTTP {status}")
+
+    def _delete_pod_object(self, name: str, job_uid: str | None) -> None:
+        """Delete pod ``name`` (only when it belongs to job ``job_uid``, if given)."""
+        if job_uid is not None:
+            status, existing = self._call("GET", self._pods_path(name))
+            refs = (existing.get("metadata") or {}).get("ownerReferences") or [] if status == 200 else []
+            if not any(r.get("uid") == job_uid for r in refs):
+                return
+        self._call("DELETE", self._pods_path(name))
+
+    def _write_pod_status(self, pod: Replica, phase: str, container: dict[str, Any]) -> None:
+        """What the kubelet reports: the pod's phase and its `pytorch` container's status."""
+        entry = {"name": "pytorch", "restartCount": pod.restarts, "image": "", "imageID": "", **container}
+        if pod.last_state:
+            entry["lastState"] = {"terminated": pod.last_state}
+        status = {"phase": phase, "containerStatuses": [entry]}
+        code, _ = self._call(
+            "PATCH", self._pods_path(pod.name, "status"), {"status": status}, "application/merge-patch+json"
+        )
+        if code != 200:
+            raise RuntimeError(f"status of pod {pod.name}: HTTP {code}")
+
+    def _termination_message(self, pod: Replica, code: int) -> str:
+        """The termination message the kubelet reads: the file (at most 4096 bytes); with
+        FallbackToLogsOnError, a failed container's log tail when the file is empty."""
+        (container,) = [c for c in pod.template["spec"]["containers"] if c["name"] == "pytorch"]
+        data = b""
+        if pod.termination_file is not None and pod.termination_file.is_file():
+            data = pod.termination_file.read_bytes()[:MAX_TERMINATION_MESSAGE]
+        if not data and code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            lines = pod.log.read_bytes().splitlines()[-FALLBACK_LOG_LINES:] if pod.log.exists() else []
+            data = b"\n".join(lines)[-MAX_TERMINATION_MESSAGE:]
+        return data.decode("utf-8", "ignore")
+
+    def _pod_terminated(self, pod: Replica, code: int, restarts: bool) -> None:
+        terminated: dict[str, Any] = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": pod.started_at,
+            "finishedAt": _now(),
+        }
+        message = self._termination_message(pod, code)
+        if message:
+            terminated["message"] = message
+        phase = "Running" if restarts else ("Succeeded" if code == 0 else "Failed")
+        self._write_pod_status(pod, phase, {"state": {"terminated": terminated}, "ready": False, "started": False})
+        pod.last_state = terminated

@@ -44,7 +44,11 @@ BASE = {
     },
 }
 # Fields that only exist inside an optional object: the object the base needs for them to apply.
-CONTEXT = {"spec.reward.configMapRef.key": {"reward": {"configMapRef": {"name": "my-judges"}}}}
+CONTEXT = {
+    "spec.reward.configMapRef.key": {"reward": {"configMapRef": {"name": "my-judges"}}},
+    "spec.evaluation.dataset.split": {"evaluation": {}},
+    "spec.evaluation.samples": {"evaluation": {}},
+}
 
 
 def manifest(kind: str, spec: dict) -> dict:

@@ -1,4 +1,5 @@
-"""``atlas demo`` at its defaults: SFT warm-up, GRPO, teacher GRPO; live Prometheus, summary, metrics.jsonl, PNG."""
+"""``atlas demo`` at its defaults: SFT warm-up, GRPO, teacher GRPO, the teaching evaluation; live Prometheus,
+summary tables, metrics.jsonl, PNG. (Its quality targets are measured by bench/teaching_eval.py, not here.)"""
 
 from __future__ import annotations
 
@@ -59,6 +60,16 @@ def test_demo_end_to_end(tmp_path, atlas_cache):
     assert len(summary_rows) == 4 and "300" in summary_rows[1], output[-3000:]
     assert "wall time" in output
     assert "Traceback" not in output
+    # the evaluation stage: both teachers on the same held-out problems, the same student alone
+    reports = {
+        name: json.loads((out / "eval" / name / "eval.json").read_text()) for name in ("sft-teacher", "grpo-teacher")
+    }
+    for name, report in reports.items():
+        lines = (out / "eval" / name / "problems.jsonl").read_text().splitlines()
+        assert report["problems"] == len(lines) == 200 and report["split"] == "test"
+    assert reports["sft-teacher"]["student_accuracy"] == reports["grpo-teacher"]["student_accuracy"]
+    table = output[output.index("teaching evaluation") :]
+    assert "+ SFT-only teacher" in table and "+ GRPO teacher" in table and "non-degradation" in table
     # the endpoint is gone once the demo has finished
     try:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)

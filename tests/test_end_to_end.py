@@ -134,6 +134,45 @@ def test_teacher_and_training_runs_train_and_report_progress(local_cluster):
     assert (master.root / master.name / "checkpoints/tiny-grpo/checkpoint-6/trainer_state.json").is_file()
 
 
+def test_teacher_evaluated_after_training_reports_its_result_in_the_status(local_cluster):
+    """AtlasTeacher with spec.evaluation: after training, the Master evaluates the trained teacher against the
+    student; its summary reaches .status.result through the Master container's termination message (the pod
+    executor plays the kubelet: it copies the file into the Pod's status), and eval.json holds every figure."""
+    from atlas_contract import names, results
+
+    cluster, executor = local_cluster
+    teacher = yaml.safe_load((REPO / "examples/local-teacher.yaml").read_text())
+    teacher["metadata"]["name"] = "eval-teacher"
+    teacher["spec"]["training"]["maxSteps"] = 2
+    teacher["spec"]["checkpoint"]["saveSteps"] = 2
+    teacher["spec"]["evaluation"] = {"samples": 1, "limit": 4}  # the run's dataset, split test
+    cluster.apply(teacher)
+    wait_phase(cluster, teacher, ("Succeeded", "Failed"), executor)
+    master, worker = executor.pods("eval-teacher")
+    assert cluster.status(teacher)["phase"] == "Succeeded", master.log.read_text(errors="replace")[-3000:]
+    status = cluster.wait_status(teacher, lambda s: "result" in s, ".status.result", timeout=60)
+    result = status["result"]
+    assert result["step"] == 2
+    evaluation = result["evaluation"]
+    assert evaluation["problems"] == 4
+    for key in ("studentAccuracy", "guidedAccuracy", "nonDegradationRate"):
+        assert 0.0 <= evaluation[key] <= 1.0, evaluation
+    assert evaluation["accuracyDelta"] == pytest.approx(evaluation["guidedAccuracy"] - evaluation["studentAccuracy"])
+    # The Pod the executor reported as the kubelet would: .status.result is its termination message, parsed.
+    pod = cluster.emu.get("v1/pods", NS, "eval-teacher-master-0")
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["reason"] == "Completed"
+    assert results.parse_result_message(terminated["message"]) == result
+    worker_pod = cluster.emu.get("v1/pods", NS, "eval-teacher-worker-0")  # rank 0 alone writes the result
+    assert "message" not in worker_pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    # Every figure is in the output folder's eval.json; the status carries its summary.
+    out = master.root / master.name / "checkpoints" / "eval-teacher"
+    report = json.loads((out / names.EVAL_DIR / names.EVAL_REPORT_FILE).read_text())
+    assert evaluation == pytest.approx(
+        results.parse_result_message(results.result_message(2, None, report))["evaluation"]
+    )
+
+
 def test_killed_worker_restarts_and_resumes_from_the_checkpoint(local_cluster):
     cluster, executor = local_cluster
     kubernetes.client.CoreV1Api(cluster.api_client).create_namespaced_persistent_volume_claim(

@@ -63,7 +63,9 @@ def test_step_guidance_teaches_without_telling_and_the_student_target_uses_it():
         if a + b != a + b + c:
             assert withhold_answer(guidance, row["ground_truth"]) == guidance  # the answer is not in it
         solution = multistep.student_solution(row, guided=True)
-        assert solution.startswith(f"{a + b} + {c} = ") and exact_match_reward([solution], [row["ground_truth"]]) == [1.0]
+        assert solution.startswith(f"{a + b} + {c} = ") and exact_match_reward([solution], [row["ground_truth"]]) == [
+            1.0
+        ]
     # one-step: the "first step" is the answer, which the protocol masks
     row = multistep.problems("one-step", "train")[0]
     assert "[withheld]" in withhold_answer(multistep.step_guidance(row), row["ground_truth"])
@@ -149,9 +151,7 @@ def test_result_message_round_trip_and_foreign_messages():
     assert results.parse_result_message(results.result_message(7, float("nan"))) == {"step": 7}
     for foreign in ("", "Traceback (most recent call last):", "[1, 2]", '{"step": "x"}', '{"step": true}', "{" * 5000):
         assert results.parse_result_message(foreign) is None
-    assert results.parse_result_message('{"step": 3, "reward": "high", "evaluation": {"problems": 1.5}}') == {
-        "step": 3
-    }
+    assert results.parse_result_message('{"step": 3, "reward": "high", "evaluation": {"problems": 1.5}}') == {"step": 3}
 
 
 # ------------------------------------------------------------------ evaluation after training (real run)

@@ -404,6 +404,62 @@ def test_operator_metrics_and_health(cluster):
     assert after[("atlas_operator_runs", (("kind", "AtlasTeacher"), ("phase", "Invalid")))] == 0  # every phase shown
 
 
+def test_a_finished_runs_result_is_read_from_its_master_pod(cluster):
+    """The job succeeds: .status.result is the Master's termination message (what the trainer reported), the
+    Delta column's path resolves, and once it is shown the pod is not read again and nothing more is written."""
+    from atlas_contract.results import parse_result_message, result_message
+
+    manifest = teacher("result-run", evaluation={"samples": 1, "limit": 4})
+    cluster.apply(manifest)
+    wait_children(cluster, "result-run")
+    report = {"problems": 4, "student_accuracy": 0.25, "guided_accuracy": 0.75, "accuracy_delta": 0.5}
+    message = result_message(6, 0.4, {**report, "non_degradation_rate": 1.0, "guidance_tokens_mean": 9.0})
+    cluster.finish_master_pod("result-run", message)
+    cluster.set_job_conditions("result-run", "Created", "Running", "Succeeded")
+    status = cluster.wait_status(manifest, lambda s: "result" in s, ".status.result")
+    assert status["phase"] == "Succeeded"
+    assert status["result"] == parse_result_message(message)
+    assert status["result"]["evaluation"]["accuracyDelta"] == 0.5  # the Delta column (.status.result.evaluation…)
+    assert [c.verb for c in cluster.pod_reads("result-run-master-0")] == ["get"]
+    # Settled: timer passes neither read the pod again nor write anything.
+    reads, writes = len(cluster.pod_reads("result-run-master-0")), len(cluster.emu.writes(name="result-run"))
+    ticks = cluster.operator.output().count("Timer 'observe_run' succeeded")
+    wait_for(lambda: cluster.operator.output().count("Timer 'observe_run' succeeded") > ticks + 6, timeout=TIMEOUT)
+    assert len(cluster.pod_reads("result-run-master-0")) == reads
+    assert len(cluster.emu.writes(name="result-run")) == writes
+
+
+def test_a_finished_run_without_a_readable_result_shows_none_and_does_not_loop(cluster):
+    """A message that is not a result (a log tail, garbage) or no Master pod at all: no .status.result, the operator
+    keeps serving, the pod is read a bounded number of times and the run's status is not rewritten."""
+    from atlas_operator.reconcile import MAX_RESULT_READS
+
+    garbage, missing = training("garbage-run"), training("nopod-run")
+    for manifest in (garbage, missing):
+        cluster.apply(manifest)
+        wait_children(cluster, manifest["metadata"]["name"], teacher_run=False)
+    cluster.finish_master_pod("garbage-run", "Traceback (most recent call last):\n  ...\nOSError: disk full", 1)
+    for manifest in (garbage, missing):
+        cluster.set_job_conditions(manifest["metadata"]["name"], "Created", "Running", "Succeeded")
+        cluster.wait_status(manifest, lambda s: s.get("phase") == "Succeeded", "Succeeded")
+    wait_for(
+        lambda: all(len(cluster.pod_reads(f"{n}-master-0")) == MAX_RESULT_READS for n in ("garbage-run", "nopod-run")),
+        timeout=TIMEOUT,
+        what="the bounded reads",
+    )
+    writes = {n: len(cluster.emu.writes(name=n)) for n in ("garbage-run", "nopod-run")}
+    logged = len(cluster.operator.output())
+    ticks = cluster.operator.output().count("Timer 'observe_run' succeeded")
+    wait_for(lambda: cluster.operator.output().count("Timer 'observe_run' succeeded") > ticks + 6, timeout=TIMEOUT)
+    for manifest in (garbage, missing):
+        name = manifest["metadata"]["name"]
+        assert "result" not in cluster.status(manifest) and cluster.status(manifest)["phase"] == "Succeeded"
+        assert len(cluster.pod_reads(f"{name}-master-0")) == MAX_RESULT_READS
+        assert len(cluster.emu.writes(name=name)) == writes[name]
+    assert [c.status for c in cluster.pod_reads("nopod-run-master-0")] == [404] * MAX_RESULT_READS
+    assert cluster.operator.alive() and "Traceback" not in cluster.operator.output()[logged:]
+
+
 # --------------------------------------------------------------------------- clusters of their own
 
 
@@ -446,6 +502,91 @@ def test_operator_killed_mid_reconcile_makes_no_duplicates(tmp_path):
         for resource, name in children_of("crash-run").values():
             created = [c for c in cluster.emu.writes(resource, name=name) if c.method == "POST" and c.status == 201]
             assert len(created) == 1, f"{name} created {len(created)} times"
+
+
+def test_the_pod_executor_reports_pods_as_kubeflow_and_the_kubelet_do(tmp_path):
+    """tests/pod_executor.py, the stand-in for Kubeflow + kubelet in end-to-end tests: Pods named
+    <job>-<replica type>-<index>, owned by the job; the container's terminationMessagePath is a local file (its
+    env remapped to it) whose content, cut to 4096 bytes, is the terminated state's message; reason Completed or
+    Error with the exit code; the job's pods go with the job."""
+    import sys
+    from pathlib import Path
+
+    from kube_emulator import PODS, EmulatorThread, write_kubeconfig
+    from pod_executor import PodExecutor
+
+    def job(name: str, master: str, worker: str | None = None) -> dict:
+        def replica(code: str) -> dict:
+            container = {
+                "name": "pytorch",
+                "image": "local",
+                "command": [sys.executable, "-c", code],
+                "env": [{"name": "ATLAS_RESULT_FILE", "value": "/dev/termination-log"}],
+                "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File",
+            }
+            return {"replicas": 1, "restartPolicy": "Never", "template": {"spec": {"containers": [container]}}}
+
+        replicas = {"Master": replica(master)} | ({"Worker": replica(worker)} if worker else {})
+        return {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": name},
+            "spec": {"runPolicy": {"backoffLimit": 0}, "pytorchReplicaSpecs": replicas},
+        }
+
+    write = "import os, sys; open(os.environ['ATLAS_RESULT_FILE'], 'w').write({!r}); sys.exit({})"
+    with EmulatorThread() as server:
+        api_client = kubernetes.config.new_client_from_config(
+            config_file=str(write_kubeconfig(tmp_path / "kubeconfig", server.url))
+        )
+        custom = kubernetes.client.CustomObjectsApi(api_client)
+        executor = PodExecutor(api_client, tmp_path / "pods", NS, Path(sys.executable).parent, poll_s=0.05).start()
+        try:
+            long = "é" * 3000  # 6000 bytes: cut at 4096 (never inside a character)
+            created = custom.create_namespaced_custom_object(
+                "kubeflow.org", "v1", NS, "pytorchjobs", job("ok-job", write.format(long, 0), "pass")
+            )
+
+            def finished(name: str) -> dict | None:
+                status = (server.emulator.get(PYTORCHJOBS, NS, name) or {}).get("status") or {}
+                last = (status.get("conditions") or [{}])[-1]
+                return last if last.get("type") in ("Succeeded", "Failed") else None
+
+            assert wait_for(lambda: finished("ok-job"), timeout=60)["type"] == "Succeeded"
+            master = server.emulator.get(PODS, NS, "ok-job-master-0")
+            (ref,) = master["metadata"]["ownerReferences"]
+            assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+                "PyTorchJob",
+                "ok-job",
+                created["metadata"]["uid"],
+                True,
+            )
+            assert master["metadata"]["labels"]["training.kubeflow.org/replica-type"] == "master"
+            assert master["status"]["phase"] == "Succeeded"
+            (state,) = master["status"]["containerStatuses"]
+            terminated = state["state"]["terminated"]
+            assert state["name"] == "pytorch" and (terminated["exitCode"], terminated["reason"]) == (0, "Completed")
+            assert terminated["message"] == long[:2048] and len(terminated["message"].encode()) == 4096
+            worker = server.emulator.get(PODS, NS, "ok-job-worker-0")["status"]["containerStatuses"][0]
+            assert (
+                worker["state"]["terminated"]["reason"] == "Completed"
+                and "message" not in worker["state"]["terminated"]
+            )
+
+            custom.create_namespaced_custom_object(
+                "kubeflow.org", "v1", NS, "pytorchjobs", job("bad-job", write.format("", 3))
+            )
+            assert wait_for(lambda: finished("bad-job"), timeout=60)["type"] == "Failed"
+            bad = server.emulator.get(PODS, NS, "bad-job-master-0")["status"]
+            terminated = bad["containerStatuses"][0]["state"]["terminated"]
+            assert bad["phase"] == "Failed" and (terminated["exitCode"], terminated["reason"]) == (3, "Error")
+            assert "message" not in terminated  # policy File: an empty file is no message (no log tail)
+
+            custom.delete_namespaced_custom_object("kubeflow.org", "v1", NS, "pytorchjobs", "ok-job")
+            wait_for(lambda: server.emulator.get(PODS, NS, "ok-job-master-0") is None, timeout=30, what="pods gone")
+        finally:
+            executor.stop()
 
 
 def _rbac_rules(*sections: str) -> set[tuple[str, str, str]]:
@@ -500,6 +641,12 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
             timeout=TIMEOUT,
             what="the job recreated",
         )
+        # The job succeeds: the Master pod's termination message becomes .status.result (pods: get).
+        from atlas_contract.results import result_message
+
+        cluster.finish_master_pod("rbac-run", result_message(99, 0.5))
+        cluster.set_job_conditions("rbac-run", "Created", "Running", "Succeeded")
+        cluster.wait_status(manifest, lambda s: s.get("result") == {"step": 99, "reward": 0.5}, "the result")
         kubernetes.client.AppsV1Api(cluster.api_client).delete_namespaced_deployment("rbac-run-student", NS)
         wait_for(lambda: cluster.emu.get("apps/v1/deployments", NS, "rbac-run-student"), timeout=TIMEOUT)
         core.patch_namespaced_service("rbac-run-metrics", NS, {"spec": {"ports": [{"name": "metrics", "port": 1}]}})

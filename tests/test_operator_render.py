@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import subprocess
 
@@ -20,6 +21,7 @@ from operator_support import (
     crd_jsonschema,
     manifest_file,
     openapi_validate,
+    pruned_fields,
     pytorchjob_schema,
     pytorchjob_webhook_problems,
     teacher,
@@ -49,7 +51,16 @@ def test_crd_is_valid_and_complete(kind):
     crd = custom_resource_definition(kind)
     kubernetes_validate.validate(crd, KUBE_VERSION, strict=True)
     version = crd["spec"]["versions"][0]
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Step", "Reward", "KL", "Age"]
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    if kind == "AtlasTeacher":  # what its teaching did: the evaluation after training
+        assert list(columns) == ["Phase", "Step", "Reward", "KL", "Delta", "Age"]
+        assert columns["Delta"] == {
+            "name": "Delta",
+            "type": "number",
+            "jsonPath": ".status.result.evaluation.accuracyDelta",
+        }
+    else:
+        assert list(columns) == ["Phase", "Step", "Reward", "KL", "Age"]
     assert version["subresources"] == {"status": {}}
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert set(spec["required"]) >= {"model", "dataset"}
@@ -207,7 +218,8 @@ def test_suspend_renders_suspended_job_and_no_servers():
 
 
 def test_rendered_run_config_is_accepted_by_the_trainer(tmp_path, tiny_model_dir):
-    """The ConfigMap's run.yaml, handed to the trainer's own loader and validator: no problem."""
+    """The ConfigMap's run.yaml (a teacher's with its evaluation section), handed to the trainer's own loader and
+    validator: no problem."""
     from atlas_core.training.run_config import load_run_config, validate_run_config
 
     for manifest in (
@@ -218,6 +230,7 @@ def test_rendered_run_config_is_accepted_by_the_trainer(tmp_path, tiny_model_dir
             rollout={"replicas": 0},
             reward={"config": "interpretation_offline"},
             student={"model": str(tiny_model_dir), "rollout": {"replicas": 0}},
+            evaluation={"dataset": {"source": "builtin://arithmetic", "split": "test"}, "samples": 2, "limit": 3},
         ),
     ):
         path = tmp_path / "run.yaml"
@@ -537,3 +550,330 @@ def test_every_pod_meets_the_restricted_pod_security_profile_and_holds_no_api_to
             assert context["capabilities"]["drop"] == ["ALL"] and not context["capabilities"].get("add")
             assert not any(p.get("hostPort") for p in container.get("ports", []))
     assert parse_run(with_spec(training(), automountServiceAccountToken=True)).spec.automount_service_account_token
+
+
+# --------------------------------------------------------------------------- evaluation after training, result
+
+
+def run_yaml(manifest) -> dict:
+    (config_map,) = [c for c in render_children(parse_run(manifest)) if c["kind"] == "ConfigMap"]
+    return yaml.safe_load(config_map["data"]["run.yaml"])
+
+
+def test_evaluation_renders_into_run_yaml():
+    """spec.evaluation → run.yaml's `evaluation` (the shape the trainer reads), defaults filled in; none without it."""
+    assert run_yaml(teacher(evaluation={"samples": 2, "limit": 500}))["evaluation"] == {
+        "dataset": {"source": "builtin://arithmetic", "split": "test"},
+        "samples": 2,
+        "limit": 500,
+    }
+    assert run_yaml(teacher(evaluation={}))["evaluation"] == {  # unset limit: every problem, no key
+        "dataset": {"source": "builtin://arithmetic", "split": "test"},
+        "samples": 4,
+    }
+    held_out = teacher(evaluation={"dataset": {"source": "hf://org/held-out", "split": "validation"}, "samples": 1})
+    assert run_yaml(held_out)["evaluation"]["dataset"] == {"source": "hf://org/held-out", "split": "validation"}
+    # Only a split: the run's own source, as the training dataset's source is written (a path on the volume too).
+    on_volume = teacher(dataset={"source": "/checkpoints/data/problems.jsonl"}, evaluation={"dataset": {"split": "x"}})
+    config = run_yaml(on_volume)
+    assert config["evaluation"]["dataset"] == {"source": config["dataset"]["source"], "split": "x"}
+    assert config["dataset"]["source"] == "/checkpoints/data/problems.jsonl"
+    assert "evaluation" not in run_yaml(teacher()) and "evaluation" not in run_yaml(training())
+    from atlas_contract.defaults import EVALUATION
+
+    assert EVALUATION == {"split": "test", "samples": 4}
+
+
+@pytest.mark.parametrize(
+    ("evaluation", "expected"),
+    [
+        ({"samples": 0}, "spec.evaluation.samples: expected a number >= 1, got 0"),
+        ({"samples": "four"}, "spec.evaluation.samples: expected a whole number, got 'four'"),
+        ({"samples": 1.5}, "spec.evaluation.samples: expected a whole number, got 1.5"),
+        ({"limit": 0}, "spec.evaluation.limit: expected a number >= 1, got 0"),
+        ({"limit": -3}, "spec.evaluation.limit: expected a number >= 1, got -3"),
+        ({"dataset": {"split": ""}}, "spec.evaluation.dataset.split: expected a split name such as test or validation"),
+        ({"dataset": {"split": 3}}, "spec.evaluation.dataset.split: expected a string, got 3"),
+        ({"dataset": {"source": ["a"]}}, "spec.evaluation.dataset.source: expected a string"),
+        ({"dataset": "test"}, "spec.evaluation.dataset: expected an object"),
+        ({"sample": 2}, "spec.evaluation.sample: unknown field (known: dataset, samples, limit)"),
+        ("yes", "spec.evaluation: expected an object"),
+    ],
+)
+def test_invalid_evaluation_names_the_field(evaluation, expected):
+    with pytest.raises(InvalidRun) as caught:
+        parse_run(teacher(evaluation=evaluation))
+    assert any(p.startswith(expected) for p in caught.value.problems), caught.value.problems
+
+
+def test_evaluation_problems_come_with_every_other_problem_and_only_for_teachers():
+    manifest = teacher(evaluation={"samples": 0, "limit": 0, "dataset": {"split": " "}}, training={"numGenerations": 5})
+    assert problem_fields(manifest) == [
+        "spec.evaluation.dataset.split",
+        "spec.evaluation.limit",
+        "spec.evaluation.samples",
+        "spec.training.numGenerations",
+    ]
+    with pytest.raises(InvalidRun) as caught:  # AtlasTraining has no evaluation: the teacher is evaluated
+        parse_run(training(evaluation={"samples": 2}))
+    assert [p.split(" (known")[0] for p in caught.value.problems] == ["spec.evaluation: unknown field"]
+    assert (
+        "evaluation"
+        not in crd_jsonschema(custom_resource_definition("AtlasTraining"))["properties"]["spec"]["properties"]
+    )
+    spec = crd_jsonschema(custom_resource_definition("AtlasTeacher"))["properties"]["spec"]
+    evaluation = spec["properties"]["evaluation"]["properties"]
+    assert evaluation["samples"]["minimum"] == 1 and evaluation["samples"]["default"] == 4
+    assert evaluation["limit"]["minimum"] == 1 and "default" not in evaluation["limit"]
+    assert evaluation["dataset"]["properties"]["split"]["default"] == "test"
+    with pytest.raises(jsonschema.ValidationError):  # the API server refuses it too
+        openapi_validate(teacher(evaluation={"samples": 0}), crd_jsonschema(custom_resource_definition("AtlasTeacher")))
+
+
+@pytest.mark.parametrize("manifest", [training(), teacher(evaluation={"samples": 1})], ids=["training", "teacher"])
+def test_trainer_container_reports_its_result_through_the_termination_message(manifest):
+    """Every run (both kinds): the trainer container's terminationMessagePath is where ATLAS_RESULT_FILE points,
+    with policy File (only the file counts, never a log tail)."""
+    from atlas_contract import names
+
+    (job,) = [o for o in render_children(parse_run(manifest)) if o["kind"] == "PyTorchJob"]
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():  # Master and Worker alike
+        (container,) = replica["template"]["spec"]["containers"]
+        assert container["terminationMessagePath"] == names.TERMINATION_MESSAGE_PATH == "/dev/termination-log"
+        assert container["terminationMessagePolicy"] == "File"
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env[names.ENV_RESULT_FILE] == names.TERMINATION_MESSAGE_PATH
+    openapi_validate(job, pytorchjob_schema())
+
+
+def test_result_status_schema_is_the_contracts_summary():
+    """.status.result in the CRD has exactly the keys atlas_contract.results writes, so nothing is pruned."""
+    from atlas_contract import results
+
+    for kind in ("AtlasTraining", "AtlasTeacher"):
+        crd = custom_resource_definition(kind)
+        status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+        result = status["properties"]["result"]
+        assert set(result["properties"]) == {"step", "reward", "evaluation"}
+        assert set(result["properties"]["evaluation"]["properties"]) == set(results.EVALUATION_SUMMARY.values())
+        report = {field: 0.5 for field in results.EVALUATION_SUMMARY} | {"problems": 40}
+        parsed = results.parse_result_message(results.result_message(12, 0.25, report))
+        assert (
+            pruned_fields({"status": {"result": parsed}}, crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]) == []
+        )
+        openapi_validate(
+            {"status": {"result": parsed}}, {"properties": {"status": crd_jsonschema(crd)["properties"]["status"]}}
+        )
+
+
+class FakeKube:
+    """The operator's Kube interface on a dict: objects by (plural, namespace, name); every call recorded."""
+
+    def __init__(self):
+        self.objects: dict[tuple, dict] = {}
+        self.calls: list[tuple[str, str, str]] = []
+        self.errors: dict[tuple, Exception] = {}
+        self._uids = iter(range(1, 10**6))
+
+    def serves(self, resource):
+        return True
+
+    def get(self, resource, namespace, name):
+        self.calls.append(("get", resource.plural, name))
+        if (resource.plural, namespace, name) in self.errors:
+            raise self.errors[(resource.plural, namespace, name)]
+        found = self.objects.get((resource.plural, namespace, name))
+        return copy.deepcopy(found)
+
+    def exists(self, resource, namespace, name):
+        return self.get(resource, namespace, name) is not None
+
+    def secret_exists(self, namespace, name):
+        return True
+
+    def create(self, obj):
+        from atlas_operator import kube
+
+        self.calls.append(("create", kube.resource_of(obj).plural, obj["metadata"]["name"]))
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["uid"] = f"uid-{next(self._uids)}"
+        meta = obj["metadata"]
+        self.objects[(kube.resource_of(obj).plural, meta["namespace"], meta["name"])] = stored
+        return copy.deepcopy(stored)
+
+    def patch(self, resource, namespace, name, patch, subresource=None):
+        self.calls.append(("patch", resource.plural, name))
+        key = (resource.plural, namespace, name)
+        self.objects[key] = _merged(self.objects[key], patch)
+        return copy.deepcopy(self.objects[key])
+
+    def delete(self, resource, namespace, name):
+        self.calls.append(("delete", resource.plural, name))
+        return self.objects.pop((resource.plural, namespace, name), None) is not None
+
+
+def _merged(target, patch):
+    if not isinstance(patch, dict) or not isinstance(target, dict):
+        return copy.deepcopy(patch)
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merged(target.get(key), value)
+    return out
+
+
+def master_pod(name: str, job_uid: str, message: str | None, exit_code: int = 0) -> dict:
+    """A finished Master pod as the Kubeflow controller names it and the kubelet reports it."""
+    terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error"}
+    if message is not None:
+        terminated["message"] = message
+    return {
+        "metadata": {
+            "name": f"{name}-master-0",
+            "namespace": "team-a",
+            "ownerReferences": [{"kind": "PyTorchJob", "name": name, "uid": job_uid, "controller": True}],
+        },
+        "status": {
+            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "containerStatuses": [{"name": "pytorch", "state": {"terminated": terminated}}],
+        },
+    }
+
+
+EVAL_REPORT = {
+    "problems": 4,
+    "student_accuracy": 0.25,
+    "guided_accuracy": 0.75,
+    "accuracy_delta": 0.5,
+    "accuracy_delta_low": 0.0,
+    "accuracy_delta_high": 1.0,
+    "non_degradation_rate": 1.0,
+    "guidance_tokens_mean": 12.5,
+    "student_tokens_alone": 99,  # in eval.json, not in the status summary
+}
+
+
+class ResultCluster:
+    """A Reconciler on a FakeKube with one run whose job has been created: drive the job, read what is written."""
+
+    def __init__(self, name: str):
+        from atlas_operator.reconcile import Reconciler
+
+        self.kube = FakeKube()
+        self.reconciler = Reconciler(self.kube)
+        self.name = name
+        self.body = teacher(name, evaluation={"samples": 1, "limit": 4})
+        self.body["metadata"]["uid"] = f"{name}-uid"
+        self.status: dict = {}
+        self.reconcile()
+
+    @property
+    def job(self) -> dict:
+        return self.kube.objects[("pytorchjobs", "team-a", self.name)]
+
+    def succeed_job(self) -> None:
+        self.job["status"] = {"conditions": [{"type": "Succeeded", "status": "True", "message": "done"}]}
+
+    def reconcile(self) -> dict:
+        """One pass; returns the status patch and applies it (as kopf would)."""
+        result = self.reconciler.reconcile({**copy.deepcopy(self.body), "status": self.status}, lambda c, o: None)
+        patch, _ = status_update(self.status, None, result, "2026-01-01T00:00:00Z")
+        self.status = _merged(self.status, patch)
+        return patch
+
+    def pod_reads(self) -> int:
+        return self.kube.calls.count(("get", "pods", f"{self.name}-master-0"))
+
+
+def test_result_is_read_once_from_the_succeeded_masters_termination_message():
+    from atlas_contract import results
+
+    cluster = ResultCluster("result-run")
+    assert cluster.pod_reads() == 0 and "result" not in cluster.status  # not finished: no pod read
+    message = results.result_message(4, 0.625, EVAL_REPORT)
+    cluster.kube.objects[("pods", "team-a", "result-run-master-0")] = master_pod(
+        "result-run", cluster.job["metadata"]["uid"], message
+    )
+    cluster.succeed_job()
+    patch = cluster.reconcile()
+    assert cluster.status["phase"] == "Succeeded"
+    assert patch["result"] == results.parse_result_message(message)
+    assert patch["result"] == {
+        "step": 4,
+        "reward": 0.625,
+        "evaluation": {
+            "problems": 4,
+            "studentAccuracy": 0.25,
+            "guidedAccuracy": 0.75,
+            "accuracyDelta": 0.5,
+            "accuracyDeltaLow": 0.0,
+            "accuracyDeltaHigh": 1.0,
+            "nonDegradationRate": 1.0,
+            "guidanceTokensMean": 12.5,
+        },
+    }
+    assert cluster.pod_reads() == 1
+    for _ in range(5):  # shown: never read again, nothing more to write
+        assert cluster.reconcile() == {}
+    assert cluster.pod_reads() == 1
+
+
+@pytest.mark.parametrize(
+    "case", ["garbage", "log-tail", "empty", "missing-pod", "earlier-job", "forbidden", "running-container"]
+)
+def test_no_result_without_a_readable_message_and_no_loop(case):
+    """A missing pod, a pod of an earlier job of the same name, no message, one that is not ours, or an API error:
+    no result, no exception, nothing written, and the pod read at most MAX_RESULT_READS times for the job."""
+    from atlas_operator.kube import ApiError
+    from atlas_operator.reconcile import MAX_RESULT_READS
+
+    cluster = ResultCluster(f"{case}-run")
+    key = ("pods", "team-a", f"{case}-run-master-0")
+    uid = cluster.job["metadata"]["uid"]
+    pods = {
+        "garbage": master_pod(cluster.name, uid, '{"step": "many"} not json'),
+        "log-tail": master_pod(cluster.name, uid, "Traceback (most recent call last):\n  ...\nValueError: x", 1),
+        "empty": master_pod(cluster.name, uid, None),
+        "earlier-job": master_pod(cluster.name, "uid-of-an-earlier-job", '{"step":3}'),
+        "running-container": {"status": {"containerStatuses": [{"name": "pytorch", "state": {"running": {}}}]}},
+    }
+    if case in pods:
+        cluster.kube.objects[key] = pods[case]
+    if case == "forbidden":
+        cluster.kube.errors[key] = ApiError(403, "Forbidden", "pods is forbidden", "GET", "/api/v1/…")
+    cluster.succeed_job()
+    first = cluster.reconcile()
+    assert cluster.status["phase"] == "Succeeded" and "result" not in first
+    for _ in range(2 * MAX_RESULT_READS):
+        assert cluster.reconcile() == {}
+    assert "result" not in cluster.status
+    assert cluster.pod_reads() == MAX_RESULT_READS
+    cluster.reconciler.forget(cluster.body)  # the run deleted: nothing kept for it
+    assert not cluster.reconciler._result_reads
+
+
+def test_a_recreated_job_drops_the_result_of_the_one_before():
+    """A spec change after success recreates the job: the old result is removed until the new job reports."""
+    from atlas_contract import results
+
+    cluster = ResultCluster("again-run")
+    cluster.kube.objects[("pods", "team-a", "again-run-master-0")] = master_pod(
+        "again-run", cluster.job["metadata"]["uid"], results.result_message(4, 0.5)
+    )
+    cluster.succeed_job()
+    cluster.reconcile()
+    assert cluster.status["result"] == {"step": 4, "reward": 0.5}
+    cluster.body["spec"]["training"]["maxSteps"] = 11  # the job is finished: recreated at once
+    patch = cluster.reconcile()
+    assert ("delete", "pytorchjobs", "again-run") in cluster.kube.calls
+    assert patch["result"] is None and "result" not in cluster.status and cluster.status["phase"] == "Pending"
+    # The new job succeeds; the old pod (of the deleted job) is not taken for the new job's.
+    cluster.succeed_job()
+    reads = cluster.pod_reads()
+    assert "result" not in cluster.reconcile() and cluster.pod_reads() == reads + 1
+    cluster.kube.objects[("pods", "team-a", "again-run-master-0")] = master_pod(
+        "again-run", cluster.job["metadata"]["uid"], results.result_message(11, 0.75)
+    )
+    assert cluster.reconcile()["result"] == {"step": 11, "reward": 0.75}

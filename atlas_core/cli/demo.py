@@ -3,7 +3,8 @@
 Stages run through the same run configurations and runner as ``python -m atlas_core.cli.train``, on the
 bundled teaching task ``builtin://multistep`` (:mod:`atlas_core.tasks.multistep`):
 1. ``sft`` — the student's warm-up: one-step sums alone, two-step sums only with their first step given;
-2. ``grpo`` — GRPO (recipe ``tiny_grpo`` on the warmed-up model) raises the exact-match reward;
+2. ``grpo`` — GRPO (recipe ``tiny_grpo`` on the warmed-up model, ``builtin://arithmetic``) raises the
+   exact-match reward on sums it was not warmed up on (those with a 0);
 3. ``teacher-sft`` — a teacher warm-up on (task, probe, guidance) demonstrations of mixed quality;
 4. ``teacher`` — teacher GRPO (recipe ``tiny_teacher``): the warmed-up teacher guides the frozen
    stage-1 student and is rewarded by the student's improvement (the teaching reward);
@@ -75,7 +76,7 @@ STAGES = (
         "tiny_sft",
         [
             "dataset.source=builtin://multistep",
-            "dataset.num_samples=30000",
+            "dataset.num_samples=12000",
             "trainer.per_device_train_batch_size=32",
         ],
     ),
@@ -84,7 +85,6 @@ STAGES = (
         "tiny_grpo",
         [
             "model={output}/sft",
-            "dataset.source=builtin://multistep",
             "dataset.num_samples=8192",
             "trainer.per_device_train_batch_size=32",
             "trainer.learning_rate=5e-4",
@@ -280,7 +280,7 @@ def _quiet_libraries() -> None:
 def run_demo(
     output: Path,
     grpo_steps: int = 300,
-    sft_steps: int = 300,
+    sft_steps: int = 800,
     teacher_steps: int = 60,
     metrics_port: int = TRAINER_METRICS_PORT,
 ) -> int:

@@ -14,6 +14,14 @@ PRINTER_COLUMNS = [
     {"name": "KL", "type": "number", "jsonPath": ".status.progress.kl"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
+# AtlasTeacher also shows what its teaching did: the evaluation after training (spec.evaluation), once it is in.
+TEACHER_COLUMNS = [{"name": "Delta", "type": "number", "jsonPath": ".status.result.evaluation.accuracyDelta"}]
+
+
+def printer_columns(kind: str) -> list[dict[str, str]]:
+    """``kubectl get`` columns of ``kind``: Age stays last."""
+    *columns, age = PRINTER_COLUMNS
+    return [*columns, *(TEACHER_COLUMNS if kind == "AtlasTeacher" else []), age]
 
 
 def custom_resource_definition(kind: str) -> dict[str, Any]:
@@ -47,7 +55,7 @@ def custom_resource_definition(kind: str) -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "additionalPrinterColumns": printer_columns(kind),
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",

@@ -31,6 +31,7 @@ PVC = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 SECRET = Resource("", "v1", "secrets", "Secret")
 DEPLOYMENT = Resource("apps", "v1", "deployments", "Deployment")
 PYTORCH_JOB = Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+POD = Resource("", "v1", "pods", "Pod")  # read only: the finished Master's termination message (the run's result)
 USER_AGENT = "atlas-operator/0.1.0"
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 RESOURCES = {r.kind: r for r in (CONFIG_MAP, SERVICE, DEPLOYMENT, PYTORCH_JOB)}

@@ -19,15 +19,28 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from atlas_contract.names import KINDS, SPEC_HASH_ANNOTATION, ChildNames
+from atlas_contract.results import parse_result_message
 from atlas_contract.rules import find_reward_config
 from atlas_operator import kube
 from atlas_operator.config import OperatorConfig
 from atlas_operator.kube import ApiError, Kube
-from atlas_operator.render import checkpoint_warning, child_names, render_children
+from atlas_operator.render import TRAINER_CONTAINER, checkpoint_warning, child_names, render_children
 from atlas_operator.spec import InvalidRun, Run, parse_run
-from atlas_operator.status import FINISHED, Event, Result, job_phase, parse_progress, training_reason
+from atlas_operator.status import (
+    FINISHED,
+    Event,
+    Result,
+    job_phase,
+    parse_progress,
+    termination_message,
+    training_reason,
+)
 
 log = logging.getLogger("atlas_operator")
+
+# Reads of a succeeded job's Master pod for the run's result, per job and operator process: a pod that is gone
+# or carries no result is not read again at every status refresh.
+MAX_RESULT_READS = 3
 
 KUBEFLOW_INSTALL = (
     "install the Kubeflow Training Operator v1 (kubectl apply --server-side -k "
@@ -53,6 +66,8 @@ class Reconciler:
         self._scrape_lock = threading.Lock()
         self._scrapes: dict[tuple, Future] = {}
         self._progress: dict[tuple, dict[str, Any]] = {}
+        self._result_lock = threading.Lock()
+        self._result_reads: dict[tuple, int] = {}  # (namespace, run, run uid, job uid) → pod reads so far
 
     # ------------------------------------------------------------------ entry point
 
@@ -121,6 +136,11 @@ class Reconciler:
         result.phase = job_phase(job, run.spec.suspend)
         reason, message = training_reason(job)
         conditions.append(_cond("Training", result.phase == "Running", reason, message))
+        if job is not None and result.phase == "Succeeded":
+            if not (body.get("status") or {}).get("result"):
+                result.result = self.read_result(run, job)
+        elif job is not None:
+            result.result_stale = True  # a job made again (spec change) has not reported yet
         if scrape and job is not None and result.phase == "Running":  # a finished job's pods serve nothing
             result.progress = self.scrape_progress(run)
         return result
@@ -276,6 +296,36 @@ class Reconciler:
             return _cond("RolloutReady", False, "Waiting", "; ".join(waiting))
         return _cond("RolloutReady", True, "Ready", f"{', '.join(servers)} ready")
 
+    def read_result(self, run: Run, job: dict[str, Any]) -> dict[str, Any] | None:
+        """``.status.result`` from the succeeded job's Master pod: its trainer container's termination message
+        (atlas_contract.results), or None. A pod that is gone, belongs to an earlier job, or carries no
+        parsable message gives None, and is read at most MAX_RESULT_READS times per job."""
+        job_uid = (job.get("metadata") or {}).get("uid")
+        key = (run.namespace, run.name, run.uid, job_uid)
+        with self._result_lock:
+            reads = self._result_reads.get(key, 0)
+            if reads >= MAX_RESULT_READS:
+                return None
+            self._result_reads[key] = reads + 1
+        name = ChildNames(run.name).master_pod
+        try:
+            pod = self.kube.get(kube.POD, run.namespace, name)
+        except ApiError as exc:  # no pods/get permission (an older chart), the API down: no result, no crash
+            log.warning("%s %s/%s: cannot read pod %s for the result: %s", run.kind, run.namespace, run.name, name, exc)
+            return None
+        if pod is None or not _made_by(pod, job_uid):
+            log.info("%s %s/%s: no pod %s of the succeeded job: no result", run.kind, run.namespace, run.name, name)
+            return None
+        parsed = parse_result_message(termination_message(pod, TRAINER_CONTAINER))
+        if parsed is None:
+            log.info(
+                "%s %s/%s: pod %s has no result in its termination message", run.kind, run.namespace, run.name, name
+            )
+            return None
+        with self._result_lock:
+            self._result_reads.pop(key, None)
+        return parsed
+
     def metrics_url(self, run: Run) -> str:
         return self.settings.metrics_url_template.format(
             name=run.name,
@@ -313,6 +363,9 @@ class Reconciler:
         with self._scrape_lock:
             self._progress.pop(key, None)
             self._scrapes.pop(key, None)
+        with self._result_lock:
+            for read in [k for k in self._result_reads if k[:3] == key]:
+                del self._result_reads[read]
 
     def prune(self, run: Run, body: dict[str, Any], wanted: dict[str, str]) -> list[str]:
         """Delete the servers (Deployment + Service) the run had and its spec no longer wants (replicas set to
@@ -418,6 +471,13 @@ def _owned_by(obj: dict[str, Any], uid: str | None, owner: dict[str, Any]) -> bo
         and ref.get("name") == owner["metadata"]["name"]
         for ref in refs
     )
+
+
+def _made_by(pod: dict[str, Any], job_uid: str | None) -> bool:
+    """Whether ``pod`` belongs to the job ``job_uid`` (its controller owner reference), not to an earlier job of
+    the same name; a pod without a controller reference is taken as it is."""
+    refs = [r for r in (pod.get("metadata") or {}).get("ownerReferences") or [] if r.get("controller")]
+    return not refs or job_uid is None or any(r.get("uid") == job_uid for r in refs)
 
 
 def _managed_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ from atlas_contract.names import (
     CONFIG_HASH_ANNOTATION,
     ENV_KIND,
     ENV_NAMESPACE,
+    ENV_RESULT_FILE,
     ENV_RUN,
     ENV_RUN_UID,
     LABEL_COMPONENT,
@@ -32,6 +33,7 @@ from atlas_contract.names import (
     REWARD_CONFIG_FILE,
     RUN_CONFIG_FILE,
     SPEC_HASH_ANNOTATION,
+    TERMINATION_MESSAGE_PATH,
     TRAINER_METRICS_PORT,
     VLLM_PORT,
     WEIGHT_SYNC_PORT,
@@ -45,6 +47,7 @@ REWARD_REF_DIR = "/etc/atlas-reward"  # a second ConfigMap volume cannot nest in
 CACHE_DIR = "/var/cache/atlas"
 RUN_AS_USER = 65532  # the trainer image's `atlas` user (trainer_image/Dockerfile)
 NCCL_ENV = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+TRAINER_CONTAINER = "pytorch"  # the name Kubeflow's PyTorchJob controller looks for
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,27 @@ def run_config(run: Run) -> dict[str, Any]:
     if isinstance(spec, AtlasTeacherSpec) and spec.student:
         config["student"] = student_endpoint(run) if spec.student.rollout.replicas else spec.student.model
         trainer.update(vars(spec.teaching))
+    evaluation = evaluation_config(run)
+    if evaluation is not None:
+        config["evaluation"] = evaluation
+    return config
+
+
+def evaluation_config(run: Run) -> dict[str, Any] | None:
+    """run.yaml's ``evaluation`` (AtlasTeacher spec.evaluation; None when unset): what the trainer's Master
+    evaluates after training. The source is passed as spec.dataset.source is (the trainer resolves both alike)."""
+    evaluation = getattr(run.spec, "evaluation", None)
+    if evaluation is None:
+        return None
+    config: dict[str, Any] = {
+        "dataset": {
+            "source": evaluation.dataset.source or run.spec.dataset.source,
+            "split": evaluation.dataset.split,
+        },
+        "samples": evaluation.samples,
+    }
+    if evaluation.limit is not None:
+        config["limit"] = evaluation.limit
     return config
 
 
@@ -225,6 +249,8 @@ def _env(run: Run) -> list[dict[str, Any]]:
         {"name": ENV_KIND, "value": run.kind},
         # Checkpoints record the run that wrote them: a re-created run of the same name never resumes them.
         *([{"name": ENV_RUN_UID, "value": run.uid}] if run.uid else []),
+        # Rank 0 writes the run's result there; Kubernetes hands it to the operator as the termination message.
+        {"name": ENV_RESULT_FILE, "value": TERMINATION_MESSAGE_PATH},
         {"name": "HF_HOME", "value": f"{run.spec.checkpoint.path.rstrip('/')}/.cache/huggingface"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
@@ -313,7 +339,7 @@ def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
         mounts.append({"name": "reward-config", "mountPath": REWARD_REF_DIR, "readOnly": True})
         volumes.append({"name": "reward-config", "configMap": {"name": spec.reward.config_map_ref.name}})
     container = {
-        "name": "pytorch",  # the name Kubeflow's PyTorchJob controller looks for
+        "name": TRAINER_CONTAINER,
         "image": image,
         "command": launch_command(run),
         "env": _env(run),
@@ -323,6 +349,10 @@ def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
         ],
         "volumeMounts": mounts,
         "securityContext": dict(_CONTAINER_SECURITY),
+        # The finished Master's result (atlas_contract.results) reaches .status.result through this file: only
+        # the file counts (never a log tail, which would not parse as a result anyway).
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "File",
     }
     resources = _resources(res.gpus_per_node, res.cpu, res.memory)
     if resources:

@@ -267,6 +267,44 @@ class TeachingSpec:
 
 
 @dataclass
+class EvaluationDatasetSpec:
+    """The held-out problems of the evaluation after training."""
+
+    source: str | None = spec_field(
+        "where the problems come from, as spec.dataset.source (hf://org/name, a file or folder on the checkpoint "
+        "volume, builtin://…)",
+        unset="spec.dataset.source (the run's own dataset)",
+    )
+    split: str = spec_field(
+        "dataset split to evaluate on (held out from training)",
+        defaults.EVALUATION["split"],
+        pattern=r"\S+",
+        pattern_doc="a split name such as test or validation",
+    )
+
+
+@dataclass
+class EvaluationSpec:
+    """After training, the trained teacher is evaluated against the run's student (ATLAS's two-pass protocol:
+    each problem answered by the student alone and with the teacher's guidance); the summary is in
+    .status.result.evaluation."""
+
+    dataset: EvaluationDatasetSpec = spec_field(
+        "held-out problems", EvaluationDatasetSpec, unset="the run's own spec.dataset.source, split test"
+    )
+    samples: int = spec_field(
+        "student answers per problem, alone and guided",
+        defaults.EVALUATION["samples"],
+        **defaults.LIMITS["evaluation_samples"].schema(),
+    )
+    limit: int | None = spec_field(
+        "problems evaluated (the first ones of the split)",
+        unset="every problem of the split",
+        **defaults.LIMITS["evaluation_limit"].schema(),
+    )
+
+
+@dataclass
 class EnvVar:
     name: str = spec_field("variable name", required=True)
     value: str | None = spec_field(
@@ -316,6 +354,10 @@ class AtlasTeacherSpec(RunSpec):
 
     student: StudentSpec | None = spec_field("the frozen student", required=True)
     teaching: TeachingSpec = spec_field("teaching protocol and reward", TeachingSpec)
+    evaluation: EvaluationSpec | None = spec_field(
+        "evaluate the trained teacher against the student after training (.status.result.evaluation)",
+        unset="no evaluation after training",
+    )
 
     @property
     def algorithm(self) -> str:
@@ -378,6 +420,30 @@ class Children:
 
 
 @dataclass
+class EvaluationResult:
+    """Summary of the evaluation after training (the run's <checkpoint.path>/<name>/evaluation/eval.json has
+    every figure)."""
+
+    problems: int | None = spec_field("problems evaluated")
+    student_accuracy: float | None = spec_field("accuracy of the student alone (0-1)")
+    guided_accuracy: float | None = spec_field("accuracy of the student with the teacher's guidance (0-1)")
+    accuracy_delta: float | None = spec_field("guidedAccuracy - studentAccuracy")
+    accuracy_delta_low: float | None = spec_field("lower end of the delta's paired-bootstrap 95% interval")
+    accuracy_delta_high: float | None = spec_field("upper end of the delta's paired-bootstrap 95% interval")
+    non_degradation_rate: float | None = spec_field("share of problems where guidance did not make the student worse")
+    guidance_tokens_mean: float | None = spec_field("mean tokens of the teacher's guidance")
+
+
+@dataclass
+class RunResult:
+    """What the finished trainer reported (the Master container's termination message)."""
+
+    step: int | None = spec_field("last global optimizer step")
+    reward: float | None = spec_field("mean reward of the last logged step")
+    evaluation: EvaluationResult | None = spec_field("the evaluation after training (AtlasTeacher spec.evaluation)")
+
+
+@dataclass
 class RunStatus:
     """Observed state of the run."""
 
@@ -386,6 +452,9 @@ class RunStatus:
     conditions: list[Condition] = spec_field("latest observations", [])
     progress: Progress | None = spec_field("training progress")
     children: Children | None = spec_field("owned objects")
+    result: RunResult | None = spec_field(
+        "read from the finished Master pod's termination message once the PyTorchJob has succeeded"
+    )
     kopf: dict[str, Any] = spec_field("the operator framework's bookkeeping (last handled spec, handler progress)", {})
 
 

@@ -39,6 +39,10 @@ class Result:
     progress: dict[str, Any] | None = None
     events: list[Event] = field(default_factory=list)
     actions: dict[str, str] = field(default_factory=dict)  # child → created | patched | recreated
+    # .status.result: the finished trainer's report to write (None: nothing new); ``result_stale``: the job it
+    # came from is gone or no longer succeeded (recreated after a spec change), so a result shown is removed.
+    result: dict[str, Any] | None = None
+    result_stale: bool = False
 
 
 def now() -> str:
@@ -120,6 +124,10 @@ def status_update(old: dict[str, Any], generation: int | None, result: Result, a
         progress = {k: v for k, v in (old.get("progress") or {}).items() if k != "updatedAt"}
         if progress != result.progress:
             new["progress"] = {**result.progress, "updatedAt": at}
+    if result.result is not None:
+        new["result"] = result.result
+    elif result.result_stale:
+        new["result"] = None
     patch = {key: value for key, value in new.items() if old.get(key) != value}
     for key in ("children", "progress"):  # a merge patch keeps keys it does not name: delete what is gone
         before, after = old.get(key) or {}, patch.get(key)
@@ -147,6 +155,17 @@ def transition_message(result: Result) -> str:
             return by_type[blocking]["message"]
     training = by_type.get("Training")
     return training["message"] if training else result.phase
+
+
+def termination_message(pod: dict[str, Any] | None, container: str) -> str | None:
+    """The ``state.terminated.message`` of ``container`` in ``pod``'s status (None when it has none)."""
+    statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or []
+    for entry in statuses:
+        if isinstance(entry, dict) and entry.get("name") == container:
+            terminated = (entry.get("state") or {}).get("terminated") or {}
+            message = terminated.get("message") if isinstance(terminated, dict) else None
+            return message if isinstance(message, str) else None
+    return None
 
 
 def job_has_news(job: dict[str, Any], run_status: dict[str, Any] | None) -> bool:

@@ -1,0 +1,115 @@
+"""Does teaching help? The demo's student alone vs with the SFT-only teacher vs with the GRPO-trained teacher.
+
+Runs ``atlas demo`` (all stages, metrics off) into an output folder — or, with ``--reuse``, takes the
+models a demo already left there — then evaluates both teachers on the held-out split of
+``builtin://multistep`` with the protocol settings the teacher trained with, and prints every figure
+side by side with the targets of issue 13:
+
+* the GRPO teacher lifts the student by >= 15.7 points (ATLAS's average) with non-degradation >= 97%;
+* the student alone is between 20% and 80%;
+* the GRPO teacher's delta beats the SFT-only teacher's;
+* the teaching reward of the demo's last 10 teacher-GRPO steps is above 0.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/teaching_eval.py [--output DIR] [--reuse] [--problems 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TARGET_DELTA = 0.157
+TARGET_NON_DEGRADATION = 0.97
+ALONE_RANGE = (0.2, 0.8)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", help="demo folder (default: a temporary one)")
+    parser.add_argument("--reuse", action="store_true", help="evaluate the models already in --output")
+    parser.add_argument("--problems", type=int, default=None, help="held-out problems (default: the demo's)")
+    args = parser.parse_args()
+
+    from atlas_core.cli.demo import EVAL_PROBLEMS, _quiet_libraries, evaluate_teachers, run_demo
+    from atlas_core.training.algorithms.grpo_config import GRPOConfig
+
+    _quiet_libraries()
+    output = Path(args.output or tempfile.mkdtemp(prefix="atlas-teaching-eval-"))
+    started = time.perf_counter()
+    if not args.reuse:
+        code = run_demo(output, metrics_port=0)
+        if code:
+            return code
+    demo_seconds = time.perf_counter() - started
+    teacher_args = GRPOConfig(**_trainer_args(output / "teacher"))
+    reports = evaluate_teachers(output, teacher_args, problems=args.problems or EVAL_PROBLEMS)
+
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    teaching = [r["teaching/reward"] for r in records if r.get("stage") == "teacher" and "teaching/reward" in r]
+    last10 = statistics.mean(teaching[-10:]) if teaching else float("nan")
+    sft, grpo = reports["SFT-only teacher"], reports["GRPO teacher"]
+
+    print(f"\nteaching evaluation: {grpo.problems} held-out problems, demo {demo_seconds:.0f} s")
+    print(f"{'':28}{'alone':>9}{'guided':>9}{'delta pts':>11}{'95% CI':>18}{'non-degr.':>11}{'guid. tok':>11}")
+    for label, r in reports.items():
+        interval = f"[{100 * r.accuracy_delta_low:+.1f}, {100 * r.accuracy_delta_high:+.1f}]"
+        print(
+            f"{label:28}{r.student_accuracy:>9.1%}{r.guided_accuracy:>9.1%}{100 * r.accuracy_delta:>+11.1f}"
+            f"{interval:>18}{r.non_degradation_rate:>11.1%}{r.guidance_tokens_mean:>11.1f}"
+        )
+    for label, r in reports.items():
+        bands = ", ".join(
+            f"{band} {f.problems}: {f.student_accuracy:.0%}→{f.guided_accuracy:.0%}"
+            for band, f in r.by_capability.items()
+            if f.problems
+        )
+        print(f"  by capability, {label}: {bands}")
+    checks = [
+        (
+            f"GRPO teacher delta >= {100 * TARGET_DELTA:.1f} pts",
+            100 * grpo.accuracy_delta,
+            grpo.accuracy_delta >= TARGET_DELTA,
+        ),
+        (
+            f"GRPO teacher non-degradation >= {TARGET_NON_DEGRADATION:.0%}",
+            grpo.non_degradation_rate,
+            grpo.non_degradation_rate >= TARGET_NON_DEGRADATION,
+        ),
+        (
+            "student alone in [20%, 80%]",
+            grpo.student_accuracy,
+            ALONE_RANGE[0] <= grpo.student_accuracy <= ALONE_RANGE[1],
+        ),
+        (
+            "GRPO delta - SFT-only delta (pts) > 0",
+            100 * (grpo.accuracy_delta - sft.accuracy_delta),
+            grpo.accuracy_delta > sft.accuracy_delta,
+        ),
+        ("teaching reward, last 10 GRPO steps > 0", last10, last10 > 0),
+    ]
+    print()
+    for name, value, ok in checks:
+        print(f"  {'PASS' if ok else 'MISS'}  {name}: {value:.3f}")
+    print(f"\nmodels and per-problem records: {output}")
+    return 0
+
+
+def _trainer_args(stage: Path) -> dict:
+    """The teaching fields the demo's teacher stage trained with (its saved training arguments)."""
+    import torch
+
+    saved = torch.load(stage / "training_args.bin", weights_only=False)
+    fields = ("seed", "max_probe_tokens", "max_guidance_tokens", "max_completion_length", "student_max_tokens")
+    fields += ("student_temperature", "student_samples", "efficiency_horizon", "degradation_penalty")
+    return {"output_dir": str(stage), "report_to": [], **{name: getattr(saved, name) for name in fields}}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
