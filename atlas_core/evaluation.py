@@ -213,14 +213,14 @@ def evaluate_teaching(
     meter = meter or GuidanceMeter(getattr(teacher, "tokenizer", None))
     protocol = TeachingProtocol(student, settings.protocol_settings(), scorers, weights, diagnostic_judge_of(scorers))
     path = Path(output_dir) / EVAL_PROBLEMS_FILE if output_dir is not None else None
-    fingerprint = _fingerprint(settings, names)
-    records = _resumable(path, rows, fingerprint)
+    key = fingerprint(settings, names)
+    records = resumable_records(path, rows, key)
     if on_progress:
         on_progress(len(records), len(rows))
     for start in range(len(records), len(rows), settings.batch_size):
         batch = rows[start : start + settings.batch_size]
         try:
-            new = _evaluate_batch(protocol, teacher, batch, start, settings, meter, fingerprint)
+            new = _evaluate_batch(protocol, teacher, batch, start, settings, meter, key)
         except (RuntimeError, OSError) as exc:
             raise EvaluationError(
                 f"{' '.join(str(exc).split())[:300]} ({len(records)} of {len(rows)} problems done"
@@ -256,7 +256,7 @@ def evaluate_teaching(
     return report
 
 
-def _evaluate_batch(protocol, teacher, batch, start, settings, meter, fingerprint) -> list[dict[str, Any]]:
+def _evaluate_batch(protocol, teacher, batch, start, settings, meter, key) -> list[dict[str, Any]]:
     tasks = [teaching.task_text(r["prompt"]) for r in batch]
     contexts = [{k: v for k, v in r.items() if k != "prompt"} for r in batch]
     diagnostics = protocol.diagnose(tasks, contexts)
@@ -274,7 +274,7 @@ def _evaluate_batch(protocol, teacher, batch, start, settings, meter, fingerprin
         records.append(
             {
                 "index": start + i,
-                "fingerprint": fingerprint,
+                "fingerprint": key,
                 "task": task,
                 "ground_truth": contexts[i].get("ground_truth"),
                 "capability": CAPABILITY_BANDS[teaching.template_for(d.capability_level)],
@@ -363,7 +363,7 @@ class GuidanceMeter:
         return text if len(ids) <= budget else self.tokenizer.decode(ids[:budget], skip_special_tokens=True)
 
 
-def _fingerprint(settings: EvaluationSettings, names: dict[str, str]) -> str:
+def fingerprint(settings: EvaluationSettings, names: dict[str, str]) -> str:
     """What ``problems.jsonl`` lines must share to be resumed: the models, the data and every setting
     but ``limit`` and ``batch_size``."""
     blob = {k: v for k, v in asdict(settings).items() if k not in ("limit", "batch_size")}
@@ -371,7 +371,7 @@ def _fingerprint(settings: EvaluationSettings, names: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _resumable(path: Path | None, rows: list[dict[str, Any]], fingerprint: str) -> list[dict[str, Any]]:
+def resumable_records(path: Path | None, rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     """The records an earlier call left for these problems and settings; ValueError when the file belongs to
     another evaluation (the user chooses: another output folder, or remove it)."""
     if path is None or not path.exists():
@@ -389,7 +389,7 @@ def _resumable(path: Path | None, rows: list[dict[str, Any]], fingerprint: str) 
             raise ValueError(f"output: {path} line {number} is not JSON; remove the file to start over") from None
         index = len(records)
         if (
-            record.get("fingerprint") != fingerprint
+            record.get("fingerprint") != key
             or record.get("index") != index
             or index >= len(rows)
             or record.get("task") != teaching.task_text(rows[index]["prompt"])

@@ -47,17 +47,17 @@ def test_demo_end_to_end(tmp_path, atlas_cache):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {r["stage"] for r in records} == {"sft", "grpo", "teacher-sft", "teacher"}
     rewards = [r["reward"] for r in records if r["stage"] == "grpo" and "reward" in r]
-    assert len(rewards) == 300
+    assert len(rewards) == 200
     assert statistics.mean(rewards[-30:]) > statistics.mean(rewards[:30]) + 0.05
     teaching = [r for r in records if r["stage"] == "teacher" and "teaching/reward" in r]
-    assert len(teaching) == 60
+    assert len(teaching) == 150
     # TRL's reward is a float32 mean of the same rewards: equal up to float32 rounding.
     assert all(math.isclose(r["reward"], r["teaching/reward"], rel_tol=1e-6, abs_tol=1e-6) for r in teaching)
     assert statistics.mean(r["reward"] for r in teaching[-20:]) > statistics.mean(r["reward"] for r in teaching[:20])
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "grpo" / "model.safetensors").exists() and (out / "teacher" / "model.safetensors").exists()
     summary_rows = [line for line in output.splitlines() if line.startswith(("│ sft", "│ grpo", "│ teacher"))]
-    assert len(summary_rows) == 4 and "300" in summary_rows[1], output[-3000:]
+    assert len(summary_rows) == 4 and "200" in summary_rows[1], output[-3000:]
     assert "wall time" in output
     assert "Traceback" not in output
     # the evaluation stage: both teachers on the same held-out problems, the same student alone

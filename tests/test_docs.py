@@ -403,7 +403,7 @@ def test_ports_in_the_docs_are_the_code_ports():
 def test_demo_time_is_one_figure():
     text = "\n".join(doc(n) for n in DOC_FILES)
     assert "~2 min" not in text and "1.5 minutes" not in text
-    assert text.count("about 3 minutes on 2 cores") + text.count("About 3 minutes on 2 cores") >= 2
+    assert text.count("about 5 minutes on 2 cores") + text.count("About 5 minutes on 2 cores") >= 2
 
 
 def test_current_kl_at_beta_zero_is_documented_as_the_code_sets_it():

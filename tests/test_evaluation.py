@@ -44,9 +44,9 @@ def test_test_split_is_disjoint_from_every_training_split():
     assert trained_on == every
 
 
-def test_test_mix_keeps_a_third_one_step_and_answers_are_right():
+def test_test_mix_keeps_two_fifths_one_step_and_answers_are_right():
     rows = multistep.make_multistep_dataset(150, "test")
-    assert sum(r["kind"] == "one-step" for r in rows) == 50
+    assert sum(r["kind"] == "one-step" for r in rows) == 60
     for row in rows:
         assert multistep.split_of(row["question"]) == "test"
         assert int(row["ground_truth"]) == sum(int(x) for x in row["question"].split(" + "))

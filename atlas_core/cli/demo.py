@@ -34,6 +34,8 @@ from atlas_contract.names import METRICS_LOG_FILE, TRAINER_METRICS_PORT
 
 METRICS_FILE = METRICS_LOG_FILE
 CURVES_FILE = "curves.png"
+#: Steps of the teacher's warm-up (its demonstrations are long: the teacher prompt holds the template).
+TEACHER_SFT_STEPS = 550
 #: Held-out problems of the evaluation stage (builtin://multistep's test split).
 EVAL_PROBLEMS = 200
 #: The two teachers the evaluation compares: (label, stage whose model it is, folder under eval/).
@@ -93,7 +95,7 @@ STAGES = (
     (
         "teacher-sft",
         "tiny_sft",
-        ["model={output}/sft", "dataset.source=builtin://teacher-multistep", "dataset.num_samples=4000"],
+        ["model={output}/sft", "dataset.source=builtin://teacher-multistep", "dataset.num_samples=8000"],
     ),
     (
         "teacher",
@@ -104,7 +106,7 @@ STAGES = (
             "dataset.source=builtin://multistep",
             "dataset.num_samples=4096",
             "trainer.per_device_train_batch_size=16",
-            "trainer.max_completion_length=32",
+            "trainer.max_completion_length=40",
             "trainer.learning_rate=5e-4",
             # a greedy student: the reward measures the guidance, not the student's sampling noise
             "trainer.student_temperature=0.0",
@@ -279,9 +281,9 @@ def _quiet_libraries() -> None:
 
 def run_demo(
     output: Path,
-    grpo_steps: int = 300,
+    grpo_steps: int = 200,
     sft_steps: int = 800,
-    teacher_steps: int = 60,
+    teacher_steps: int = 150,
     metrics_port: int = TRAINER_METRICS_PORT,
 ) -> int:
     from atlas_core.cli.train import report_problems
@@ -305,7 +307,12 @@ def run_demo(
     columns = (TextColumn("{task.description:>11}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns, TextColumn("{task.fields[info]}"), console=console) as progress:
-            steps_of = {"sft": sft_steps, "grpo": grpo_steps, "teacher-sft": 200, "teacher": teacher_steps}
+            steps_of = {
+                "sft": sft_steps,
+                "grpo": grpo_steps,
+                "teacher-sft": TEACHER_SFT_STEPS,
+                "teacher": teacher_steps,
+            }
             for stage, recipe, extra in STAGES:
                 steps = steps_of[stage]
                 cfg = load_run_config(_stage_overrides(recipe, extra, stage, output, steps, metrics_port))

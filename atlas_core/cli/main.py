@@ -1,4 +1,4 @@
-"""The ``atlas`` command: ``atlas demo``, ``atlas train``, ``atlas render``, ``atlas operator``.
+"""The ``atlas`` command: ``atlas demo``, ``atlas train``, ``atlas eval``, ``atlas render``, ``atlas operator``.
 
 The thin CLI over both halves: the only module that imports both ``atlas_core`` (training) and
 ``atlas_operator`` (manifests), each lazily, so ``atlas render`` needs no training library.
@@ -73,14 +73,20 @@ def _demo(args: argparse.Namespace) -> int:
     )
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from atlas_core.cli.eval import run_args
+
+    return run_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="atlas", description="Atlas on Kubernetes: train LLM teachers with GRPO.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="offline tiny model: SFT warm-up, GRPO, teacher GRPO on CPU, in minutes")
-    demo.add_argument("--steps", type=int, default=300, help="GRPO steps (default 300)")
-    demo.add_argument("--sft-steps", type=int, default=300, help="SFT warm-up steps (default 300)")
-    demo.add_argument("--teacher-steps", type=int, default=60, help="teacher GRPO steps (default 60)")
+    demo.add_argument("--steps", type=int, default=200, help="GRPO steps (default 200)")
+    demo.add_argument("--sft-steps", type=int, default=800, help="student SFT warm-up steps (default 800)")
+    demo.add_argument("--teacher-steps", type=int, default=150, help="teacher GRPO steps (default 150)")
     demo.add_argument("--output", default="atlas-demo", help="output folder (default ./atlas-demo)")
     demo.add_argument(
         "--metrics-port",
@@ -98,6 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("overrides", nargs="*", help="key=value overrides (Hydra syntax)")
     train.set_defaults(func=_train)
+
+    from atlas_core.cli.eval import add_arguments as add_eval_arguments
+
+    evaluate = commands.add_parser(
+        "eval",
+        help="the two-pass evaluation of a teacher: its student alone vs with its guidance, on held-out problems",
+        usage="atlas eval --teacher MODEL --student MODEL --dataset SOURCE [options]",
+    )
+    add_eval_arguments(evaluate)
+    evaluate.set_defaults(func=_eval)
 
     render = commands.add_parser("render", add_help=False, help="print the objects the operator creates for a run")
     render.add_argument("args", nargs=argparse.REMAINDER)

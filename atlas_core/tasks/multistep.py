@@ -13,16 +13,17 @@ problem, so a student warmed up on guided two-step problems and on the *training
 can answer held-out one-step problems: the sums are its skills, the problems are new.
 
 **Splits.** Each distinct problem belongs to exactly one split, decided by a hash of its text
-(:func:`split_of`): ``test`` holds about half of the one-step problems and 30% of the two-step ones,
+(:func:`split_of`): ``test`` holds about 55% of the one-step problems and 30% of the two-step ones,
 ``train`` the rest. Training data (the student's warm-up, the teacher's warm-up, teacher GRPO) only ever
-draws from ``train``; evaluation draws from ``test``. ``test`` mixes one third one-step and two thirds
-two-step problems, in a fixed shuffled order, so that ``limit`` keeps the mix.
+draws from ``train``; evaluation draws from ``test``. ``test`` mixes two fifths one-step and three fifths
+two-step problems, in a fixed order, so that ``limit`` keeps the mix.
 
-**Teacher demonstrations** (the teacher's SFT warm-up) are deliberately of mixed quality: a third give
-the intermediate step, a third a generic method, a third a short check, whatever the problem and the
-student's capability.
-On one-step problems the intermediate step *is* the answer, so that guidance is masked to
-``[withheld]`` and helps no one. Which guidance helps which student is left for RL to find.
+**Teacher demonstrations** (the teacher's SFT warm-up) are deliberately of mixed quality: each gives the
+intermediate step, a generic method or a short check, drawn with weights that loosely follow the template
+of the (random) capability in its prompt — mostly the first step for a walkthrough, mostly a check for
+minimal guidance — and never look at the problem. On one-step problems the intermediate step *is* the
+answer, so that guidance is masked to ``[withheld]`` and helps no one; a wrong one misleads. Getting the
+first step right, and giving it where it helps, is left for RL.
 """
 
 from __future__ import annotations
@@ -36,14 +37,17 @@ from atlas_core.tasks.arithmetic import SYSTEM_HINT
 
 SPLITS = ("train", "test")
 #: Share of each kind's problems in the held-out ``test`` split (by hash, see :func:`split_of`).
-TEST_SHARE = {"one-step": 0.5, "two-step": 0.3}
+TEST_SHARE = {"one-step": 0.55, "two-step": 0.3}
 #: Share of one-step problems when a split is drawn as a mix (the rest two-step).
-ONE_STEP_SHARE = 1 / 3
+ONE_STEP_SHARE = 2 / 5
 _SALT = "atlas-multistep-v1"
-METHOD_GUIDANCE = "Work from left to right, one number at a time. Put the result in \\boxed{}."
+METHOD_GUIDANCE = "Add the numbers from left to right."
 CHECK_GUIDANCE = "Check your sum before you answer."
-#: The styles of the teacher's warm-up demonstrations, drawn uniformly.
+#: The styles of the teacher's warm-up demonstrations, and how often each is drawn under each template of
+#: the protocol (atlas_core.training.teaching.template_for): the warm-up teacher mostly follows its template
+#: (a walkthrough gives the first step, minimal guidance a check), not always, and never looks at the problem.
 DEMONSTRATION_STYLES = ("step", "method", "check")
+DEMONSTRATION_WEIGHTS = {"walkthrough": (4, 1, 1), "hints": (2, 1, 1), "minimal": (1, 1, 4)}
 
 
 def _value(a: int, op: str, b: int) -> int:
@@ -87,24 +91,39 @@ def prompt_of(question: str) -> list[dict[str, str]]:
 
 
 def make_multistep_dataset(n: int, split: str = "train", seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` problems of ``split`` (one third one-step): ``{"prompt", "question", "kind", "ground_truth"}``.
+    """``n`` problems of ``split`` (two fifths one-step): ``{"prompt", "question", "kind", "ground_truth"}``.
 
-    ``test`` gives distinct problems in a fixed order (the first ``n`` of the mix), ``n`` at most the
-    split's size; ``train`` samples with ``seed`` and may repeat problems.
+    ``test`` gives distinct problems in a fixed order (the first ``n`` of the mix, see :func:`_test_mix`), ``n``
+    at most :func:`test_mix_size`; ``train`` samples with ``seed`` and may repeat problems.
     """
     if n < 1:
         raise ValueError(f"n: expected a positive number of problems, got {n}")
     one, two = problems("one-step", split), problems("two-step", split)
     if split == "test":
-        ones = round(n * ONE_STEP_SHARE)
-        if ones > len(one) or n - ones > len(two):
-            most = min(int(len(one) / ONE_STEP_SHARE), int(len(two) / (1 - ONE_STEP_SHARE)))
+        most = test_mix_size()
+        if n > most:
             raise ValueError(f"n: the test split has {most} problems in its mix, asked for {n}")
-        mixed = [one[i] for i in range(ones)] + [two[i] for i in range(n - ones)]
-        random.Random(f"{_SALT}:mix").shuffle(mixed)
-        return [dict(r) for r in mixed]
+        return [dict(row) for row in _test_mix()[:n]]
     rng = random.Random(seed)
     return [dict(rng.choice(one if rng.random() < ONE_STEP_SHARE else two)) for _ in range(n)]
+
+
+def _test_mix() -> list[dict[str, Any]]:
+    """The test split in its fixed order: two problems in five one-step (positions 0 and 3 of every five), the
+    others two-step, so that any prefix (a ``limit``) keeps the mix and a longer one extends a shorter one."""
+    one, two = problems("one-step", "test"), problems("two-step", "test")
+    mix, ones, twos = [], iter(one), iter(two)
+    for i in range(len(one) + len(two)):
+        row = next(ones if i % 5 in (0, 3) else twos, None)
+        if row is None:
+            break
+        mix.append(row)
+    return mix
+
+
+def test_mix_size() -> int:
+    """How many problems the test mix holds (the largest ``n`` of the test split)."""
+    return len(_test_mix())
 
 
 def intermediate_step(row: dict[str, Any]) -> str:
@@ -132,10 +151,11 @@ def student_solution(row: dict[str, Any], guided: bool) -> str:
 
 
 def make_student_sft_dataset(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """The student's warm-up: training one-step problems alone (two thirds of them with the generic method
-    or check guidance, so guidance alone does not throw it) and two-step problems only with the intermediate step.
-    Never an unguided two-step problem: alone, the student is weak at them."""
-    from atlas_core.training.teaching import enhanced_messages
+    """The student's warm-up: training one-step problems alone, three quarters of them with guidance as the
+    protocol shows it (the generic method, a check, or a first step that is the answer, masked), so that
+    guidance does not throw it; and two-step problems only with the intermediate step. Never an unguided
+    two-step problem: alone, the student is weak at them."""
+    from atlas_core.training.teaching import enhanced_messages, withhold_answer
 
     rng = random.Random(seed)
     rows = []
@@ -145,17 +165,19 @@ def make_student_sft_dataset(n: int, seed: int = 0) -> list[dict[str, Any]]:
             prompt = enhanced_messages(task, step_guidance(row))
             guided = True
         else:
-            guidance = rng.choice(("", METHOD_GUIDANCE, CHECK_GUIDANCE))
+            # as the protocol shows guidance: a first step that is the answer arrives masked
+            masked = withhold_answer(step_guidance(row), row["ground_truth"])
+            guidance = rng.choice(("", METHOD_GUIDANCE, CHECK_GUIDANCE, masked))
             prompt = enhanced_messages(task, guidance) if guidance else row["prompt"]
             guided = False
         rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": student_solution(row, guided)}]})
     return rows
 
 
-def teacher_demonstration(row: dict[str, Any], rng: random.Random) -> str:
-    """A teacher completion of the warm-up: the intermediate step, the generic method or a short check,
-    a third each."""
-    style = rng.choice(DEMONSTRATION_STYLES)
+def teacher_demonstration(row: dict[str, Any], rng: random.Random, template: str) -> str:
+    """A teacher completion of the warm-up: the intermediate step, the generic method or a short check, drawn
+    with the weights of ``template`` (:data:`DEMONSTRATION_WEIGHTS`)."""
+    style = rng.choices(DEMONSTRATION_STYLES, weights=DEMONSTRATION_WEIGHTS[template])[0]
     guidance = {"step": step_guidance, "method": lambda r: METHOD_GUIDANCE, "check": lambda r: CHECK_GUIDANCE}[style](
         row
     )
@@ -164,16 +186,17 @@ def teacher_demonstration(row: dict[str, Any], rng: random.Random) -> str:
 
 def make_teacher_sft_dataset(n: int, seed: int = 0) -> list[dict[str, Any]]:
     """(task, probe, guidance) examples in the teacher's format, over training problems and random
-    capabilities (see the module docstring: the demonstrations ignore both)."""
-    from atlas_core.training.teaching import teacher_messages
+    capabilities (see the module docstring: the demonstrations follow the capability's template loosely and
+    ignore the problem)."""
+    from atlas_core.training.teaching import teacher_messages, template_for
 
     rng = random.Random(seed)
     rows = []
     for row in make_multistep_dataset(n, "train", seed):
         task = row["prompt"][0]["content"]
         probe = rng.choice(["I would add the numbers.", "I am not sure.", "Left to right."])
-        prompt = teacher_messages(task, probe, capability=rng.random())
-        rows.append(
-            {"prompt": prompt, "completion": [{"role": "assistant", "content": teacher_demonstration(row, rng)}]}
-        )
+        capability = rng.random()
+        prompt = teacher_messages(task, probe, capability=capability)
+        completion = teacher_demonstration(row, rng, template_for(capability))
+        rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": completion}]})
     return rows

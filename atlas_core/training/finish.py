@@ -114,8 +114,11 @@ def evaluate_trained_teacher(cfg: DictConfig, args: Any):
         scorers.append(RIMReward(str(cfg.reward.config)))
     weights = None if cfg.reward.weights is None else [float(w) for w in cfg.reward.weights]
     settings = evaluation_settings(args, request["samples"], request["limit"])
-    teacher = load_student(str(cfg.output_dir), role="teacher")
-    student = load_student(resolve_model_path(str(cfg.student)))
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else None  # rank 0's GPU is free once training is over
+    teacher = load_student(str(cfg.output_dir), device=device, role="teacher")
+    student = load_student(resolve_model_path(str(cfg.student)), device=device)
     return evaluate_teaching(
         teacher,
         student,

@@ -131,6 +131,7 @@ class EndpointStudent:
         timeout_s: float = 120.0,
         max_concurrency: int = 32,
         retry: RetryPolicy | None = None,
+        role: str = "student",
     ):
         from atlas_core.aio import BackgroundLoop
 
@@ -139,6 +140,7 @@ class EndpointStudent:
             self.base_url += "/v1"
         self.model = model
         self.name = self.base_url
+        self.role = role
         self.retry_policy = retry or RetryPolicy()
         self._timeout_s = timeout_s
         self._max_concurrency = max_concurrency
@@ -160,7 +162,7 @@ class EndpointStudent:
         if self.model is None:
             models = await self._request(client.models.list)
             if not models.data:
-                raise RuntimeError(f"student endpoint {self.base_url} serves no model")
+                raise RuntimeError(f"{self.role} endpoint {self.base_url} serves no model")
             self.model = models.data[0].id
         return self.model
 
@@ -191,7 +193,7 @@ class EndpointStudent:
                 answers += [StudentAnswer(_answer_text(c.message.content), per_choice) for c in choices]
                 if len(answers) >= num_samples:
                     return answers[:num_samples]
-            raise RuntimeError(f"student endpoint {self.base_url} returned no answer")
+            raise RuntimeError(f"{self.role} endpoint {self.base_url} returned no answer")
 
         tasks = [asyncio.ensure_future(one(c)) for c in conversations]
         try:
@@ -205,11 +207,11 @@ class EndpointStudent:
             return self._loop.run(self._generate(conversations, max_new_tokens, num_samples, temperature))
         except OpenAICallError as exc:
             tries = f"{exc.attempts} attempt{'s' if exc.attempts != 1 else ''}"
-            raise RuntimeError(f"student endpoint {self.base_url} failed after {tries}: {exc}") from None
+            raise RuntimeError(f"{self.role} endpoint {self.base_url} failed after {tries}: {exc}") from None
         except RuntimeError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported as the documented RuntimeError, without server text
-            raise RuntimeError(f"student endpoint {self.base_url} failed: {type(exc).__name__}") from None
+            raise RuntimeError(f"{self.role} endpoint {self.base_url} failed: {type(exc).__name__}") from None
 
 
 def load_student(student_model: Any, device=None, offload: bool = False, role: str = "student") -> Student:
@@ -218,7 +220,7 @@ def load_student(student_model: Any, device=None, offload: bool = False, role: s
     if student_model is None:
         raise ValueError(f"{role}_model: required (a path, a hub id, an OpenAI-compatible URL or a model)")
     if is_endpoint(student_model):
-        return EndpointStudent(student_model)
+        return EndpointStudent(student_model, role=role)
     return LocalStudent(student_model, device=device, offload=offload, role=role)
 
 
