@@ -84,6 +84,12 @@ TEACHERS = "atlas.arc.computer/v1alpha1/atlasteachers"
 KUBEFLOW_RESOURCES: dict[str, dict[str, Any]] = {
     PYTORCHJOBS: dict(kind="PyTorchJob", namespaced=True, subresources=["status"]),
 }
+JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
+JOBS = "batch/v1/jobs"  # a JobSet's child Jobs, written by tests/pod_executor.py's JobSetExecutor
+JOBSET_RESOURCES: dict[str, dict[str, Any]] = {
+    JOBSETS: dict(kind="JobSet", namespaced=True, subresources=["status"]),
+    JOBS: dict(kind="Job", namespaced=True, subresources=["status"]),
+}
 ATLAS_RESOURCES: dict[str, dict[str, Any]] = {
     TRAININGS: dict(kind="AtlasTraining", namespaced=True, subresources=["status"]),
     TEACHERS: dict(kind="AtlasTeacher", namespaced=True, subresources=["status"]),
@@ -91,10 +97,14 @@ ATLAS_RESOURCES: dict[str, dict[str, Any]] = {
 VERBS = ["get", "list", "watch", "create", "update", "patch", "delete"]
 
 
-def default_resources(*, pytorchjobs: bool = True) -> dict[str, dict[str, Any]]:
+def default_resources(*, pytorchjobs: bool = True, jobsets: bool = True) -> dict[str, dict[str, Any]]:
+    """``jobsets=False``: a cluster without the JobSet CRD (batch/v1 Jobs stay, as in any cluster)."""
     res = dict(CORE_RESOURCES)
+    res[JOBS] = JOBSET_RESOURCES[JOBS]
     if pytorchjobs:
         res.update(KUBEFLOW_RESOURCES)
+    if jobsets:
+        res[JOBSETS] = JOBSET_RESOURCES[JOBSETS]
     res.update(ATLAS_RESOURCES)
     return res
 
@@ -539,6 +549,7 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
 async def running_emulator(
     *,
     pytorchjobs: bool = True,
+    jobsets: bool = True,
     extra: Mapping[str, Mapping[str, Any]] | None = None,
     host: str = "127.0.0.1",
     port: int | None = None,
@@ -546,7 +557,7 @@ async def running_emulator(
     """Serve from the CURRENT event loop. ``emu.url`` is e.g. http://127.0.0.1:41234/ ."""
     install_kmock_fixes()
     emu = AtlasKubeEmulator()
-    emu.declare(default_resources(pytorchjobs=pytorchjobs))
+    emu.declare(default_resources(pytorchjobs=pytorchjobs, jobsets=jobsets))
     if extra:
         emu.declare(extra)
     async with emu, kmock.Server(emu, host=host, port=port):
@@ -728,6 +739,8 @@ __all__ = [
     "Call",
     "EmulatorThread",
     "Fault",
+    "JOBS",
+    "JOBSETS",
     "KopfProcess",
     "PODS",
     "PYTORCHJOBS",

@@ -393,3 +393,53 @@ def permissions_used(emu) -> set[tuple[str, str, str]]:
         for c in emu.calls(lambda c: (c.user_agent or "").startswith(("atlas-operator/", "kopf/")))
         if c.verb is not None
     }
+
+
+# --------------------------------------------------------------------------- a Kueue stand-in
+
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def kueue_admit(
+    api_client,
+    name: str,
+    namespace: str = NS,
+    node_selector: dict[str, str] | None = None,
+    cluster_queue: str = "cluster-queue",
+) -> dict:
+    """Admit JobSet ``name`` as Kueue v0.19's JobSet integration does (``startJob`` →
+    ``JobSet.RunWithPodSetsInfo``): one patch that sets ``spec.suspend: false`` and merges into every replicated
+    job's pod template the PodSetInfo — the flavor's node labels as ``nodeSelector``, the labels
+    ``kueue.x-k8s.io/podset`` (the replicated job), ``local-queue-name``, ``cluster-queue-name`` and the annotation
+    ``kueue.x-k8s.io/workload``. No Workload object, quota or flavor is emulated: the test decides when."""
+    import hashlib
+
+    custom = kubernetes.client.CustomObjectsApi(api_client)
+    js = custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", name)
+    queue = (js["metadata"].get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+    assert queue, f"JobSet {name} has no {KUEUE_QUEUE_LABEL} label: Kueue would not manage it"
+    assert js["spec"].get("suspend") is True, f"JobSet {name} is not suspended: Kueue admits suspended jobs"
+    digest = hashlib.sha1(f"JobSet\njobset.x-k8s.io\n{name}\n{js['metadata']['uid']}".encode()).hexdigest()[:5]
+    workload = f"jobset-{name}-{digest}"
+    rjobs = copy.deepcopy(js["spec"]["replicatedJobs"])
+    for rjob in rjobs:
+        template = rjob["template"].setdefault("spec", {}).setdefault("template", {})
+        meta = template.setdefault("metadata", {})
+        meta["labels"] = {
+            **(meta.get("labels") or {}),
+            "kueue.x-k8s.io/podset": rjob["name"],
+            "kueue.x-k8s.io/local-queue-name": queue,
+            "kueue.x-k8s.io/cluster-queue-name": cluster_queue,
+        }
+        meta["annotations"] = {**(meta.get("annotations") or {}), "kueue.x-k8s.io/workload": workload}
+        pod_spec = template.setdefault("spec", {})
+        if node_selector:
+            pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), **node_selector}
+    return custom.patch_namespaced_custom_object(
+        "jobset.x-k8s.io",
+        "v1alpha2",
+        namespace,
+        "jobsets",
+        name,
+        {"spec": {"suspend": False, "replicatedJobs": rjobs}},
+    )

@@ -26,6 +26,11 @@ container as a local process group, with what a cluster would give it:
   ``*port`` key to it (the trainer's ``metrics_port`` in run.yaml).
 
 Jobs run one at a time (a one-node cluster: every Master would bind the same host ports).
+
+:class:`JobSetExecutor` does the same for JobSets (jobset.x-k8s.io/v1alpha2): the JobSet v0.12.0 controller,
+the Job controller and the kubelet — child Jobs, Indexed pods with hostnames remapped to 127.0.0.1, dependsOn,
+success and failure policies, suspend/resume — and runs a local HTTP stand-in in place of ``vllm serve``
+(see its docstring for exactly what it emulates and what it does not).
 """
 
 from __future__ import annotations
@@ -80,6 +85,10 @@ class Replica:
     termination_file: Path | None = None  # the container's terminationMessagePath, here
     started_at: str | None = None
     last_state: dict[str, Any] | None = None  # the previous run's state.terminated, once restarted
+    container: str = "pytorch"  # the container run (a JobSet's: the pod's first container)
+    pod_name: str | None = None  # a JobSet pod's generated name (<job>-<index>-<5 random>)
+    spawned_at: float | None = None  # time.monotonic() when its process started
+    ready_at: float | None = None  # time.monotonic() when it last became Ready (JobSet pods)
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -87,7 +96,7 @@ class Replica:
 
     @property
     def name(self) -> str:
-        return f"{self.job}-{self.replica_type.lower()}-{self.index}"
+        return self.pod_name or f"{self.job}-{self.replica_type.lower()}-{self.index}"
 
     def kill(self) -> None:
         """SIGKILL every process of the "container" — the launcher and all it started, even in their own
@@ -110,6 +119,18 @@ def _map_ports(value: Any, ports: dict[int, int], key: str = "") -> Any:
     if key.endswith("port") and isinstance(value, int) and not isinstance(value, bool) and value in ports:
         return ports[value]
     return value
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion: a defined VAR is replaced, an undefined one left as written, ``$$`` → ``$``."""
+    import re
+
+    def one(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return env.get(match.group(1), match.group(0))
+
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", one, text)
 
 
 def _descendants(root: int) -> list[int]:
@@ -226,8 +247,48 @@ class PodExecutor:
         )
 
     def _start_pod(self, job: dict[str, Any], pod: Replica, nnodes: int, master_port: int) -> None:
+        (container,) = [c for c in pod.template["spec"]["containers"] if c["name"] == "pytorch"]
+        ports = {
+            p["containerPort"]: self.host_ports[p["name"]]
+            for p in container.get("ports", [])
+            if p.get("name") in self.host_ports
+        }
+        topology = {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(master_port),
+            "PET_MASTER_ADDR": "127.0.0.1",
+            "PET_MASTER_PORT": str(master_port),
+            "PET_NNODES": str(nnodes),
+            "PET_NODE_RANK": str(pod.node_rank),
+            "PET_NPROC_PER_NODE": str(job["spec"].get("nprocPerNode", "1")),
+            "WORLD_SIZE": str(nnodes),
+            "RANK": str(pod.node_rank),
+        }
+        pod.master_port = master_port
+        self._spawn(job, pod, container, topology, ports)
+        self._write_pod_status(
+            pod,
+            "Running",
+            {"state": {"running": {"startedAt": pod.started_at}}, "ready": True, "started": True},
+        )
+
+    def _spawn(
+        self,
+        job: dict[str, Any],
+        pod: Replica,
+        container: dict[str, Any],
+        extra_env: dict[str, str],
+        ports: dict[int, int],
+        rewrite=None,
+        argv: list[str] | None = None,
+        expand: bool = False,
+    ) -> None:
+        """Start ``container`` of ``pod`` as a local process group: its volumes mounted, every mount path
+        remapped (command, env values, ConfigMap files), ``ports`` (containerPort → host port) applied to
+        the ConfigMap YAML ``*port`` keys, then ``rewrite`` (more text remapping) on all of it; ``argv``
+        replaces the container's command (a stand-in); ``expand``: ``$(VAR)`` references in env values and the
+        command expanded as the kubelet does (from the container's env and ``extra_env``; ``$$`` → ``$``)."""
         spec = pod.template["spec"]
-        (container,) = [c for c in spec["containers"] if c["name"] == "pytorch"]
         mounts = self._mount_volumes(job, pod, spec, container)
 
         paths: dict[str, Path] = dict(mounts)
@@ -241,13 +302,8 @@ class PodExecutor:
         def remap(text: str) -> str:
             for mount_path, local in sorted(paths.items(), key=lambda kv: -len(kv[0])):
                 text = text.replace(mount_path, str(local))
-            return text
+            return rewrite(text) if rewrite else text
 
-        ports = {
-            p["containerPort"]: self.host_ports[p["name"]]
-            for p in container.get("ports", [])
-            if p.get("name") in self.host_ports
-        }
         for local in mounts.values():  # ConfigMap files refer to other mounts (run.yaml → /checkpoints)
             if (local / ".configmap").exists():
                 for path in local.iterdir():
@@ -261,34 +317,21 @@ class PodExecutor:
                         path.write_text(text)
         env = {k: os.environ[k] for k in HOST_ENV if k in os.environ}
         env["PATH"] = f"{self.python_bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"
-        env.update(
-            {
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(master_port),
-                "PET_MASTER_ADDR": "127.0.0.1",
-                "PET_MASTER_PORT": str(master_port),
-                "PET_NNODES": str(nnodes),
-                "PET_NODE_RANK": str(pod.node_rank),
-                "PET_NPROC_PER_NODE": str(job["spec"].get("nprocPerNode", "1")),
-                "WORLD_SIZE": str(nnodes),
-                "RANK": str(pod.node_rank),
-            }
-        )
+        env.update(extra_env)
+        declared = dict(extra_env)  # what $(VAR) may refer to: the container's own env, in order
         for var in container.get("env", []):
-            env[var["name"]] = remap(self._env_value(job, var))
-        command = [remap(part) for part in container.get("command", []) + container.get("args", [])]
-        pod.master_port = master_port
+            value = remap(self._env_value(job, var))
+            env[var["name"]] = declared[var["name"]] = _expand(value, declared) if expand else value
+        command = argv or [remap(part) for part in container.get("command", []) + container.get("args", [])]
+        if expand and not argv:
+            command = [_expand(part, declared) for part in command]
         with open(pod.log, "ab") as log:
             pod.proc = subprocess.Popen(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=pod.root, start_new_session=True
             )
         pod.exit_code = None
         pod.started_at = _now()
-        self._write_pod_status(
-            pod,
-            "Running",
-            {"state": {"running": {"startedAt": pod.started_at}}, "ready": True, "started": True},
-        )
+        pod.spawned_at = time.monotonic()
 
     def _mount_volumes(self, job, pod: Replica, spec, container) -> dict[str, Path]:
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
@@ -499,12 +542,14 @@ class PodExecutor:
                 return
         self._call("DELETE", self._pods_path(name))
 
-    def _write_pod_status(self, pod: Replica, phase: str, container: dict[str, Any]) -> None:
-        """What the kubelet reports: the pod's phase and its `pytorch` container's status."""
-        entry = {"name": "pytorch", "restartCount": pod.restarts, "image": "", "imageID": "", **container}
+    def _write_pod_status(
+        self, pod: Replica, phase: str, container: dict[str, Any], extra: dict[str, Any] | None = None
+    ) -> None:
+        """What the kubelet reports: the pod's phase and its container's status (``extra``: more status fields)."""
+        entry = {"name": pod.container, "restartCount": pod.restarts, "image": "", "imageID": "", **container}
         if pod.last_state:
             entry["lastState"] = {"terminated": pod.last_state}
-        status = {"phase": phase, "containerStatuses": [entry]}
+        status = {"phase": phase, "containerStatuses": [entry], **(extra or {})}
         code, _ = self._call(
             "PATCH", self._pods_path(pod.name, "status"), {"status": status}, "application/merge-patch+json"
         )
@@ -514,7 +559,7 @@ class PodExecutor:
     def _termination_message(self, pod: Replica, code: int) -> str:
         """The termination message the kubelet reads: the file (at most 4096 bytes); with
         FallbackToLogsOnError, a failed container's log tail when the file is empty."""
-        (container,) = [c for c in pod.template["spec"]["containers"] if c["name"] == "pytorch"]
+        (container,) = [c for c in pod.template["spec"]["containers"] if c["name"] == pod.container]
         data = b""
         if pod.termination_file is not None and pod.termination_file.is_file():
             data = pod.termination_file.read_bytes()[:MAX_TERMINATION_MESSAGE]
@@ -536,3 +581,817 @@ class PodExecutor:
         phase = "Running" if restarts else ("Succeeded" if code == 0 else "Failed")
         self._write_pod_status(pod, phase, {"state": {"terminated": terminated}, "ready": False, "started": False})
         pod.last_state = terminated
+
+
+# ====================================================================================================
+# JobSets (jobset.x-k8s.io/v1alpha2): the JobSet controller + the Job controller + the kubelet.
+
+JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
+JOBSET_PREFIX = "jobset.sigs.k8s.io/"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+JOBSET_CONTROLLER = "jobset.sigs.k8s.io/jobset-controller"
+
+# The vLLM stand-in (run with ``python -c VLLM_STANDIN <port> <served model>``): standard library only, so
+# it starts in a blink. /health and /health/ answer 200; /v1/models lists the served model;
+# /v1/chat/completions and /v1/completions answer every request with VLLM_STANDIN_ANSWER (n choices). It does
+# NOT generate, and has none of the weight-sync endpoints a trainer's rollout client needs
+# (init_communicator, update_named_param, ...): those answer 404.
+VLLM_STANDIN_ANSWER = "The answer is 4."
+VLLM_STANDIN = r"""
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PORT, MODEL, ANSWER = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def send(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path.rstrip("/") == "/health":
+            return self.send(200, {})
+        if self.path == "/v1/models":
+            return self.send(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+        self.send(404, {"error": {"message": "not served by the vLLM stand-in"}})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        n = int(body.get("n") or 1)
+        answer = {"id": "standin", "created": int(time.time()), "model": body.get("model", MODEL)}
+        if self.path == "/v1/chat/completions":
+            message = {"role": "assistant", "content": ANSWER}
+            choices = [{"index": i, "message": message, "finish_reason": "stop"} for i in range(n)]
+            usage = {"prompt_tokens": 1, "completion_tokens": 3 * n, "total_tokens": 1 + 3 * n}
+            return self.send(200, {**answer, "object": "chat.completion", "choices": choices, "usage": usage})
+        if self.path == "/v1/completions":
+            choices = [{"index": i, "text": ANSWER, "finish_reason": "stop"} for i in range(n)]
+            return self.send(200, {**answer, "object": "text_completion", "choices": choices})
+        self.send(404, {"error": {"message": "not served by the vLLM stand-in"}})
+
+
+print(f"vLLM stand-in (tests/pod_executor.py): serving {MODEL} on 127.0.0.1:{PORT}", flush=True)
+ThreadingHTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
+"""
+
+
+def _vllm_served(argv: list[str]) -> str | None:
+    """The model of a ``vllm serve MODEL …`` command (its --served-model-name when set), else None."""
+    words = [Path(w).name for w in argv[:2]]
+    if words != ["vllm", "serve"] or len(argv) < 3:
+        return None
+    names = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--served-model-name"]
+    names += [a.split("=", 1)[1] for a in argv if a.startswith("--served-model-name=")]
+    return names[0] if names else argv[2]
+
+
+@dataclass
+class ChildJob:
+    """One child Job of a JobSet (the Job controller's view): its pods by completion index."""
+
+    name: str
+    rjob: str
+    index: int
+    uid: str
+    spec: dict[str, Any]  # the Job's spec (template included)
+    attempt: int
+    suspended: bool
+    pods: dict[int, Replica] = field(default_factory=dict)
+    succeeded: set[int] = field(default_factory=set)
+    failed: int = 0
+    condition: str | None = None  # Complete | Failed
+    failed_at: float = 0.0
+    written: dict[str, Any] | None = None
+
+    @property
+    def completions(self) -> int:
+        return int(self.spec.get("completions") or self.spec.get("parallelism") or 1)
+
+    @property
+    def parallelism(self) -> int:
+        return int(self.spec.get("parallelism") or 1)
+
+    @property
+    def indexed(self) -> bool:
+        return self.spec.get("completionMode", "Indexed") == "Indexed"
+
+    def active(self) -> list[Replica]:
+        return [p for p in self.pods.values() if p.proc is not None and p.exit_code is None]
+
+    def ready(self) -> int:
+        return sum(1 for p in self.active() if p.ready_at is not None)
+
+
+@dataclass
+class JobSetRun:
+    uid: str
+    name: str
+    root: Path
+    restarts: int = 0
+    restarts_towards_max: int = 0
+    jobs: dict[str, ChildJob] = field(default_factory=dict)
+    conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    terminal: str | None = None
+    ports: dict[tuple[str, int], int] = field(default_factory=dict)  # (replicated job, containerPort) → host port
+    written: dict[str, Any] | None = None
+    log: list[str] = field(default_factory=list)  # what the controllers did, in order (for tests)
+
+
+class JobSetExecutor(PodExecutor):
+    """The JobSet v0.12.0 controller, the Kubernetes Job controller and the kubelet, for JobSets on the emulator.
+
+    Each reconcile follows the JobSet controller's order (notes on JobSet v0.12.0 ``jobset_controller.go``):
+    failure policy first, then success policy, then the headless Service, then the child Jobs of every
+    replicated job whose ``dependsOn`` is reached, then suspend/resume, then one status write.
+
+    * Child Jobs ``<js>-<rjob>-<jobIdx>`` (batch/v1 objects owned by the JobSet, with the JobSet labels and the
+      restart-attempt label); pods ``<job>-<podIdx>-<5 random>`` owned by their Job, hostname ``<job>-<podIdx>``
+      and ``subdomain`` (the JobSet's ``network.subdomain`` or name) when ``enableDNSHostnames`` (default true),
+      labels/annotations of the JobSet and the Job controller, ``JOB_COMPLETION_INDEX`` (Indexed Jobs).
+    * Networking on one machine: every JobSet hostname, alone or as ``<host>.<subdomain>[.<ns>.svc[.cluster.local]]``,
+      is rewritten to 127.0.0.1 in commands, env values and ConfigMap files. Every declared ``containerPort`` P
+      of a replicated job R gets one free host port H(R, P): ``<R's host>:P`` becomes ``127.0.0.1:H``; in R's own
+      pods a whole argument or env value ``P`` (or ``--…port=P``), the readiness probe's port and the ConfigMap
+      YAML ``*port`` keys become H. Pods of one replicated job share H, so only one of them may listen on it (the
+      trainer's rendezvous port on pod 0; one-pod servers). ``host_ports`` (port name → host port) wins over it.
+    * A container whose command is ``vllm serve MODEL …`` is not run: a small HTTP stand-in (VLLM_STANDIN) serves
+      /health, /v1/models and scripted /v1/chat/completions on its port instead, and the executor logs so.
+    * Readiness: a running pod with a ``readinessProbe.httpGet`` is Ready while a GET on it answers 2xx/3xx
+      (probed each poll, timings ignored); without a probe, Ready once started. Job ``status.ready`` counts them.
+    * Job controller: ``restartPolicy: Never`` pods; a failed pod beyond ``backoffLimit`` (default 6) fails the
+      Job (reason BackoffLimitExceeded) and its other pods are killed; within it, the index gets a new pod. An
+      Indexed Job is Complete when every index succeeded (NonIndexed: ``completions`` successes).
+    * JobSet: Jobs of a failed attempt are deleted with their pods and recreated under the same names with
+      ``restart-attempt`` + 1 (failurePolicy without rules: RestartJobSet up to ``maxRestarts``, then Failed,
+      ReachedMaxRestarts; no failurePolicy: Failed, FailedJobs); ``successPolicy`` (All/Any over its targets)
+      → Completed, ``terminalState``, still-active Jobs and their pods deleted (finished ones kept);
+      ``spec.suspend``: Jobs created suspended, pods of suspended Jobs deleted; resuming merges the JobSet's
+      current pod-template labels/annotations/nodeSelector/tolerations into the Jobs (how Kueue's admission
+      reaches them) and starts them. ``status``: conditions (added only when True, as ``updateCondition``),
+      ``restarts``, ``restartsCountTowardsMax``, ``terminalState``, ``replicatedJobsStatus``.
+
+    Not emulated: failurePolicy ``rules``, ``restartStrategy`` other than Recreate, ``startupPolicy: InOrder``,
+    ``ttlSecondsAfterFinished``, ``coordinator``, the webhooks' defaulting/validation, graceful termination
+    (pods are SIGKILLed), probe timings, scheduling (every pod runs at once), more than the first container.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.sets: dict[str, JobSetRun] = {}
+        self.batch = kubernetes.client.BatchV1Api(self.api)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        for run in self.sets.values():
+            for job in run.jobs.values():
+                for pod in job.pods.values():
+                    pod.kill()
+
+    def run_of(self, name: str) -> JobSetRun | None:
+        return next((r for r in self.sets.values() if r.name == name), None)
+
+    def jobset_pods(self, name: str, rjob: str | None = None) -> list[Replica]:
+        run = self.run_of(name)
+        if run is None:
+            return []
+        jobs = list(run.jobs.values())  # the executor's thread changes them while a test reads
+        return [p for j in jobs if rjob is None or j.rjob == rjob for _, p in sorted(list(j.pods.items()))]
+
+    # ------------------------------------------------------------------ the loop
+
+    def _step(self) -> None:
+        items = self.custom.list_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, self.namespace, "jobsets")[
+            "items"
+        ]
+        for js in items:
+            if js.get("metadata", {}).get("deletionTimestamp"):
+                continue
+            managed_by = js["spec"].get("managedBy")
+            if managed_by and managed_by != JOBSET_CONTROLLER:
+                continue
+            self._reconcile(js)
+        present = {js["metadata"]["uid"] for js in items}
+        for uid, run in list(self.sets.items()):
+            if uid not in present:  # deleted: its Jobs and pods go (garbage collection)
+                for job in run.jobs.values():
+                    self._delete_job(run, job)
+                del self.sets[uid]
+
+    def _reconcile(self, js: dict[str, Any]) -> None:
+        uid, name = js["metadata"]["uid"], js["metadata"]["name"]
+        run = self.sets.get(uid)
+        if run is None:
+            root = self.workdir / f"{name}-{uid[:8]}"
+            root.mkdir(parents=True, exist_ok=True)
+            run = self.sets[uid] = JobSetRun(uid, name, root)
+        spec = js["spec"]
+        rjobs = spec["replicatedJobs"]
+        for job in list(run.jobs.values()):
+            self._supervise_job(js, run, job)
+        statuses = self._rjob_statuses(rjobs, run)
+        if run.terminal:
+            for job in [j for j in run.jobs.values() if j.condition is None]:  # finished: active Jobs deleted
+                self._delete_job(run, job)
+                del run.jobs[job.name]
+            self._write_jobset_status(js, run, self._rjob_statuses(rjobs, run))
+            return
+        suspend = bool(spec.get("suspend"))
+        failed = sorted((j for j in run.jobs.values() if j.condition == "Failed"), key=lambda j: j.failed_at)
+        if failed:
+            self._failure_policy(js, run, failed[0])
+            self._write_jobset_status(js, run, self._rjob_statuses(rjobs, run))
+            return
+        policy = spec.get("successPolicy") or {"operator": "All"}
+        targets = policy.get("targetReplicatedJobs") or [r["name"] for r in rjobs]
+        complete = sum(1 for j in run.jobs.values() if j.condition == "Complete" and j.rjob in targets)
+        expected = (
+            1
+            if policy.get("operator") == "Any"
+            else sum(int(r.get("replicas", 1)) for r in rjobs if r["name"] in targets)
+        )
+        if complete and complete >= expected:
+            run.terminal = "Completed"
+            self._condition(run, "Completed", True, "AllJobsCompleted", "jobset completed successfully")
+            self._condition(run, "RestartingJobSet", False, "JobSetCompleted", "jobset completed successfully")
+            run.log.append("Completed")
+            for job in [j for j in run.jobs.values() if j.condition is None]:
+                self._delete_job(run, job)
+                del run.jobs[job.name]
+            self._write_jobset_status(js, run, self._rjob_statuses(rjobs, run))
+            return
+        self._ensure_service(js)
+        replicas_before = 0
+        for rjob in rjobs:
+            deps_met = self._deps_met(rjob, statuses)
+            replicas = int(rjob.get("replicas", 1))
+            if deps_met:
+                for index in range(replicas):
+                    job_name = f"{name}-{rjob['name']}-{index}"
+                    if job_name not in run.jobs:
+                        self._create_job(js, run, rjob, index, replicas_before, suspend)
+            replicas_before += replicas
+        if suspend:
+            for job in run.jobs.values():
+                if not job.suspended and job.condition is None:
+                    self._suspend_job(run, job)
+            self._condition(run, "Suspended", True, "SuspendedJobs", "jobset is suspended")
+        else:
+            for rjob in rjobs:
+                if not self._deps_met(rjob, statuses):
+                    continue
+                for job in run.jobs.values():
+                    if job.rjob == rjob["name"] and job.suspended:
+                        self._resume_job(js, run, rjob, job)
+            self._condition(run, "Suspended", False, "ResumeJobs", "jobset is resumed")
+        statuses = self._rjob_statuses(rjobs, run)
+        total = sum(int(r.get("replicas", 1)) for r in rjobs)
+        if not suspend and sum(s["ready"] + s["succeeded"] for s in statuses) == total:
+            self._condition(run, "RestartingJobSet", False, "JobsReady", "all jobs are ready")
+        self._write_jobset_status(js, run, statuses)
+
+    # ------------------------------------------------------------------ JobSet controller parts
+
+    @staticmethod
+    def _deps_met(rjob: dict[str, Any], statuses: list[dict[str, Any]]) -> bool:
+        by_name = {s["name"]: s for s in statuses}
+        for dep in rjob.get("dependsOn") or []:
+            status = by_name.get(dep["name"])
+            if status is None:
+                return False
+            if dep["status"] == "Ready":
+                reached = status["_replicas"] == status["ready"] + status["failed"] + status["succeeded"]
+            else:
+                reached = status["_replicas"] == status["succeeded"]
+            if not reached:
+                return False
+        return True
+
+    @staticmethod
+    def _rjob_statuses(rjobs: list[dict[str, Any]], run: JobSetRun) -> list[dict[str, Any]]:
+        out = []
+        for rjob in rjobs:
+            jobs = [j for j in run.jobs.values() if j.rjob == rjob["name"] and j.attempt == run.restarts]
+            ready = sum(
+                1
+                for j in jobs
+                if j.condition is None
+                and not j.suspended
+                and j.active()
+                and len(j.succeeded) + j.ready() >= min(j.parallelism, j.completions)
+            )
+            out.append(
+                {
+                    "name": rjob["name"],
+                    "ready": ready,
+                    "succeeded": sum(1 for j in jobs if j.condition == "Complete"),
+                    "failed": sum(1 for j in jobs if j.condition == "Failed"),
+                    "active": sum(1 for j in jobs if j.active()),
+                    "suspended": sum(1 for j in jobs if j.suspended),
+                    "_replicas": int(rjob.get("replicas", 1)),
+                }
+            )
+        return out
+
+    def _condition(self, run: JobSetRun, type_: str, status: bool, reason: str, message: str) -> None:
+        """``updateCondition``: a condition that is absent is added only when True; a status change moves
+        lastTransitionTime, a reason/message change alone does not."""
+        current = run.conditions.get(type_)
+        value = "True" if status else "False"
+        if current is None:
+            if status:
+                run.conditions[type_] = {
+                    "type": type_,
+                    "status": value,
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": _now(),
+                }
+            return
+        if current["status"] != value:
+            current["lastTransitionTime"] = _now()
+        current.update(status=value, reason=reason, message=message)
+
+    def _failure_policy(self, js: dict[str, Any], run: JobSetRun, first: ChildJob) -> None:
+        policy = js["spec"].get("failurePolicy")
+        if policy is None:
+            self._fail(
+                run, "FailedJobs", f"jobset failed due to one or more job failures (first failed job: {first.name})"
+            )
+            return
+        if run.restarts_towards_max >= int(policy.get("maxRestarts") or 0):
+            self._fail(
+                run,
+                "ReachedMaxRestarts",
+                f"jobset failed due to reaching max number of restarts (first failed job: {first.name})",
+            )
+            return
+        run.restarts += 1
+        run.restarts_towards_max += 1
+        run.log.append(f"RestartingJobSet {run.restarts} (first failed job: {first.name})")
+        self._condition(
+            run,
+            "RestartingJobSet",
+            True,
+            "DefaultFailurePolicy",
+            f"applying RestartJobSet failure policy action (first failed job: {first.name})",
+        )
+        print(
+            f"pod executor: JobSet {run.name}: restart {run.restarts} (first failed job: {first.name})", file=sys.stderr
+        )
+        for job in list(run.jobs.values()):  # the previous attempt's Jobs are deleted (Foreground)
+            self._delete_job(run, job)
+            del run.jobs[job.name]
+
+    def _fail(self, run: JobSetRun, reason: str, message: str) -> None:
+        run.terminal = "Failed"
+        run.log.append(f"Failed {reason}")
+        self._condition(run, "Failed", True, reason, message)
+        self._condition(run, "RestartingJobSet", False, "JobSetFailed", "jobset failed")
+        for job in [j for j in run.jobs.values() if j.condition is None]:  # active Jobs deleted
+            self._delete_job(run, job)
+            del run.jobs[job.name]
+
+    def _ensure_service(self, js: dict[str, Any]) -> None:
+        network = js["spec"].get("network") or {}
+        if network.get("enableDNSHostnames", True) is False:
+            return
+        name = network.get("subdomain") or js["metadata"]["name"]
+        try:
+            self.core.read_namespaced_service(name, self.namespace)
+            return
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
+        self.core.create_namespaced_service(
+            self.namespace,
+            {
+                "metadata": {"name": name, "ownerReferences": [self._owner(js, "JobSet")]},
+                "spec": {
+                    "clusterIP": "None",
+                    "selector": {f"{JOBSET_PREFIX}jobset-name": js["metadata"]["name"]},
+                    "publishNotReadyAddresses": network.get("publishNotReadyAddresses", True),
+                },
+            },
+        )
+
+    @staticmethod
+    def _owner(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+        api_version = obj.get("apiVersion") or f"{JOBSET_GROUP}/{JOBSET_VERSION}"
+        return {
+            "apiVersion": api_version,
+            "kind": kind,
+            "name": obj["metadata"]["name"],
+            "uid": obj["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    def _jobset_labels(
+        self, js: dict[str, Any], run: JobSetRun, rjob: dict[str, Any], index: int, before: int
+    ) -> dict[str, str]:
+        import hashlib
+
+        rjobs = js["spec"]["replicatedJobs"]
+        group = rjob.get("groupName", "default")
+        in_group = [r for r in rjobs if r.get("groupName", "default") == group]
+        group_before = 0
+        for r in in_group:
+            if r["name"] == rjob["name"]:
+                break
+            group_before += int(r.get("replicas", 1))
+        job_name = f"{js['metadata']['name']}-{rjob['name']}-{index}"
+        return {
+            f"{JOBSET_PREFIX}jobset-name": js["metadata"]["name"],
+            f"{JOBSET_PREFIX}jobset-uid": js["metadata"]["uid"],
+            f"{JOBSET_PREFIX}replicatedjob-name": rjob["name"],
+            f"{JOBSET_PREFIX}restart-attempt": str(run.restarts),
+            f"{JOBSET_PREFIX}replicatedjob-replicas": str(rjob.get("replicas", 1)),
+            f"{JOBSET_PREFIX}global-replicas": str(sum(int(r.get("replicas", 1)) for r in rjobs)),
+            f"{JOBSET_PREFIX}job-index": str(index),
+            f"{JOBSET_PREFIX}job-key": hashlib.sha1(f"{self.namespace}/{job_name}".encode()).hexdigest(),
+            f"{JOBSET_PREFIX}job-global-index": str(before + index),
+            f"{JOBSET_PREFIX}group-name": group,
+            f"{JOBSET_PREFIX}group-replicas": str(sum(int(r.get("replicas", 1)) for r in in_group)),
+            f"{JOBSET_PREFIX}job-group-index": str(group_before + index),
+        }
+
+    def _create_job(
+        self, js: dict[str, Any], run: JobSetRun, rjob: dict[str, Any], index: int, before: int, suspend: bool
+    ) -> None:
+        import copy
+
+        name = f"{js['metadata']['name']}-{rjob['name']}-{index}"
+        template = copy.deepcopy(rjob["template"])
+        labels = self._jobset_labels(js, run, rjob, index, before)
+        spec = template.get("spec") or {}
+        spec["suspend"] = suspend
+        spec.setdefault("completionMode", "Indexed")
+        pod_template = spec.setdefault("template", {})
+        pod_meta = pod_template.setdefault("metadata", {})
+        pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **labels}
+        pod_meta["annotations"] = {**(pod_meta.get("annotations") or {}), **labels}
+        network = js["spec"].get("network") or {}
+        if network.get("enableDNSHostnames", True):
+            pod_template.setdefault("spec", {})["subdomain"] = network.get("subdomain") or js["metadata"]["name"]
+        meta = template.get("metadata") or {}
+        body = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": name,
+                "labels": {**(meta.get("labels") or {}), **labels},
+                "annotations": {**(meta.get("annotations") or {}), **labels},
+                "ownerReferences": [self._owner(js, "JobSet")],
+            },
+            "spec": spec,
+        }
+        status, created = self._call("POST", f"/apis/batch/v1/namespaces/{self.namespace}/jobs", body)
+        if status not in (200, 201):
+            raise RuntimeError(f"creating job {name}: HTTP {status}")
+        job = ChildJob(name, rjob["name"], index, created["metadata"]["uid"], spec, run.restarts, suspend)
+        run.jobs[name] = job
+        run.log.append(f"created job {name} (attempt {run.restarts}{', suspended' if suspend else ''})")
+        for container in spec["template"]["spec"].get("containers", []):
+            for port in container.get("ports", []):
+                key = (rjob["name"], int(port["containerPort"]))
+                if key not in run.ports:
+                    run.ports[key] = self.host_ports.get(port.get("name", ""), 0) or _free_port()
+        if not suspend:
+            self._start_job(js, run, job)
+
+    def _start_job(self, js: dict[str, Any], run: JobSetRun, job: ChildJob) -> None:
+        for index in range(min(job.parallelism, job.completions)):
+            if index not in job.succeeded:
+                self._start_index(js, run, job, index)
+
+    def _suspend_job(self, run: JobSetRun, job: ChildJob) -> None:
+        job.suspended = True
+        job.spec["suspend"] = True
+        for pod in job.pods.values():  # a suspended Job's pods are deleted
+            pod.kill()
+            self._delete_pod_object(pod.name, job.uid)
+        job.pods.clear()
+        self._patch_job(job, {"spec": {"suspend": True}})
+        run.log.append(f"suspended job {job.name}")
+
+    def _resume_job(self, js: dict[str, Any], run: JobSetRun, rjob: dict[str, Any], job: ChildJob) -> None:
+        """``resumeJobsIfNecessary``: the JobSet's pod-template scheduling fields merged in, then unsuspended."""
+        current = (rjob["template"].get("spec") or {}).get("template") or {}
+        mine = job.spec["template"]
+        for key in ("labels", "annotations"):
+            merged = {
+                **(mine.setdefault("metadata", {}).get(key) or {}),
+                **((current.get("metadata") or {}).get(key) or {}),
+            }
+            mine["metadata"][key] = merged
+        for key in ("nodeSelector",):
+            merged = {**(mine["spec"].get(key) or {}), **((current.get("spec") or {}).get(key) or {})}
+            if merged:
+                mine["spec"][key] = merged
+        for key in ("tolerations", "schedulingGates"):
+            if (current.get("spec") or {}).get(key):
+                mine["spec"][key] = current["spec"][key]
+        job.suspended = False
+        job.spec["suspend"] = False
+        self._patch_job(job, {"spec": {"suspend": False, "template": mine}})
+        run.log.append(f"resumed job {job.name}")
+        self._start_job(js, run, job)
+
+    def _patch_job(self, job: ChildJob, body: dict[str, Any]) -> None:
+        self._call(
+            "PATCH", f"/apis/batch/v1/namespaces/{self.namespace}/jobs/{job.name}", body, "application/merge-patch+json"
+        )
+
+    def _delete_job(self, run: JobSetRun, job: ChildJob) -> None:
+        for pod in job.pods.values():
+            pod.kill()
+            self._delete_pod_object(pod.name, job.uid)
+        self._call("DELETE", f"/apis/batch/v1/namespaces/{self.namespace}/jobs/{job.name}")
+        run.log.append(f"deleted job {job.name}")
+
+    # ------------------------------------------------------------------ Job controller + kubelet parts
+
+    def _start_index(self, js: dict[str, Any], run: JobSetRun, job: ChildJob, index: int) -> None:
+        template = job.spec["template"]
+        spec = template["spec"]
+        container = spec["containers"][0]
+        pod_name = f"{job.name}-{index}-{secrets_token()}"
+        pod = Replica(
+            job.name,
+            job.rjob,
+            index,
+            index,
+            template,
+            "Never",
+            run.root,
+            container=container["name"],
+            pod_name=pod_name,
+        )
+        job.pods[index] = pod
+        hostname = f"{job.name}-{index}" if job.indexed else None
+        self._create_jobset_pod(job, pod, hostname)
+        ports = {p: h for (r, p), h in run.ports.items() if r == job.rjob}
+        rewrite = self._network_rewrite(js, run, ports)
+        env = {"HOSTNAME": hostname or pod_name}
+        if job.indexed and not any(v["name"] == "JOB_COMPLETION_INDEX" for v in container.get("env", [])):
+            env["JOB_COMPLETION_INDEX"] = str(index)
+        argv = None
+        model = _vllm_served(container.get("command", []) + container.get("args", []))
+        if model is not None:
+            port = self._standin_port(container, ports)
+            argv = [sys.executable, "-c", VLLM_STANDIN, str(port), model, VLLM_STANDIN_ANSWER]
+            message = f"pod executor: {pod_name}: `vllm serve {model}` runs as the local vLLM stand-in on :{port}"
+            print(message, file=sys.stderr)
+            run.log.append(message)
+        self._spawn(js, pod, container, env, ports, rewrite, argv)
+        self._write_pod_status(
+            pod,
+            "Running",
+            {"state": {"running": {"startedAt": pod.started_at}}, "ready": False, "started": True},
+            self._pod_conditions(False),
+        )
+
+    @staticmethod
+    def _standin_port(container: dict[str, Any], ports: dict[int, int]) -> int:
+        argv = container.get("command", []) + container.get("args", [])
+        port = 8000  # vllm serve's default
+        for i, arg in enumerate(argv):
+            if arg == "--port" and i + 1 < len(argv):
+                port = int(argv[i + 1])
+            elif arg.startswith("--port="):
+                port = int(arg.split("=", 1)[1])
+        return ports.get(port, port)
+
+    def _network_rewrite(self, js: dict[str, Any], run: JobSetRun, own_ports: dict[int, int]):
+        import re
+
+        network = js["spec"].get("network") or {}
+        subdomain = network.get("subdomain") or js["metadata"]["name"]
+        hosts: dict[str, str] = {}  # hostname → replicated job
+        for rjob in js["spec"]["replicatedJobs"]:
+            spec = rjob["template"].get("spec") or {}
+            for job_index in range(int(rjob.get("replicas", 1))):
+                for pod_index in range(int(spec.get("completions") or spec.get("parallelism") or 1)):
+                    hosts[f"{js['metadata']['name']}-{rjob['name']}-{job_index}-{pod_index}"] = rjob["name"]
+        if not hosts:
+            return None
+        names = "|".join(sorted((re.escape(h) for h in hosts), key=len, reverse=True))
+        suffix = rf"(?:\.{re.escape(subdomain)}(?:\.{re.escape(self.namespace)}(?:\.svc(?:\.cluster\.local)?)?)?)?"
+        pattern = re.compile(rf"(?<![\w.-])({names}){suffix}(?::(\d+))?(?![\w-])")
+
+        def host(match: re.Match) -> str:
+            port = match.group(2)
+            if port is None:
+                return "127.0.0.1"
+            return f"127.0.0.1:{run.ports.get((hosts[match.group(1)], int(port)), int(port))}"
+
+        own = {str(p): str(h) for p, h in own_ports.items()}
+        own_arg = re.compile(r"^(--[\w-]*port=)(\d+)$")
+
+        def rewrite(text: str) -> str:
+            text = pattern.sub(host, text)
+            if text in own:
+                return own[text]
+            match = own_arg.match(text)
+            if match and match.group(2) in own:
+                return match.group(1) + own[match.group(2)]
+            return text
+
+        return rewrite
+
+    def _create_jobset_pod(self, job: ChildJob, pod: Replica, hostname: str | None) -> None:
+        meta = pod.template.get("metadata") or {}
+        labels = {
+            **(meta.get("labels") or {}),
+            "batch.kubernetes.io/job-name": job.name,
+            "job-name": job.name,
+            "batch.kubernetes.io/controller-uid": job.uid,
+            "controller-uid": job.uid,
+        }
+        annotations = dict(meta.get("annotations") or {})
+        if job.indexed:
+            labels[COMPLETION_INDEX] = annotations[COMPLETION_INDEX] = str(pod.index)
+        spec = {**pod.template["spec"], "restartPolicy": pod.template["spec"].get("restartPolicy", "Never")}
+        if hostname:
+            spec["hostname"] = hostname
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod.name,
+                "namespace": self.namespace,
+                "labels": labels,
+                "annotations": annotations,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": job.name,
+                        "uid": job.uid,
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": spec,
+        }
+        status, _ = self._call("POST", self._pods_path(), body)
+        if status not in (200, 201):
+            raise RuntimeError(f"creating pod {pod.name}: HTTP {status}")
+
+    @staticmethod
+    def _pod_conditions(ready: bool) -> dict[str, Any]:
+        value = "True" if ready else "False"
+        at = _now()
+        return {
+            "conditions": [
+                {"type": "Ready", "status": value, "lastTransitionTime": at},
+                {"type": "ContainersReady", "status": value, "lastTransitionTime": at},
+            ]
+        }
+
+    def _env_value(self, job, var: dict[str, Any]) -> str:
+        field_path = ((var.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")
+        if COMPLETION_INDEX in field_path:  # metadata.labels['batch.kubernetes.io/job-completion-index']
+            return self._current_index
+        if field_path == "metadata.name":
+            return self._current_pod
+        return super()._env_value(job, var)
+
+    _current_index = _current_pod = ""
+
+    def _spawn(self, job, pod, container, extra_env, ports, rewrite=None, argv=None, expand=True) -> None:
+        self._current_index, self._current_pod = str(pod.index), pod.name  # the fieldRefs' values
+        super()._spawn(job, pod, container, extra_env, ports, rewrite, argv, expand)
+
+    def _probe(self, pod: Replica, ports: dict[int, int]) -> bool:
+        import urllib.error
+        import urllib.request
+
+        container = next(c for c in pod.template["spec"]["containers"] if c["name"] == pod.container)
+        probe = (container.get("readinessProbe") or {}).get("httpGet")
+        if probe is None:
+            return True
+        port = probe["port"]
+        if isinstance(port, str) and not port.isdigit():
+            port = next(p["containerPort"] for p in container.get("ports", []) if p.get("name") == port)
+        port = ports.get(int(port), int(port))
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{probe.get('path', '/')}", timeout=0.5) as answer:
+                return 200 <= answer.status < 400
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def _supervise_job(self, js: dict[str, Any], run: JobSetRun, job: ChildJob) -> None:
+        if job.condition is not None or job.suspended:
+            return
+        ports = {p: h for (r, p), h in run.ports.items() if r == job.rjob}
+        backoff_limit = int(job.spec.get("backoffLimit", 6))
+        for index, pod in list(job.pods.items()):
+            if pod.proc is None or pod.exit_code is not None:
+                continue
+            code = pod.proc.poll()
+            if code is None:
+                ready = self._probe(pod, ports)
+                if ready != (pod.ready_at is not None):
+                    pod.ready_at = time.monotonic() if ready else None
+                    self._write_pod_status(
+                        pod,
+                        "Running",
+                        {"state": {"running": {"startedAt": pod.started_at}}, "ready": ready, "started": True},
+                        self._pod_conditions(ready),
+                    )
+                continue
+            pod.exit_code = code
+            pod.ready_at = None
+            terminated: dict[str, Any] = {
+                "exitCode": code,
+                "reason": "Completed" if code == 0 else "Error",
+                "startedAt": pod.started_at,
+                "finishedAt": _now(),
+            }
+            message = self._termination_message(pod, code)
+            if message:
+                terminated["message"] = message
+            self._write_pod_status(
+                pod,
+                "Succeeded" if code == 0 else "Failed",
+                {"state": {"terminated": terminated}, "ready": False, "started": False},
+                self._pod_conditions(False),
+            )
+            run.log.append(f"pod {pod.name} exited {code}")
+            if code == 0:
+                job.succeeded.add(index)
+            else:
+                job.failed += 1
+                if job.failed > backoff_limit:
+                    job.condition, job.failed_at = "Failed", time.monotonic()
+                    for other in job.active():  # the Job controller ends the Job's other pods
+                        other.kill()
+                        other.proc.wait(10)
+                        other.exit_code = -9
+                else:  # within backoffLimit: a new pod for the index
+                    self._start_index(js, run, job, index)
+        if job.condition is None and len(job.succeeded) >= job.completions:
+            job.condition = "Complete"
+        self._write_job_status(job)
+
+    def _write_job_status(self, job: ChildJob) -> None:
+        status: dict[str, Any] = {
+            "active": len(job.active()),
+            "ready": job.ready(),
+            "succeeded": len(job.succeeded),
+            "failed": job.failed,
+        }
+        if job.indexed and job.succeeded:
+            status["completedIndexes"] = ",".join(str(i) for i in sorted(job.succeeded))
+        if job.condition == "Complete":
+            status["conditions"] = [{"type": "Complete", "status": "True", "reason": "CompletionsReached"}]
+        elif job.condition == "Failed":
+            status["conditions"] = [
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "BackoffLimitExceeded",
+                    "message": "Job has reached the specified backoff limit",
+                }
+            ]
+        if status != job.written:
+            self._call(
+                "PATCH",
+                f"/apis/batch/v1/namespaces/{self.namespace}/jobs/{job.name}/status",
+                {"status": status},
+                "application/merge-patch+json",
+            )
+            job.written = status
+
+    def _write_jobset_status(self, js: dict[str, Any], run: JobSetRun, statuses: list[dict[str, Any]]) -> None:
+        status: dict[str, Any] = {
+            "restarts": run.restarts,
+            "replicatedJobsStatus": [{k: v for k, v in s.items() if not k.startswith("_")} for s in statuses],
+            "conditions": list(run.conditions.values()),
+        }
+        if run.restarts_towards_max:
+            status["restartsCountTowardsMax"] = run.restarts_towards_max
+        if run.terminal:
+            status["terminalState"] = run.terminal
+        if status != run.written:
+            self.custom.patch_namespaced_custom_object_status(
+                JOBSET_GROUP, JOBSET_VERSION, self.namespace, "jobsets", run.name, {"status": status}
+            )
+            run.written = json.loads(json.dumps(status))
+
+
+def secrets_token() -> str:
+    import secrets
+
+    return secrets.token_hex(3)[:5]
