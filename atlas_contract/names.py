@@ -10,7 +10,8 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KINDS = {"AtlasTraining": "atlastrainings", "AtlasTeacher": "atlasteachers"}
 SHORT_NAMES = {"AtlasTraining": ["atr"], "AtlasTeacher": ["ateach"]}
-PHASES = ("Pending", "Running", "Succeeded", "Failed", "Suspended", "Invalid")
+PHASES = ("Pending", "Queued", "Running", "Succeeded", "Failed", "Suspended", "Invalid")
+BACKENDS = ("PyTorchJob", "JobSet")  # spec.backend; the operator's default is ATLAS_DEFAULT_BACKEND
 ALGORITHMS = ("grpo", "sft", "teacher")  # run configuration `algorithm`; AtlasTeacher runs `teacher`
 
 # ------------------------------------------------------------------ ports
@@ -51,6 +52,7 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"  # spec.queueName: the Kueue LocalQueue that admits the job
 
 
 @dataclass(frozen=True)

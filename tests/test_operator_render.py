@@ -217,6 +217,72 @@ def test_suspend_renders_suspended_job_and_no_servers():
     assert objs[("Deployment", "teacher-run-student")]["spec"]["replicas"] == 0
 
 
+def test_queue_name_labels_the_job_and_servers_and_creates_the_job_suspended():
+    """spec.queueName: Kueue admits the PyTorchJob (created suspended, label on the job) and each server pod."""
+    objs = children(teacher(queueName="team-a-gpus"))
+    job = objs[("PyTorchJob", "teacher-run")]
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpus"
+    assert job["spec"]["runPolicy"]["suspend"] is True
+    openapi_validate(job, pytorchjob_schema())
+    for component in ("rollout", "student"):
+        deployment = objs[("Deployment", f"teacher-run-{component}")]
+        assert deployment["spec"]["template"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpus"
+        assert "kueue.x-k8s.io/queue-name" not in deployment["metadata"]["labels"]
+        assert "kueue.x-k8s.io/queue-name" not in deployment["spec"]["selector"]["matchLabels"]
+        assert deployment["spec"]["replicas"] == 1
+    plain = children(teacher())
+    assert "kueue.x-k8s.io/queue-name" not in plain[("PyTorchJob", "teacher-run")]["metadata"]["labels"]
+    assert plain[("PyTorchJob", "teacher-run")]["spec"]["runPolicy"]["suspend"] is False
+
+
+def test_backend_queue_name_and_max_restarts_fields():
+    run = parse_run(teacher(queueName="q"))
+    assert run.spec.backend is None and run.spec.max_restarts == 3 and run.spec.queue_name == "q"
+    assert parse_run(teacher(backend="PyTorchJob")).spec.backend == "PyTorchJob"
+    with pytest.raises(InvalidRun, match="spec.backend: JobSet is not rendered"):
+        parse_run(teacher(backend="JobSet"))
+    with pytest.raises(InvalidRun, match="spec.backend"):
+        parse_run(teacher(backend="Deployment"))
+    with pytest.raises(InvalidRun, match="spec.maxRestarts"):
+        parse_run(teacher(maxRestarts=-1))
+    for bad in ("-q", "a b", "x" * 64):
+        with pytest.raises(InvalidRun, match="spec.queueName"):
+            parse_run(teacher(queueName=bad))
+
+
+def test_queued_phase_until_kueue_unsuspends_the_job():
+    suspended = {"spec": {"runPolicy": {"suspend": True}}, "status": {"conditions": []}}
+    assert job_phase(suspended, False, queued=True) == "Queued"
+    kubeflow_suspended = {
+        "spec": {"runPolicy": {"suspend": True}},
+        "status": {"conditions": [{"type": "Suspended", "status": "True"}]},
+    }
+    assert job_phase(kubeflow_suspended, False, queued=True) == "Queued"
+    assert job_phase(kubeflow_suspended, False) == "Suspended"
+    running = {
+        "spec": {"runPolicy": {"suspend": False}},
+        "status": {"conditions": [{"type": "Running", "status": "True"}]},
+    }
+    assert job_phase(running, False, queued=True) == "Running"
+    assert job_phase(None, False, queued=True) == "Pending"
+    done = {
+        "spec": {"runPolicy": {"suspend": True}},
+        "status": {"conditions": [{"type": "Succeeded", "status": "True"}]},
+    }
+    assert job_phase(done, False, queued=True) == "Succeeded"
+
+
+def test_default_backend_setting():
+    from atlas_operator.config import OperatorConfig
+
+    assert OperatorConfig.from_env({}).default_backend == "PyTorchJob"
+    assert OperatorConfig.from_env({"ATLAS_DEFAULT_BACKEND": "PyTorchJob"}).default_backend == "PyTorchJob"
+    with pytest.raises(SystemExit, match="ATLAS_DEFAULT_BACKEND: expected one of PyTorchJob, JobSet"):
+        OperatorConfig.from_env({"ATLAS_DEFAULT_BACKEND": "Pod"})
+    with pytest.raises(SystemExit, match="ATLAS_DEFAULT_BACKEND: JobSet is not rendered"):
+        OperatorConfig.from_env({"ATLAS_DEFAULT_BACKEND": "JobSet"})
+
+
 def test_rendered_run_config_is_accepted_by_the_trainer(tmp_path, tiny_model_dir):
     """The ConfigMap's run.yaml (a teacher's with its evaluation section), handed to the trainer's own loader and
     validator: no problem."""

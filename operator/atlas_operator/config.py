@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from atlas_contract.names import OPERATOR_METRICS_PORT, TRAINER_METRICS_PORT
+from atlas_contract.names import BACKENDS, OPERATOR_METRICS_PORT, TRAINER_METRICS_PORT
 from atlas_operator.render import Images
 
 # Environment variable of each setting (the chart's deployment.yaml sets them).
@@ -21,6 +21,7 @@ ENV = {
     "metrics_url_template": "ATLAS_METRICS_URL_TEMPLATE",
     "retry_delay": "ATLAS_RETRY_DELAY",
     "workers": "ATLAS_WORKERS",
+    "default_backend": "ATLAS_DEFAULT_BACKEND",
 }
 
 
@@ -47,6 +48,8 @@ class OperatorConfig:
     # Seconds a trainer scrape may take; how long a found PyTorchJob CRD is trusted before it is checked again.
     scrape_timeout_s: float = 5.0
     crd_cache_s: float = 60.0
+    # spec.backend of a run that leaves it unset: PyTorchJob (JobSet is not rendered by this version yet).
+    default_backend: str = "PyTorchJob"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> OperatorConfig:
@@ -85,6 +88,13 @@ _RANGES = {
 
 def _setting_problems(values: dict[str, Any]) -> list[str]:
     problems = []
+    backend = values.get("default_backend")
+    if backend is not None and backend not in BACKENDS:
+        problems.append(f"{ENV['default_backend']}: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    elif backend == "JobSet":
+        problems.append(
+            f"{ENV['default_backend']}: JobSet is not rendered by this operator version yet; use PyTorchJob"
+        )
     for name, (low, high) in _RANGES.items():
         value = values.get(name)
         if value is None:
@@ -99,7 +109,7 @@ def _convert(name: str, raw: Any, defaults: OperatorConfig) -> Any:
     if name == "watch_namespaces":
         items = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
         return tuple(n.strip() for n in items if n.strip())
-    if name in ("trainer_image", "rollout_image"):
+    if name in ("trainer_image", "rollout_image", "default_backend"):
         return str(raw)
     return type(getattr(defaults, name))(raw)
 

@@ -133,7 +133,7 @@ class Reconciler:
             conditions.append(_cond("SpecApplied", True, "UpToDate", "the running job matches the spec"))
         conditions.append(self.rollout_condition(run))
 
-        result.phase = job_phase(job, run.spec.suspend)
+        result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name))
         reason, message = training_reason(job)
         conditions.append(_cond("Training", result.phase == "Running", reason, message))
         if job is not None and result.phase == "Succeeded":
@@ -265,15 +265,12 @@ class Reconciler:
                     "(the operator recreates it), or set spec.checkpoint.pvc for future runs",
                 )
             )
-        patch = _managed_patch(
-            {
-                "metadata": {
-                    k: desired["metadata"][k] for k in ("labels", "ownerReferences") if k in desired["metadata"]
-                },
-                "spec": {"runPolicy": {"suspend": run.spec.suspend}},
-            },
-            existing,
-        )
+        wanted: dict[str, Any] = {
+            "metadata": {k: desired["metadata"][k] for k in ("labels", "ownerReferences") if k in desired["metadata"]}
+        }
+        if not run.spec.queue_name:  # a queued job's suspend is Kueue's: never written after creation
+            wanted["spec"] = {"runPolicy": {"suspend": run.spec.suspend}}
+        patch = _managed_patch(wanted, existing)
         if patch is None:
             return existing, None
         return self.kube.patch(kube.PYTORCH_JOB, run.namespace, name, patch), "patched"

@@ -29,6 +29,7 @@ from atlas_contract.names import (
     LABEL_MANAGED_BY,
     LABEL_NAME,
     MANAGED_BY,
+    QUEUE_NAME_LABEL,
     RENDEZVOUS_PORT,
     REWARD_CONFIG_FILE,
     RUN_CONFIG_FILE,
@@ -80,6 +81,13 @@ def labels(run: Run, component: str) -> dict[str, str]:
         LABEL_COMPONENT: component,
         LABEL_MANAGED_BY: MANAGED_BY,
     }
+
+
+def _queued(run: Run, pod_labels: dict[str, str]) -> dict[str, str]:
+    """Server pods of a queued PyTorchJob run: Kueue admits each pod on its own (not with the job's gang)."""
+    if run.spec.queue_name:
+        pod_labels[QUEUE_NAME_LABEL] = run.spec.queue_name
+    return pod_labels
 
 
 def _selector(run: Run, component: str) -> dict[str, str]:
@@ -376,7 +384,8 @@ def pytorch_job(run: Run, images: Images, config: dict[str, Any] | None = None) 
         replicas["Worker"] = {"replicas": spec.resources.nodes - 1, "restartPolicy": "OnFailure", "template": template}
     job_spec = {
         "nprocPerNode": str(spec.resources.processes()),
-        "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": 3, "suspend": spec.suspend},
+        # With a queue, Kueue owns suspend: the job is created suspended and only Kueue resumes it.
+        "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": 3, "suspend": spec.suspend or bool(spec.queue_name)},
         "pytorchReplicaSpecs": replicas,
     }
     job = {
@@ -385,6 +394,8 @@ def pytorch_job(run: Run, images: Images, config: dict[str, Any] | None = None) 
         "metadata": _metadata(run, run.name, "trainer"),
         "spec": job_spec,
     }
+    if spec.queue_name:
+        job["metadata"]["labels"][QUEUE_NAME_LABEL] = spec.queue_name
     job["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: job_spec_hash(job)}
     return job
 
@@ -437,7 +448,7 @@ def _vllm_deployment(
             "selector": {"matchLabels": _selector(run, component)},
             "strategy": {"type": "Recreate"},  # GPUs: never two generations of servers at once
             "template": {
-                "metadata": {"labels": labels(run, component)},
+                "metadata": {"labels": _queued(run, labels(run, component))},
                 "spec": {
                     **_placement(run),
                     "securityContext": _pod_security(),

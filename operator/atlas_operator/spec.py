@@ -17,12 +17,14 @@ from typing import Any
 
 from atlas_contract import defaults, rules
 from atlas_contract.errors import InvalidFields
-from atlas_contract.names import API_VERSION, GROUP, KINDS, MAX_RUN_NAME, PHASES, SHORT_NAMES, VERSION
+from atlas_contract.names import API_VERSION, BACKENDS, GROUP, KINDS, MAX_RUN_NAME, PHASES, SHORT_NAMES, VERSION
 from atlas_operator.schema import camel, parse, spec_field
 
 __all__ = ["API_VERSION", "GROUP", "KINDS", "SHORT_NAMES", "VERSION", "PHASES", "InvalidRun", "parse_run"]
 
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3", "zero3-offload")
+# A label value: at most 63 characters (checked in validate_run), alphanumerics at both ends.
+QUEUE_NAME_PATTERN = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)"
 DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 # A Kubernetes resource quantity (k8s.io/apimachinery resource.Quantity): 32, 500m, 512Gi, 1.5e3.
 QUANTITY_PATTERN = (
@@ -338,7 +340,27 @@ class RunSpec:
     )
     checkpoint: CheckpointSpec = spec_field("checkpoint volume and frequency", CheckpointSpec)
     env: list[EnvVar] = spec_field("extra environment for the trainer pods (API keys by secretKeyRef)", [])
-    suspend: bool = spec_field("true suspends the PyTorchJob and scales the rollouts to 0; false resumes", False)
+    suspend: bool = spec_field(
+        "true suspends the PyTorchJob and scales the rollouts to 0; false resumes (with queueName, Kueue owns "
+        "the job's suspend: only the rollouts are scaled)",
+        False,
+    )
+    backend: str | None = spec_field(
+        "what runs the trainer and servers: PyTorchJob (Kubeflow Training Operator) or JobSet (one gang; "
+        "not yet rendered by this operator: a run asking for it is rejected)",
+        unset="the operator's default backend (ATLAS_DEFAULT_BACKEND, PyTorchJob unless set)",
+        enum=BACKENDS,
+    )
+    queue_name: str | None = spec_field(
+        "Kueue LocalQueue: the label kueue.x-k8s.io/queue-name on the job (for PyTorchJob also on the server "
+        "Deployments' pods, which Kueue admits one pod at a time, not as a gang)",
+        unset="no queue (not managed by Kueue)",
+        pattern=QUEUE_NAME_PATTERN,
+        pattern_doc="a valid label value (at most 63 characters)",
+    )
+    max_restarts: int = spec_field(
+        "JobSet backend only: whole-gang restarts (failurePolicy.maxRestarts) before the run fails", 3, minimum=0
+    )
 
 
 @dataclass
@@ -447,7 +469,11 @@ class RunResult:
 class RunStatus:
     """Observed state of the run."""
 
-    phase: str | None = spec_field("follows the PyTorchJob's last condition; Invalid = rejected spec", enum=PHASES)
+    phase: str | None = spec_field(
+        "follows the PyTorchJob's last condition; Queued = Kueue has not admitted the job (spec.queueName); "
+        "Invalid = rejected spec",
+        enum=PHASES,
+    )
     observed_generation: int | None = spec_field("metadata.generation last reconciled")
     conditions: list[Condition] = spec_field("latest observations", [])
     progress: Progress | None = spec_field("training progress")
@@ -522,6 +548,12 @@ def validate_run(run: Run) -> list[str]:
         problems.append(
             f"spec.rollout.replicas: expected 0 for algorithm sft (SFT generates nothing), got {spec.rollout.replicas}"
         )
+    if spec.backend == "JobSet":
+        problems.append(
+            "spec.backend: JobSet is not rendered by this operator version yet; use PyTorchJob (or leave it unset)"
+        )
+    if spec.queue_name is not None and len(spec.queue_name) > 63:
+        problems.append(f"spec.queueName: expected a label value of at most 63 characters, got {len(spec.queue_name)}")
     reward = spec.reward
     if reward.config and reward.config_map_ref:
         problems.append("spec.reward: set config or configMapRef, not both")

@@ -64,10 +64,16 @@ def training_reason(job: dict[str, Any] | None) -> tuple[str, str]:
     return last["type"], last.get("message") or f"PyTorchJob {last['type']}"
 
 
-def job_phase(job: dict[str, Any] | None, suspend: bool) -> str:
-    """Pending until the job reports; then its last condition. A suspend request shows at once."""
+def job_phase(job: dict[str, Any] | None, suspend: bool, queued: bool = False) -> str:
+    """Pending until the job reports; then its last condition. A suspend request shows at once. A queued
+    run (spec.queueName) whose job Kueue keeps suspended is Queued: Kueue, not the run, owns suspend."""
     condition = last_job_condition(job)
     phase = JOB_PHASES[condition["type"]] if condition else "Pending"
+    if queued:
+        held = job is not None and bool(((job.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+        if held and phase not in FINISHED:
+            return "Queued"
+        return phase
     if suspend and phase not in FINISHED:
         return "Suspended"
     return phase
