@@ -568,7 +568,8 @@ class PodExecutor:
             data = b"\n".join(lines)[-MAX_TERMINATION_MESSAGE:]
         return data.decode("utf-8", "ignore")
 
-    def _pod_terminated(self, pod: Replica, code: int, restarts: bool) -> None:
+    def _terminated_state(self, pod: Replica, code: int) -> dict[str, Any]:
+        """The container's ``state.terminated`` as kubelet writes it, termination message included."""
         terminated: dict[str, Any] = {
             "exitCode": code,
             "reason": "Completed" if code == 0 else "Error",
@@ -578,6 +579,10 @@ class PodExecutor:
         message = self._termination_message(pod, code)
         if message:
             terminated["message"] = message
+        return terminated
+
+    def _pod_terminated(self, pod: Replica, code: int, restarts: bool) -> None:
+        terminated = self._terminated_state(pod, code)
         phase = "Running" if restarts else ("Succeeded" if code == 0 else "Failed")
         self._write_pod_status(pod, phase, {"state": {"terminated": terminated}, "ready": False, "started": False})
         pod.last_state = terminated
@@ -1313,19 +1318,10 @@ class JobSetExecutor(PodExecutor):
                 continue
             pod.exit_code = code
             pod.ready_at = None
-            terminated: dict[str, Any] = {
-                "exitCode": code,
-                "reason": "Completed" if code == 0 else "Error",
-                "startedAt": pod.started_at,
-                "finishedAt": _now(),
-            }
-            message = self._termination_message(pod, code)
-            if message:
-                terminated["message"] = message
             self._write_pod_status(
                 pod,
                 "Succeeded" if code == 0 else "Failed",
-                {"state": {"terminated": terminated}, "ready": False, "started": False},
+                {"state": {"terminated": self._terminated_state(pod, code)}, "ready": False, "started": False},
                 self._pod_conditions(False),
             )
             run.log.append(f"pod {pod.name} exited {code}")
