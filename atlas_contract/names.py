@@ -82,6 +82,17 @@ class ChildNames:
         return f"{self.run}-student"
 
     @property
+    def jobset(self) -> str:
+        """The JobSet of a run on the JobSet backend (it replaces the PyTorchJob and the server Deployments)."""
+        return self.run
+
+    def host(self, replicated_job: str, index: int = 0) -> str:
+        """The stable DNS name of pod ``index`` of the JobSet's replicated job (one Job each): hostname
+        ``<run>-<job>-0-<index>`` (the Job controller's, for Indexed Jobs) in the JobSet's headless Service
+        ``<run>`` (network.subdomain unset: the JobSet's name)."""
+        return f"{self.run}-{replicated_job}-0-{index}.{self.run}"
+
+    @property
     def master_pod(self) -> str:
         """The PyTorchJob's Master pod, as the Kubeflow controller names it: its termination message is
         the run's result."""
@@ -90,3 +101,13 @@ class ChildNames:
 
 # The longest suffix above must still leave a valid Service name (a DNS label of 63 characters).
 MAX_RUN_NAME = 63 - max(len(s) for s in ("-config", "-metrics", "-rollout", "-student"))
+
+# JobSet backend: replicated jobs (also the pods' app.kubernetes.io/component) in dependency order.
+JOBSET_REPLICATED_JOBS = ("rollout", "student", "trainer")
+JOBSET_TRAINER_CONTAINER = "trainer"
+
+
+def max_jobset_run_name(nodes: int) -> int:
+    """The longest run name the JobSet backend takes: JobSet names each trainer pod
+    ``<run>-trainer-0-<index>-<5 random>``, and that must be a DNS label (63 characters)."""
+    return 63 - len(f"-trainer-0-{max(nodes - 1, 0)}-abcde")

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from atlas_contract.names import OPERATOR_METRICS_PORT
+from atlas_contract.names import BACKENDS, OPERATOR_METRICS_PORT
 from atlas_contract.text import decode_text, read_text
 from atlas_operator.spec import InvalidRun, Run, parse_run
 
@@ -27,13 +27,13 @@ def load_manifests(path: str) -> list[dict[str, Any]]:
     return documents
 
 
-def parse_file(path: str, namespace: str | None = None) -> list[Run]:
+def parse_file(path: str, namespace: str | None = None, default_backend: str | None = None) -> list[Run]:
     """Every run in the file; InvalidRun lists every problem of every document."""
     runs, problems = [], []
     documents = load_manifests(path)
     for index, document in enumerate(documents):
         try:
-            runs.append(parse_run(document, namespace))
+            runs.append(parse_run(document, namespace, default_backend))
         except InvalidRun as invalid:
             prefix = f"document {index + 1}: " if len(documents) > 1 else ""
             problems += [prefix + p for p in invalid.problems]
@@ -50,14 +50,22 @@ def render_main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", "--namespace", help="namespace (default: the manifest's, else default)")
     parser.add_argument("--trainer-image", help="default trainer image ($ATLAS_TRAINER_IMAGE, else the operator's)")
     parser.add_argument("--rollout-image", help="default vLLM image ($ATLAS_ROLLOUT_IMAGE, else the trainer image)")
+    parser.add_argument(
+        "--default-backend",
+        choices=BACKENDS,
+        help="backend of a run without spec.backend ($ATLAS_DEFAULT_BACKEND, else PyTorchJob)",
+    )
     args = parser.parse_args(argv)
     from atlas_operator.config import OperatorConfig
     from atlas_operator.reconcile import reward_yaml
     from atlas_operator.render import render_children
 
-    images = OperatorConfig.from_env(trainer_image=args.trainer_image, rollout_image=args.rollout_image).images
+    settings = OperatorConfig.from_env(
+        trainer_image=args.trainer_image, rollout_image=args.rollout_image, default_backend=args.default_backend
+    )
+    images = settings.images
     try:
-        runs = parse_file(args.file, args.namespace)
+        runs = parse_file(args.file, args.namespace, settings.default_backend)
         documents = [child for run in runs for child in render_children(run, images, reward_yaml(run))]
     except InvalidRun as invalid:
         for problem in invalid.problems:
@@ -168,6 +176,11 @@ def operator_main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--metrics-url-template", help="trainer metrics URL ($ATLAS_METRICS_URL_TEMPLATE)")
     parser.add_argument(
+        "--default-backend",
+        choices=BACKENDS,
+        help="backend of a run without spec.backend ($ATLAS_DEFAULT_BACKEND, default PyTorchJob)",
+    )
+    parser.add_argument(
         "--log-format", choices=("json", "plain", "full"), default=os.environ.get("ATLAS_LOG_FORMAT", "plain")
     )
     args, kopf_args = parser.parse_known_args(argv)
@@ -180,6 +193,7 @@ def operator_main(argv: list[str] | None = None) -> int:
         progress_interval=args.progress_interval,
         metrics_port=args.metrics_port,
         metrics_url_template=args.metrics_url_template,
+        default_backend=args.default_backend,
     )
     config.configure(settings)  # what the handlers module reads when kopf imports it
     namespaces = settings.watch_namespaces

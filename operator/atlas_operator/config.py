@@ -48,7 +48,7 @@ class OperatorConfig:
     # Seconds a trainer scrape may take; how long a found PyTorchJob CRD is trusted before it is checked again.
     scrape_timeout_s: float = 5.0
     crd_cache_s: float = 60.0
-    # spec.backend of a run that leaves it unset: PyTorchJob (JobSet is not rendered by this version yet).
+    # spec.backend of a run that leaves it unset (PyTorchJob or JobSet).
     default_backend: str = "PyTorchJob"
 
     @classmethod
@@ -91,10 +91,6 @@ def _setting_problems(values: dict[str, Any]) -> list[str]:
     backend = values.get("default_backend")
     if backend is not None and backend not in BACKENDS:
         problems.append(f"{ENV['default_backend']}: expected one of {', '.join(BACKENDS)}, got {backend!r}")
-    elif backend == "JobSet":
-        problems.append(
-            f"{ENV['default_backend']}: JobSet is not rendered by this operator version yet; use PyTorchJob"
-        )
     for name, (low, high) in _RANGES.items():
         value = values.get(name)
         if value is None:

@@ -99,8 +99,9 @@ for _plural in KINDS.values():
 
 
 @kopf.on.event("kubeflow.org", "v1", "pytorchjobs", labels={LABEL_MANAGED_BY: MANAGED_BY})
+@kopf.on.event("jobset.x-k8s.io", "v1alpha2", "jobsets", labels={LABEL_MANAGED_BY: MANAGED_BY})
 def job_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_) -> None:
-    """A PyTorchJob's conditions moved: reconcile its run now rather than at the next timer tick."""
+    """A run's job (PyTorchJob, JobSet) moved: reconcile its run now rather than at the next timer tick."""
     owner = memo.reconciler.owning_run(body)
     if owner is None:
         return
@@ -114,4 +115,4 @@ def job_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_) -
         if patch:
             kube.patch(resource, body.metadata.namespace, name, {"status": patch}, subresource="status")
     except (ApiError, RetryLater) as exc:  # the run's timer catches up
-        logger.warning("could not refresh %s %s from its PyTorchJob: %s", owner["kind"], name, exc)
+        logger.warning("could not refresh %s %s from its %s: %s", owner["kind"], name, body["kind"], exc)

@@ -4,6 +4,7 @@ exactly these). Plain dicts in and out, through the official client's transport 
 from __future__ import annotations
 
 import json
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,10 +32,13 @@ PVC = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 SECRET = Resource("", "v1", "secrets", "Secret")
 DEPLOYMENT = Resource("apps", "v1", "deployments", "Deployment")
 PYTORCH_JOB = Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
-POD = Resource("", "v1", "pods", "Pod")  # read only: the finished Master's termination message (the run's result)
+JOBSET = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
+# Read only: the finished rank-0 pod's termination message (the run's result); a JobSet's pods by label.
+POD = Resource("", "v1", "pods", "Pod")
 USER_AGENT = "atlas-operator/0.1.0"
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
-RESOURCES = {r.kind: r for r in (CONFIG_MAP, SERVICE, DEPLOYMENT, PYTORCH_JOB)}
+RESOURCES = {r.kind: r for r in (CONFIG_MAP, SERVICE, DEPLOYMENT, PYTORCH_JOB, JOBSET)}
+JOBS = {"PyTorchJob": PYTORCH_JOB, "JobSet": JOBSET}  # spec.backend → the workload that runs the trainer
 
 
 def resource_of(obj: dict[str, Any]) -> Resource:
@@ -101,6 +105,10 @@ class Kube:
             if exc.not_found:
                 return None
             raise
+
+    def list(self, resource: Resource, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        query = urllib.parse.urlencode({"labelSelector": label_selector})
+        return self._call("GET", f"{resource.path(namespace)}?{query}").get("items") or []
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         resource = resource_of(obj)

@@ -24,14 +24,25 @@ from atlas_contract.rules import find_reward_config
 from atlas_operator import kube
 from atlas_operator.config import OperatorConfig
 from atlas_operator.kube import ApiError, Kube
-from atlas_operator.render import TRAINER_CONTAINER, checkpoint_warning, child_names, render_children
+from atlas_operator.render import (
+    COMPLETION_INDEX_KEY,
+    checkpoint_warning,
+    child_names,
+    has_student_server,
+    on_jobset,
+    render_children,
+    trainer_container,
+)
 from atlas_operator.spec import InvalidRun, Run, parse_run
 from atlas_operator.status import (
     FINISHED,
     Event,
     Result,
     job_phase,
+    job_state,
+    job_suspended,
     parse_progress,
+    servers_waiting,
     termination_message,
     training_reason,
 )
@@ -42,10 +53,29 @@ log = logging.getLogger("atlas_operator")
 # or carries no result is not read again at every status refresh.
 MAX_RESULT_READS = 3
 
-KUBEFLOW_INSTALL = (
-    "install the Kubeflow Training Operator v1 (kubectl apply --server-side -k "
-    '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0")'
-)
+# spec.backend → (condition reason, what is missing, how to install it) when its CRD is not served.
+JOB_CRDS = {
+    "PyTorchJob": (
+        "PyTorchJobCRDMissing",
+        "kubeflow.org/v1 PyTorchJob CRD",
+        "install the Kubeflow Training Operator v1 (kubectl apply --server-side -k "
+        '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0")',
+    ),
+    "JobSet": (
+        "JobSetCRDMissing",
+        "jobset.x-k8s.io/v1alpha2 JobSet CRD",
+        "install JobSet v0.12.0 or later (kubectl apply --server-side -f "
+        "https://github.com/kubernetes-sigs/jobset/releases/download/v0.12.0/manifests.yaml), "
+        "or set spec.backend: PyTorchJob",
+    ),
+}
+# status.children key → what the run may own under it (deleted when the spec no longer wants it).
+OWNED_BY_KEY = {
+    "pytorchJob": (kube.PYTORCH_JOB,),
+    "jobSet": (kube.JOBSET,),
+    "rollout": (kube.DEPLOYMENT, kube.SERVICE),
+    "student": (kube.DEPLOYMENT, kube.SERVICE),
+}
 
 
 class RetryLater(Exception):
@@ -60,7 +90,7 @@ class Reconciler:
     def __init__(self, client: Kube, settings: OperatorConfig | None = None):
         self.kube = client
         self.settings = settings or OperatorConfig()
-        self._pytorchjob_crd_seen_at = 0.0
+        self._crd_seen_at: dict[str, float] = {}  # job kind → when its CRD was last seen served
         # Trainer scrapes: their own small pool, one in flight per run, results cached by run.
         self._scraper = ThreadPoolExecutor(max_workers=4, thread_name_prefix="atlas-scrape")
         self._scrape_lock = threading.Lock()
@@ -73,7 +103,7 @@ class Reconciler:
 
     def reconcile(self, body: dict[str, Any], adopt: Callable[[dict, dict], None], scrape: bool = False) -> Result:
         try:
-            run = parse_run(body)
+            run = parse_run(body, default_backend=self.settings.default_backend)
         except InvalidRun as invalid:
             return self.invalid(body, "; ".join(invalid.problems))
         conditions = [_cond("Valid", True, "SpecValid", "the spec passed validation")]
@@ -90,9 +120,10 @@ class Reconciler:
             reason, message = missing
             conditions.append(_cond("PrerequisitesMet", False, reason, message))
             return Result("Pending", conditions, events=[*events, Event("Warning", reason, message)])
-        conditions.append(_cond("PrerequisitesMet", True, "Found", "PyTorchJob CRD and referenced objects exist"))
+        conditions.append(_cond("PrerequisitesMet", True, "Found", f"{run.backend} CRD and referenced objects exist"))
 
         result = Result("Pending", conditions, children=child_names(run), events=events)
+        self.prune(run, body, result)  # first: a replaced job never runs beside its successor
         job = None
         rejected = []
         for child in render_children(run, self.settings.images, reward_yaml(run)):
@@ -110,11 +141,8 @@ class Reconciler:
                 continue
             if action:
                 result.actions[f"{child['kind']}/{child['metadata']['name']}"] = action
-            if child["kind"] == "PyTorchJob":
+            if child["kind"] in kube.JOBS:
                 job = observed
-        for component in self.prune(run, body, result.children):
-            result.actions[component] = "deleted"
-            result.events.append(Event("Normal", "ServerRemoved", f"{component}: no longer in the spec, deleted"))
         if result.actions:  # the log says what changed; the condition stays put (no status write per pass)
             log.info(
                 "%s %s/%s: %s",
@@ -131,9 +159,11 @@ class Reconciler:
             conditions.append(_cond("ChildrenReady", True, "Applied", "all children exist and match the spec"))
         if not any(c["type"] == "SpecApplied" for c in conditions):
             conditions.append(_cond("SpecApplied", True, "UpToDate", "the running job matches the spec"))
-        conditions.append(self.rollout_condition(run))
+        conditions.append(self.rollout_condition(run, job))
 
         result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name))
+        if job is not None and job["kind"] == "JobSet":
+            result.restarts = int((job.get("status") or {}).get("restarts") or 0)
         reason, message = training_reason(job)
         conditions.append(_cond("Training", result.phase == "Running", reason, message))
         if job is not None and result.phase == "Succeeded":
@@ -151,15 +181,16 @@ class Reconciler:
         conditions = [_cond("Valid", False, "InvalidSpec", message)]
         events = [Event("Warning", "InvalidSpec", message)]
         meta = body.get("metadata") or {}
-        job_name = ((body.get("status") or {}).get("children") or {}).get("pytorchJob")
-        job = self.kube.get(kube.PYTORCH_JOB, meta.get("namespace", "default"), job_name) if job_name else None
+        children = (body.get("status") or {}).get("children") or {}
+        kind = "JobSet" if children.get("jobSet") else "PyTorchJob"
+        job_name = children.get("jobSet") or children.get("pytorchJob")
+        job = self.kube.get(kube.JOBS[kind], meta.get("namespace", "default"), job_name) if job_name else None
         if job is None or not _owned_by(job, meta.get("uid"), body):
             return Result("Invalid", conditions, events=events)
-        suspended = bool(((job.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
-        phase = job_phase(job, suspended)
+        phase = job_phase(job, job_suspended(job))
         reason, job_message = training_reason(job)
         conditions += [
-            _cond("SpecApplied", False, "InvalidSpec", f"PyTorchJob {job_name} runs the last valid spec; {message}"),
+            _cond("SpecApplied", False, "InvalidSpec", f"{kind} {job_name} runs the last valid spec; {message}"),
             _cond("Training", phase == "Running", reason, job_message),
         ]
         children = dict((body.get("status") or {}).get("children") or {})
@@ -168,8 +199,9 @@ class Reconciler:
     # ------------------------------------------------------------------ prerequisites
 
     def missing_prerequisites(self, run: Run) -> tuple[str, str] | None:
-        if not self.pytorchjob_crd_installed():
-            return "PyTorchJobCRDMissing", f"the cluster has no kubeflow.org/v1 PyTorchJob CRD: {KUBEFLOW_INSTALL}"
+        if not self.crd_installed(run.backend):
+            reason, what, install = JOB_CRDS[run.backend]
+            return reason, f"the cluster has no {what} (spec.backend {run.backend}): {install}"
         pvc = run.spec.checkpoint.pvc
         if pvc and not self.kube.exists(kube.PVC, run.namespace, pvc):
             return "CheckpointPVCMissing", (
@@ -188,33 +220,37 @@ class Reconciler:
                 )
         return None
 
-    def pytorchjob_crd_installed(self) -> bool:
-        if time.monotonic() - self._pytorchjob_crd_seen_at < self.settings.crd_cache_s:
+    def crd_installed(self, kind: str) -> bool:
+        """Whether the API serves the job ``kind`` (PyTorchJob, JobSet); a CRD found is trusted for a while."""
+        if time.monotonic() - self._crd_seen_at.get(kind, float("-inf")) < self.settings.crd_cache_s:
             return True
-        if self.kube.serves(kube.PYTORCH_JOB):
-            self._pytorchjob_crd_seen_at = time.monotonic()
+        if self.kube.serves(kube.JOBS[kind]):
+            self._crd_seen_at[kind] = time.monotonic()
             return True
         return False
 
     # ------------------------------------------------------------------ applying children
 
     def apply(self, run: Run, desired: dict[str, Any], result: Result) -> tuple[dict[str, Any] | None, str | None]:
-        """Create, patch or (PyTorchJob) recreate one child; returns (the object as observed, action)."""
+        """Create, patch or (job) recreate one child; returns (the object as observed, action)."""
         resource = kube.resource_of(desired)
         name = desired["metadata"]["name"]
         existing = self.kube.get(resource, run.namespace, name)
+        is_job = desired["kind"] in kube.JOBS
         if existing is None:
+            if is_job and run.spec.queue_name and run.spec.suspend:
+                return None, None  # a suspended queued run holds no job (and no quota) until resumed
             try:
                 return self.kube.create(desired), "created"
             except ApiError as exc:
-                if exc.not_found and resource is kube.PYTORCH_JOB:
-                    self._pytorchjob_crd_seen_at = 0.0  # uninstalled under us: report it next time
+                if exc.not_found and is_job:
+                    self._crd_seen_at.pop(desired["kind"], None)  # uninstalled under us: report it next time
                 if not exc.conflict:
                     raise
                 existing = self.kube.get(resource, run.namespace, name)  # created meanwhile
                 if existing is None:
                     raise RetryLater(f"{desired['kind']} {name}: conflict on create, then not found") from exc
-        if resource is kube.PYTORCH_JOB:
+        if is_job:
             return self.apply_job(run, desired, existing, result)
         patch = _managed_patch(desired, existing)
         if patch is None:
@@ -223,29 +259,54 @@ class Reconciler:
 
     def apply_job(
         self, run: Run, desired: dict[str, Any], existing: dict[str, Any], result: Result
-    ) -> tuple[dict[str, Any], str | None]:
-        """A running PyTorchJob's pods never change, so a spec change recreates the job; the trainer then
-        resumes from the newest checkpoint on spec.checkpoint.pvc. Without a PVC the checkpoints die with
-        the pods, so the job is left running and SpecApplied says why."""
-        name = desired["metadata"]["name"]
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """A running job's pods never change (a JobSet's replicated jobs are immutable, and Kueue owns parts of
+        their templates), so a spec change recreates the job; the trainer then resumes from the newest
+        checkpoint on spec.checkpoint.pvc. Without a PVC the checkpoints die with the pods, so the job is left
+        running and SpecApplied says why. A queued run's suspend is Kueue's: suspending it deletes the job."""
+        kind, name = desired["kind"], desired["metadata"]["name"]
+        resource = kube.JOBS[kind]
         if existing.get("metadata", {}).get("deletionTimestamp"):
-            raise RetryLater(f"PyTorchJob {name} is still being deleted")
-        wanted = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+            raise RetryLater(f"{kind} {name} is still being deleted")
+        finished = job_phase(existing, False) in FINISHED
+        keeps_progress = bool(run.spec.checkpoint.pvc) or finished
+        if run.spec.queue_name and run.spec.suspend:
+            if keeps_progress:
+                self.kube.delete(resource, run.namespace, name)
+                where = f"{run.spec.checkpoint.path}/{run.name}"
+                result.events.append(
+                    Event(
+                        "Normal",
+                        "QueuedRunSuspended",
+                        f"spec.suspend: deleted {kind} {name} (Kueue owns its suspend), releasing its quota; "
+                        f"resuming queues it again and training resumes from the newest checkpoint in {where}",
+                    )
+                )
+                return None, "deleted"
+            result.conditions.append(
+                _cond(
+                    "SpecApplied",
+                    False,
+                    "SuspendNeedsCheckpoint",
+                    f"spec.suspend: Kueue owns {kind} {name}'s suspend (spec.queueName), so suspending means deleting "
+                    "the job, and without spec.checkpoint.pvc that loses all progress; it keeps running (delete "
+                    "the run to stop it, or set spec.checkpoint.pvc for future runs)",
+                )
+            )
+        wanted_hash = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
         current = (existing.get("metadata", {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
-        if current != wanted:
-            finished = job_phase(existing, False) in FINISHED
-            if run.spec.checkpoint.pvc or finished:
-                self.kube.delete(kube.PYTORCH_JOB, run.namespace, name)
+        if current != wanted_hash:
+            if keeps_progress:
+                self.kube.delete(resource, run.namespace, name)
                 result.events.append(
                     Event(
                         "Normal",
                         "JobRecreated",
                         (
-                            f"spec changed: recreated PyTorchJob {name}; training resumes from the newest checkpoint "
-                            "in "
-                            f"{run.spec.checkpoint.path}/{run.name}"
+                            f"spec changed: recreated {kind} {name}; training resumes from the newest checkpoint "
+                            f"in {run.spec.checkpoint.path}/{run.name}"
                             if run.spec.checkpoint.pvc
-                            else f"spec changed after the job finished: started PyTorchJob {name} again"
+                            else f"spec changed after the job finished: started {kind} {name} again"
                         ),
                     )
                 )
@@ -253,15 +314,15 @@ class Reconciler:
                     return self.kube.create(desired), "recreated"
                 except ApiError as exc:
                     if exc.conflict:  # the old job is still terminating
-                        raise RetryLater(f"PyTorchJob {name} is still being deleted") from exc
+                        raise RetryLater(f"{kind} {name} is still being deleted") from exc
                     raise
             result.conditions.append(
                 _cond(
                     "SpecApplied",
                     False,
                     "RestartNeedsCheckpoint",
-                    "the spec changed, but a running PyTorchJob cannot be updated and spec.checkpoint.pvc is not set, "
-                    f"so a restart would lose all progress; delete PyTorchJob {name} to restart from scratch "
+                    f"the spec changed, but a running {kind} cannot be updated and spec.checkpoint.pvc is not set, "
+                    f"so a restart would lose all progress; delete {kind} {name} to restart from scratch "
                     "(the operator recreates it), or set spec.checkpoint.pvc for future runs",
                 )
             )
@@ -269,34 +330,46 @@ class Reconciler:
             "metadata": {k: desired["metadata"][k] for k in ("labels", "ownerReferences") if k in desired["metadata"]}
         }
         if not run.spec.queue_name:  # a queued job's suspend is Kueue's: never written after creation
-            wanted["spec"] = {"runPolicy": {"suspend": run.spec.suspend}}
+            suspend = {"suspend": run.spec.suspend}
+            wanted["spec"] = suspend if kind == "JobSet" else {"runPolicy": suspend}
         patch = _managed_patch(wanted, existing)
         if patch is None:
             return existing, None
-        return self.kube.patch(kube.PYTORCH_JOB, run.namespace, name, patch), "patched"
+        return self.kube.patch(resource, run.namespace, name, patch), "patched"
 
     # ------------------------------------------------------------------ observing
 
-    def rollout_condition(self, run: Run) -> dict[str, Any]:
-        names = child_names(run)
-        servers = [names[c] for c in ("rollout", "student") if c in names]
+    def rollout_condition(self, run: Run, job: dict[str, Any] | None) -> dict[str, Any]:
+        """Whether the servers are Ready: their Deployments, or the JobSet's server replicated jobs."""
+        if on_jobset(run):  # the JobSet's server replicated jobs
+            servers = ["rollout"] * bool(run.spec.rollout.replicas) + ["student"] * has_student_server(run)
+        else:
+            names = child_names(run)
+            servers = [names[c] for c in ("rollout", "student") if c in names]
         if not servers:
             return _cond("RolloutReady", True, "NotNeeded", "generation runs inside the trainer")
-        waiting = []
-        for name in servers:
-            deployment = self.kube.get(kube.DEPLOYMENT, run.namespace, name) or {}
-            wanted = (deployment.get("spec") or {}).get("replicas", 0)
-            ready = (deployment.get("status") or {}).get("readyReplicas", 0) or 0
-            if ready < wanted:
-                waiting.append(f"{name} {ready}/{wanted} ready")
+        if on_jobset(run):
+            waiting = servers_waiting(job) if job is not None else [f"{c}: no JobSet yet" for c in servers]
+            finished = job is not None and job_state(job)[0] in FINISHED
+            if finished:  # the JobSet deletes its servers when it finishes
+                return _cond("RolloutReady", False, "Finished", f"JobSet {job['metadata']['name']} has finished")
+        else:
+            waiting = []
+            for name in servers:
+                deployment = self.kube.get(kube.DEPLOYMENT, run.namespace, name) or {}
+                wanted = (deployment.get("spec") or {}).get("replicas", 0)
+                ready = (deployment.get("status") or {}).get("readyReplicas", 0) or 0
+                if ready < wanted:
+                    waiting.append(f"{name} {ready}/{wanted} ready")
         if waiting:
             return _cond("RolloutReady", False, "Waiting", "; ".join(waiting))
         return _cond("RolloutReady", True, "Ready", f"{', '.join(servers)} ready")
 
     def read_result(self, run: Run, job: dict[str, Any]) -> dict[str, Any] | None:
-        """``.status.result`` from the succeeded job's Master pod: its trainer container's termination message
-        (atlas_contract.results), or None. A pod that is gone, belongs to an earlier job, or carries no
-        parsable message gives None, and is read at most MAX_RESULT_READS times per job."""
+        """``.status.result`` from the succeeded job's rank-0 pod (the PyTorchJob's Master, the JobSet trainer's
+        index 0): its trainer container's termination message (atlas_contract.results), or None. A pod that is
+        gone, belongs to an earlier job, or carries no parsable message gives None, and is read at most
+        MAX_RESULT_READS times per job."""
         job_uid = (job.get("metadata") or {}).get("uid")
         key = (run.namespace, run.name, run.uid, job_uid)
         with self._result_lock:
@@ -304,24 +377,50 @@ class Reconciler:
             if reads >= MAX_RESULT_READS:
                 return None
             self._result_reads[key] = reads + 1
-        name = ChildNames(run.name).master_pod
         try:
-            pod = self.kube.get(kube.POD, run.namespace, name)
-        except ApiError as exc:  # no pods/get permission (an older chart), the API down: no result, no crash
-            log.warning("%s %s/%s: cannot read pod %s for the result: %s", run.kind, run.namespace, run.name, name, exc)
+            pod = self.rank0_pod(run, job)
+        except ApiError as exc:  # no pods permission (an older chart), the API down: no result, no crash
+            log.warning("%s %s/%s: no rank-0 pod to read the result from: %s", run.kind, run.namespace, run.name, exc)
             return None
-        if pod is None or not _made_by(pod, job_uid):
-            log.info("%s %s/%s: no pod %s of the succeeded job: no result", run.kind, run.namespace, run.name, name)
+        if pod is None:
+            log.info("%s %s/%s: no rank-0 pod of the succeeded job: no result", run.kind, run.namespace, run.name)
             return None
-        parsed = parse_result_message(termination_message(pod, TRAINER_CONTAINER))
+        parsed = parse_result_message(termination_message(pod, trainer_container(run)))
         if parsed is None:
             log.info(
-                "%s %s/%s: pod %s has no result in its termination message", run.kind, run.namespace, run.name, name
+                "%s %s/%s: pod %s has no result in its termination message",
+                run.kind,
+                run.namespace,
+                run.name,
+                pod["metadata"].get("name"),
             )
             return None
         with self._result_lock:
             self._result_reads.pop(key, None)
         return parsed
+
+    def rank0_pod(self, run: Run, job: dict[str, Any]) -> dict[str, Any] | None:
+        """The pod of rank 0 of ``job``: the PyTorchJob's Master by name; a JobSet's trainer pod of completion
+        index 0 of the current attempt, by label (its name ends in a random suffix)."""
+        job_uid = (job.get("metadata") or {}).get("uid")
+        if job["kind"] != "JobSet":
+            pod = self.kube.get(kube.POD, run.namespace, ChildNames(run.name).master_pod)
+            return pod if pod is not None and _made_by(pod, job_uid) else None
+        selector = ",".join(
+            f"{key}={value}"
+            for key, value in (
+                ("jobset.sigs.k8s.io/jobset-name", job["metadata"]["name"]),
+                ("jobset.sigs.k8s.io/replicatedjob-name", "trainer"),
+                ("jobset.sigs.k8s.io/restart-attempt", str((job.get("status") or {}).get("restarts") or 0)),
+            )
+        )
+        for pod in self.kube.list(kube.POD, run.namespace, selector):
+            meta = pod.get("metadata") or {}
+            if (meta.get("labels") or {}).get("jobset.sigs.k8s.io/jobset-uid") != job_uid:
+                continue  # a pod of an earlier JobSet of the same name
+            if (meta.get("annotations") or {}).get(COMPLETION_INDEX_KEY) == "0":
+                return pod
+        return None
 
     def metrics_url(self, run: Run) -> str:
         return self.settings.metrics_url_template.format(
@@ -364,25 +463,29 @@ class Reconciler:
             for read in [k for k in self._result_reads if k[:3] == key]:
                 del self._result_reads[read]
 
-    def prune(self, run: Run, body: dict[str, Any], wanted: dict[str, str]) -> list[str]:
-        """Delete the servers (Deployment + Service) the run had and its spec no longer wants (replicas set to
-        0): their GPUs are freed. What existed is read from status.children, so a run that never had one costs
-        no API call."""
+    def prune(self, run: Run, body: dict[str, Any], result: Result) -> None:
+        """Delete what the run had and its spec no longer wants: a server set to 0 replicas (its GPUs are freed),
+        or the other backend's job and servers after a spec.backend change. What existed is read from
+        status.children, so a run that never had one costs no API call."""
         had = ((body.get("status") or {}).get("children")) or {}
-        deleted = []
-        for component in ("rollout", "student"):
-            if component not in had or component in wanted:
+        for key, name in had.items():
+            if key not in OWNED_BY_KEY or key in result.children or not isinstance(name, str):
                 continue
-            name = getattr(ChildNames(run.name), component)
-            for resource in (kube.DEPLOYMENT, kube.SERVICE):
+            for resource in OWNED_BY_KEY[key]:
                 existing = self.kube.get(resource, run.namespace, name)
                 if (
-                    existing is not None
-                    and _owned_by(existing, run.uid, body)
-                    and self.kube.delete(resource, run.namespace, name)
+                    existing is None
+                    or not _owned_by(existing, run.uid, body)
+                    or not self.kube.delete(resource, run.namespace, name)
                 ):
-                    deleted.append(f"{resource.kind}/{name}")
-        return deleted
+                    continue
+                child = f"{resource.kind}/{name}"
+                result.actions[child] = "deleted"
+                if key in ("pytorchJob", "jobSet") or on_jobset(run):
+                    reason, why = "BackendChanged", f"spec.backend is {run.backend} now"
+                else:
+                    reason, why = "ServerRemoved", "no longer in the spec"
+                result.events.append(Event("Normal", reason, f"{child}: {why}, deleted"))
 
     @staticmethod
     def owning_run(child: dict[str, Any]) -> dict[str, Any] | None:
@@ -400,6 +503,7 @@ class Reconciler:
         owned = ChildNames(name)
         targets = [
             (kube.PYTORCH_JOB, owned.job),
+            (kube.JOBSET, owned.jobset),
             (kube.DEPLOYMENT, owned.rollout),
             (kube.DEPLOYMENT, owned.student),
             (kube.SERVICE, owned.rollout),
@@ -409,7 +513,7 @@ class Reconciler:
         ]
         uid = body["metadata"].get("uid")
         for resource, child in targets:
-            if resource is kube.PYTORCH_JOB and not self.pytorchjob_crd_installed():
+            if resource.kind in kube.JOBS and not self.crd_installed(resource.kind):
                 continue
             existing = self.kube.get(resource, namespace, child)
             if existing is None or not _owned_by(existing, uid, body):

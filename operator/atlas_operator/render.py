@@ -1,8 +1,9 @@
 """Pure functions from a parsed run to the Kubernetes objects the operator owns.
 
 No API calls here: ``render_children(run, images)`` returns plain dicts in the order they are
-applied (ConfigMap, Services, Deployments, PyTorchJob last so its pods find everything they
-mount and call). ``atlas render`` prints exactly these.
+applied (ConfigMap, Services, then the backend's workload last so its pods find everything they
+mount and call: server Deployments and the PyTorchJob, or one JobSet). ``atlas render`` prints
+exactly these.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from atlas_contract.names import (
     ENV_RESULT_FILE,
     ENV_RUN,
     ENV_RUN_UID,
+    JOBSET_TRAINER_CONTAINER,
     LABEL_COMPONENT,
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
@@ -49,6 +51,9 @@ CACHE_DIR = "/var/cache/atlas"
 RUN_AS_USER = 65532  # the trainer image's `atlas` user (trainer_image/Dockerfile)
 NCCL_ENV = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 TRAINER_CONTAINER = "pytorch"  # the name Kubeflow's PyTorchJob controller looks for
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+# Set by the Job controller on each pod of an Indexed Job (label and annotation): the JobSet trainer's node rank.
+COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 
 
 @dataclass(frozen=True)
@@ -63,9 +68,20 @@ def has_student_server(run: Run) -> bool:
     return isinstance(run.spec, AtlasTeacherSpec) and bool(run.spec.student and run.spec.student.rollout.replicas)
 
 
+def on_jobset(run: Run) -> bool:
+    return run.backend == "JobSet"
+
+
+def trainer_container(run: Run) -> str:
+    """The trainer container's name: the one Kubeflow requires, or ``trainer`` in a JobSet."""
+    return JOBSET_TRAINER_CONTAINER if on_jobset(run) else TRAINER_CONTAINER
+
+
 def child_names(run: Run) -> dict[str, str]:
     """status.children: the names of what the run owns (rollout/student only when they exist)."""
     owned = ChildNames(run.name)
+    if on_jobset(run):  # the servers are replicated jobs of the JobSet, not objects of their own
+        return {"jobSet": owned.jobset, "configMap": owned.config_map, "metricsService": owned.metrics}
     names = {"pytorchJob": owned.job, "configMap": owned.config_map, "metricsService": owned.metrics}
     if run.spec.rollout.replicas:
         names["rollout"] = owned.rollout
@@ -106,10 +122,19 @@ def output_dir(run: Run) -> str:
 
 
 def checkpoint_warning(run: Run) -> str | None:
-    """Why restarts of a multi-node run cannot resume, or None: without spec.checkpoint.pvc every trainer pod
-    writes to its own emptyDir, and rank 0 alone writes the trainer state, so no rank can resume."""
+    """Why restarts cannot resume, or None. Without spec.checkpoint.pvc every trainer pod writes to its own
+    emptyDir: on PyTorchJob rank 0 alone writes the trainer state, so a multi-node run cannot resume (one node
+    restarts in place and keeps it); on JobSet every restart makes new pods."""
     nodes = run.spec.resources.nodes
-    if nodes < 2 or run.spec.checkpoint.pvc:
+    if run.spec.checkpoint.pvc:
+        return None
+    if on_jobset(run):
+        return (
+            "spec.checkpoint.pvc: not set, so the trainer keeps its checkpoints on its pods' emptyDir, and a JobSet "
+            "restart (spec.maxRestarts) replaces every pod: training starts again from step 0; set "
+            "spec.checkpoint.pvc to a PersistentVolumeClaim (ReadWriteMany when nodes > 1)"
+        )
+    if nodes < 2:
         return None
     return (
         f"spec.checkpoint.pvc: not set, so each of the {nodes} trainer pods keeps its checkpoints on its own "
@@ -118,12 +143,18 @@ def checkpoint_warning(run: Run) -> str | None:
     )
 
 
+def _server_host(run: Run, component: str) -> str:
+    """A server's address from the trainer pods: its Service, or (JobSet) its pod's stable hostname."""
+    owned = ChildNames(run.name)
+    return owned.host(component) if on_jobset(run) else f"{getattr(owned, component)}.{run.namespace}.svc"
+
+
 def student_endpoint(run: Run) -> str:
-    return f"http://{ChildNames(run.name).student}.{run.namespace}.svc:{VLLM_PORT}/v1"
+    return f"http://{_server_host(run, 'student')}:{VLLM_PORT}/v1"
 
 
 def rollout_endpoint(run: Run) -> str:
-    return f"http://{ChildNames(run.name).rollout}.{run.namespace}.svc:{VLLM_PORT}"
+    return f"http://{_server_host(run, 'rollout')}:{VLLM_PORT}"
 
 
 def run_config(run: Run) -> dict[str, Any]:
@@ -237,8 +268,9 @@ def _yaml_text(document: dict[str, Any], title: str) -> str:
 
 
 def launch_command(run: Run) -> list[str]:
-    """The trainer container's command: accelerate on every node with the topology Kubeflow injects
-    (PET_NNODES, PET_NODE_RANK = node index, PET_NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT)."""
+    """The trainer container's command, the same on both backends: accelerate on every node with the topology
+    Kubeflow injects (PET_NNODES, PET_NODE_RANK = node index, PET_NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT), or
+    that a JobSet's trainer gets from :func:`jobset_topology_env`."""
     script = (
         "exec accelerate launch"
         f" --config_file {CONFIG_DIR}/{ACCELERATE_CONFIG_FILE}"
@@ -328,6 +360,22 @@ def _pod_security() -> dict[str, Any]:
     }
 
 
+def jobset_topology_env(run: Run) -> list[dict[str, Any]]:
+    """What Kubeflow injects into PyTorchJob pods, for the JobSet trainer: the node rank is the pod's completion
+    index (Indexed Job), the master the first trainer pod's stable hostname."""
+    res = run.spec.resources
+    return [
+        {"name": "PET_NNODES", "value": str(res.nodes)},
+        {"name": "PET_NPROC_PER_NODE", "value": str(res.processes())},
+        {
+            "name": "PET_NODE_RANK",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_KEY}']"}},
+        },
+        {"name": "MASTER_ADDR", "value": ChildNames(run.name).host("trainer")},
+        {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
+    ]
+
+
 def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
     spec = run.spec
     res, checkpoint = spec.resources, spec.checkpoint
@@ -347,12 +395,16 @@ def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
         mounts.append({"name": "reward-config", "mountPath": REWARD_REF_DIR, "readOnly": True})
         volumes.append({"name": "reward-config", "configMap": {"name": spec.reward.config_map_ref.name}})
     container = {
-        "name": TRAINER_CONTAINER,
+        "name": trainer_container(run),
         "image": image,
         "command": launch_command(run),
-        "env": _env(run),
+        "env": (jobset_topology_env(run) if on_jobset(run) else []) + _env(run),
         "ports": [
-            {"name": "pytorchjob-port", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"},
+            {
+                "name": "rendezvous" if on_jobset(run) else "pytorchjob-port",
+                "containerPort": RENDEZVOUS_PORT,
+                "protocol": "TCP",
+            },
             {"name": "metrics", "containerPort": TRAINER_METRICS_PORT, "protocol": "TCP"},
         ],
         "volumeMounts": mounts,
@@ -371,21 +423,30 @@ def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
     }
 
 
-def pytorch_job(run: Run, images: Images, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``config`` is the run's ConfigMap: its checksum in the pod template makes a configuration change
-    a spec change (the trainer reads run.yaml once, at start)."""
-    spec = run.spec
-    template = trainer_pod_template(run, spec.image or images.trainer)
+def _configured_trainer_template(run: Run, images: Images, config: dict[str, Any] | None) -> dict[str, Any]:
+    """The trainer pod template; ``config`` is the run's ConfigMap: its checksum in the template makes a
+    configuration change a spec change (the trainer reads run.yaml once, at start)."""
+    template = trainer_pod_template(run, run.spec.image or images.trainer)
     if config is not None:
         checksum = hashlib.sha256(json.dumps(config["data"], sort_keys=True).encode()).hexdigest()[:16]
         template["metadata"]["annotations"] = {CONFIG_HASH_ANNOTATION: checksum}
+    return template
+
+
+def pytorch_job(run: Run, images: Images, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec = run.spec
+    template = _configured_trainer_template(run, images, config)
     replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
     if spec.resources.nodes > 1:
         replicas["Worker"] = {"replicas": spec.resources.nodes - 1, "restartPolicy": "OnFailure", "template": template}
     job_spec = {
         "nprocPerNode": str(spec.resources.processes()),
         # With a queue, Kueue owns suspend: the job is created suspended and only Kueue resumes it.
-        "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": 3, "suspend": spec.suspend or bool(spec.queue_name)},
+        "runPolicy": {
+            "cleanPodPolicy": "None",
+            "backoffLimit": spec.max_restarts,
+            "suspend": spec.suspend or bool(spec.queue_name),
+        },
         "pytorchReplicaSpecs": replicas,
     }
     job = {
@@ -401,17 +462,19 @@ def pytorch_job(run: Run, images: Images, config: dict[str, Any] | None = None) 
 
 
 def job_spec_hash(job: dict[str, Any]) -> str:
-    """Identity of what a running job's pods were made from: everything but runPolicy.suspend, which
-    Kubeflow applies in place."""
+    """Identity of what a running job's pods were made from: everything but the suspend flag (PyTorchJob
+    runPolicy.suspend, JobSet spec.suspend), which the job's controller applies in place."""
     spec = json.loads(json.dumps(job["spec"]))
     spec.get("runPolicy", {}).pop("suspend", None)
+    if job["kind"] == "JobSet":
+        spec.pop("suspend", None)
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------- vLLM servers
 
 
-def _vllm_deployment(
+def _vllm_pod_template(
     run: Run,
     component: str,
     rollout: RolloutSpec,
@@ -421,6 +484,7 @@ def _vllm_deployment(
     probe_path: str,
     ports: list[dict[str, Any]],
 ) -> dict[str, Any]:
+    """A vLLM server's pod template: a Deployment's (PyTorchJob backend) or a replicated job's (JobSet)."""
     container = {
         "name": "vllm",
         "image": image,
@@ -438,6 +502,22 @@ def _vllm_deployment(
     resources = _resources(rollout.gpus, rollout.cpu, rollout.memory)
     if resources:
         container["resources"] = resources
+    pod_labels = labels(run, component)
+    return {
+        "metadata": {"labels": pod_labels if on_jobset(run) else _queued(run, pod_labels)},
+        "spec": {
+            **_placement(run),
+            "securityContext": _pod_security(),
+            "containers": [container],
+            "volumes": [
+                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": run.spec.resources.shm_size}},
+                {"name": "cache", "emptyDir": {}},
+            ],
+        },
+    }
+
+
+def _vllm_deployment(run: Run, component: str, rollout: RolloutSpec, template: dict[str, Any]) -> dict[str, Any]:
     name = getattr(ChildNames(run.name), component)
     return {
         "apiVersion": "apps/v1",
@@ -447,18 +527,7 @@ def _vllm_deployment(
             "replicas": 0 if run.spec.suspend else rollout.replicas,
             "selector": {"matchLabels": _selector(run, component)},
             "strategy": {"type": "Recreate"},  # GPUs: never two generations of servers at once
-            "template": {
-                "metadata": {"labels": _queued(run, labels(run, component))},
-                "spec": {
-                    **_placement(run),
-                    "securityContext": _pod_security(),
-                    "containers": [container],
-                    "volumes": [
-                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": run.spec.resources.shm_size}},
-                        {"name": "cache", "emptyDir": {}},
-                    ],
-                },
-            },
+            "template": template,
         },
     }
 
@@ -475,7 +544,7 @@ def _server_args(rollout: RolloutSpec) -> list[str]:
     return args
 
 
-def rollout_deployment(run: Run, images: Images) -> dict[str, Any]:
+def rollout_pod_template(run: Run, images: Images) -> dict[str, Any]:
     rollout = run.spec.rollout
     args = [
         "--model",
@@ -493,12 +562,11 @@ def rollout_deployment(run: Run, images: Images) -> dict[str, Any]:
         {"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"},
         {"name": "weight-sync", "containerPort": WEIGHT_SYNC_PORT, "protocol": "TCP"},
     ]
-    return _vllm_deployment(
-        run, "rollout", rollout, rollout.image or images.rollout, ["trl", "vllm-serve"], args, "/health/", ports
-    )
+    image = rollout.image or images.rollout
+    return _vllm_pod_template(run, "rollout", rollout, image, ["trl", "vllm-serve"], args, "/health/", ports)
 
 
-def student_deployment(run: Run, images: Images) -> dict[str, Any]:
+def student_pod_template(run: Run, images: Images) -> dict[str, Any]:
     student = run.spec.student
     rollout = student.rollout
     args = [
@@ -513,9 +581,78 @@ def student_deployment(run: Run, images: Images) -> dict[str, Any]:
         *rollout.args,
     ]
     ports = [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}]
-    return _vllm_deployment(
-        run, "student", rollout, rollout.image or images.rollout, ["vllm", "serve"], args, "/health", ports
-    )
+    image = rollout.image or images.rollout
+    return _vllm_pod_template(run, "student", rollout, image, ["vllm", "serve"], args, "/health", ports)
+
+
+def rollout_deployment(run: Run, images: Images) -> dict[str, Any]:
+    return _vllm_deployment(run, "rollout", run.spec.rollout, rollout_pod_template(run, images))
+
+
+def student_deployment(run: Run, images: Images) -> dict[str, Any]:
+    return _vllm_deployment(run, "student", run.spec.student.rollout, student_pod_template(run, images))
+
+
+# --------------------------------------------------------------------------- JobSet
+
+
+def _one_pod_job(template: dict[str, Any], pods: int = 1) -> dict[str, Any]:
+    """A replicated job's Job spec: ``pods`` pods (Indexed), none retried by the Job controller (restartPolicy
+    Never, backoffLimit 0): a failed pod fails its Job at once, and the JobSet's failurePolicy restarts the
+    whole gang. (The JobSet webhook would default restartPolicy to OnFailure: in-place restarts the JobSet
+    never sees.)"""
+    template = json.loads(json.dumps(template))
+    template["spec"]["restartPolicy"] = "Never"
+    return {
+        "completionMode": "Indexed",
+        "completions": pods,
+        "parallelism": pods,
+        "backoffLimit": 0,
+        "template": template,
+    }
+
+
+def jobset(run: Run, images: Images, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run as one JobSet: replicated jobs ``rollout`` and (teacher) ``student``, one Job per server replica,
+    then ``trainer`` (one Indexed Job, a pod per node), created once every server is Ready (``dependsOn``).
+    The trainer's success completes the JobSet (its servers are then deleted); any pod's failure restarts
+    every Job, up to spec.maxRestarts, and the trainer resumes from its newest checkpoint. With a queue,
+    Kueue admits the whole set as one workload."""
+    spec = run.spec
+    replicated: list[dict[str, Any]] = []
+    servers = []
+    if spec.rollout.replicas:
+        servers.append(("rollout", spec.rollout.replicas, rollout_pod_template(run, images)))
+    if has_student_server(run):
+        servers.append(("student", spec.student.rollout.replicas, student_pod_template(run, images)))
+    for name, replicas, template in servers:
+        replicated.append({"name": name, "replicas": replicas, "template": {"spec": _one_pod_job(template)}})
+    trainer = {
+        "name": "trainer",
+        "replicas": 1,
+        "template": {"spec": _one_pod_job(_configured_trainer_template(run, images, config), spec.resources.nodes)},
+    }
+    if servers:
+        trainer["dependsOn"] = [{"name": name, "status": "Ready"} for name, _, _ in servers]
+    replicated.append(trainer)
+    job_spec = {
+        "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": ["trainer"]},
+        "failurePolicy": {"maxRestarts": spec.max_restarts, "restartStrategy": "Recreate"},
+        # With a queue, Kueue owns suspend: the JobSet is created suspended and only Kueue resumes it.
+        "suspend": spec.suspend or bool(spec.queue_name),
+        "replicatedJobs": replicated,
+    }
+    job = {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": "JobSet",
+        "metadata": _metadata(run, ChildNames(run.name).jobset, "trainer"),
+        "spec": job_spec,
+    }
+    if spec.queue_name:  # on the JobSet only: Kueue makes the whole set one workload
+        job["metadata"]["labels"][QUEUE_NAME_LABEL] = spec.queue_name
+    job["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: job_spec_hash(job)}
+    return job
 
 
 def service(
@@ -536,8 +673,10 @@ def service(
 
 
 def metrics_service(run: Run) -> dict[str, Any]:
-    # Only the Master pod (rank 0) serves metrics; Kubeflow labels pods with their replica type.
-    selector = {**_selector(run, "trainer"), "training.kubeflow.org/replica-type": "master"}
+    # Only rank 0 serves metrics: Kubeflow's Master pod (labelled with its replica type), or the JobSet trainer's
+    # pod of completion index 0.
+    rank0 = {COMPLETION_INDEX_KEY: "0"} if on_jobset(run) else {"training.kubeflow.org/replica-type": "master"}
+    selector = {**_selector(run, "trainer"), **rank0}
     return service(run, ChildNames(run.name).metrics, "trainer", [("metrics", TRAINER_METRICS_PORT)], selector)
 
 
@@ -545,6 +684,8 @@ def render_children(run: Run, images: Images | None = None, reward_yaml: str | N
     """Every child of ``run``, in apply order."""
     images = images or Images()
     config = config_map(run, reward_yaml)
+    if on_jobset(run):
+        return [config, metrics_service(run), jobset(run, images, config)]
     owned = ChildNames(run.name)
     children = [config]
     if run.spec.rollout.replicas:

@@ -17,7 +17,17 @@ from typing import Any
 
 from atlas_contract import defaults, rules
 from atlas_contract.errors import InvalidFields
-from atlas_contract.names import API_VERSION, BACKENDS, GROUP, KINDS, MAX_RUN_NAME, PHASES, SHORT_NAMES, VERSION
+from atlas_contract.names import (
+    API_VERSION,
+    BACKENDS,
+    GROUP,
+    KINDS,
+    MAX_RUN_NAME,
+    PHASES,
+    SHORT_NAMES,
+    VERSION,
+    max_jobset_run_name,
+)
 from atlas_operator.schema import camel, parse, spec_field
 
 __all__ = ["API_VERSION", "GROUP", "KINDS", "SHORT_NAMES", "VERSION", "PHASES", "InvalidRun", "parse_run"]
@@ -341,14 +351,18 @@ class RunSpec:
     checkpoint: CheckpointSpec = spec_field("checkpoint volume and frequency", CheckpointSpec)
     env: list[EnvVar] = spec_field("extra environment for the trainer pods (API keys by secretKeyRef)", [])
     suspend: bool = spec_field(
-        "true suspends the PyTorchJob and scales the rollouts to 0; false resumes (with queueName, Kueue owns "
-        "the job's suspend: only the rollouts are scaled)",
+        "true stops the run's pods (the job suspended, PyTorchJob's server Deployments scaled to 0); false "
+        "resumes. With queueName, Kueue owns the job's suspend: suspending deletes the job (its quota is "
+        "released) and resuming queues it again, resuming from spec.checkpoint.pvc; without a PVC the run keeps "
+        "running and SpecApplied says why",
         False,
     )
     backend: str | None = spec_field(
-        "what runs the trainer and servers: PyTorchJob (Kubeflow Training Operator) or JobSet (one gang; "
-        "not yet rendered by this operator: a run asking for it is rejected)",
-        unset="the operator's default backend (ATLAS_DEFAULT_BACKEND, PyTorchJob unless set)",
+        "what runs the trainer and servers: PyTorchJob (Kubeflow Training Operator v1: the trainer job plus one "
+        "Deployment per server) or JobSet (jobset.x-k8s.io: trainer and servers as one gang, admitted, restarted "
+        "and finished together)",
+        unset="the operator's default backend (ATLAS_DEFAULT_BACKEND, chart value defaultBackend; PyTorchJob "
+        "unless set)",
         enum=BACKENDS,
     )
     queue_name: str | None = spec_field(
@@ -359,7 +373,10 @@ class RunSpec:
         pattern_doc="a valid label value (at most 63 characters)",
     )
     max_restarts: int = spec_field(
-        "JobSet backend only: whole-gang restarts (failurePolicy.maxRestarts) before the run fails", 3, minimum=0
+        "restarts before the run fails: JobSet, whole-gang restarts (failurePolicy.maxRestarts; any pod's "
+        "failure, a server's included, restarts every pod); PyTorchJob, the job's runPolicy.backoffLimit",
+        3,
+        minimum=0,
     )
 
 
@@ -400,6 +417,7 @@ class Run:
     generation: int | None
     spec: AtlasTrainingSpec | AtlasTeacherSpec
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    backend: str = BACKENDS[0]  # spec.backend, else the operator's default
 
 
 # --------------------------------------------------------------------------- status
@@ -434,9 +452,12 @@ class Progress:
 class Children:
     """Names of the objects the run owns."""
 
-    pytorch_job: str | None = spec_field("PyTorchJob (kubeflow.org/v1)")
-    rollout: str | None = spec_field("rollout Deployment and Service (trl vllm-serve)")
-    student: str | None = spec_field("student Deployment and Service (vllm serve; AtlasTeacher)")
+    pytorch_job: str | None = spec_field("PyTorchJob (kubeflow.org/v1; backend PyTorchJob)")
+    job_set: str | None = spec_field(
+        "JobSet (jobset.x-k8s.io/v1alpha2; backend JobSet): the trainer and the servers, one gang"
+    )
+    rollout: str | None = spec_field("rollout Deployment and Service (backend PyTorchJob)")
+    student: str | None = spec_field("student Deployment and Service (vllm serve; AtlasTeacher, backend PyTorchJob)")
     config_map: str | None = spec_field("ConfigMap with run.yaml, accelerate.yaml, reward.yaml")
     metrics_service: str | None = spec_field("Service in front of the trainer's metrics endpoint (rank 0)")
 
@@ -470,16 +491,17 @@ class RunStatus:
     """Observed state of the run."""
 
     phase: str | None = spec_field(
-        "follows the PyTorchJob's last condition; Queued = Kueue has not admitted the job (spec.queueName); "
-        "Invalid = rejected spec",
+        "follows the job (the PyTorchJob's last condition; the JobSet's conditions and terminalState); Queued = "
+        "Kueue has not admitted the job (spec.queueName); Invalid = rejected spec",
         enum=PHASES,
     )
     observed_generation: int | None = spec_field("metadata.generation last reconciled")
     conditions: list[Condition] = spec_field("latest observations", [])
     progress: Progress | None = spec_field("training progress")
     children: Children | None = spec_field("owned objects")
+    restarts: int | None = spec_field("whole-gang restarts so far (the JobSet's status.restarts; backend JobSet)")
     result: RunResult | None = spec_field(
-        "read from the finished Master pod's termination message once the PyTorchJob has succeeded"
+        "read from the finished rank-0 trainer pod's termination message once the job has succeeded"
     )
     kopf: dict[str, Any] = spec_field("the operator framework's bookkeeping (last handled spec, handler progress)", {})
 
@@ -488,8 +510,9 @@ class RunStatus:
 InvalidRun = InvalidFields
 
 
-def parse_run(manifest: dict[str, Any], namespace: str | None = None) -> Run:
-    """A manifest (or a kopf body) → :class:`Run`; raises :class:`InvalidRun` with every problem."""
+def parse_run(manifest: dict[str, Any], namespace: str | None = None, default_backend: str | None = None) -> Run:
+    """A manifest (or a kopf body) → :class:`Run`; raises :class:`InvalidRun` with every problem.
+    ``default_backend`` (the operator's setting) applies when spec.backend is unset."""
     problems: list[str] = []
     if not isinstance(manifest, dict):
         raise InvalidRun([f"manifest: expected a mapping, got {type(manifest).__name__}"])
@@ -518,6 +541,7 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None) -> Run:
         generation=meta.get("generation"),
         spec=spec,
         labels=dict(meta.get("labels") or {}),
+        backend=spec.backend or default_backend or BACKENDS[0],
     )
     # Semantic checks run on what did parse (a wrong field falls back to its default); a field the
     # schema already rejected is not reported twice.
@@ -548,9 +572,11 @@ def validate_run(run: Run) -> list[str]:
         problems.append(
             f"spec.rollout.replicas: expected 0 for algorithm sft (SFT generates nothing), got {spec.rollout.replicas}"
         )
-    if spec.backend == "JobSet":
+    if run.backend == "JobSet" and len(run.name) > max_jobset_run_name(res.nodes):
+        limit = max_jobset_run_name(res.nodes)
         problems.append(
-            "spec.backend: JobSet is not rendered by this operator version yet; use PyTorchJob (or leave it unset)"
+            f"metadata.name: expected at most {limit} characters with the JobSet backend (its trainer pods are "
+            f"named <name>-trainer-0-<node>-<5 random>, a DNS label of 63), got {len(run.name)}"
         )
     if spec.queue_name is not None and len(spec.queue_name) > 63:
         problems.append(f"spec.queueName: expected a label value of at most 63 characters, got {len(spec.queue_name)}")

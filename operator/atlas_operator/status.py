@@ -1,4 +1,4 @@
-"""Pure status logic: the run's phase from its PyTorchJob, conditions, progress from metrics text, and
+"""Pure status logic: the run's phase from its job (PyTorchJob or JobSet), conditions, progress from metrics text, and
 the status patch and Events that one reconciliation's :class:`Result` turns into."""
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class Result:
     # came from is gone or no longer succeeded (recreated after a spec change), so a result shown is removed.
     result: dict[str, Any] | None = None
     result_stale: bool = False
+    restarts: int | None = None  # the JobSet's whole-gang restarts (None: not a JobSet)
 
 
 def now() -> str:
@@ -56,22 +57,83 @@ def last_job_condition(job: dict[str, Any] | None) -> dict[str, Any] | None:
     return true[-1] if true else None
 
 
-def training_reason(job: dict[str, Any] | None) -> tuple[str, str]:
-    """Reason and message of the run's Training condition: the job's last condition, in its words."""
+def job_state(job: dict[str, Any] | None) -> tuple[str, str, str]:
+    """(phase, reason, message) of the job that runs the trainer: a PyTorchJob's last condition, in its words,
+    or what a JobSet's conditions, terminalState and replicated jobs say."""
+    if job is not None and job.get("kind") == "JobSet":
+        return jobset_state(job)
     last = last_job_condition(job)
     if last is None:
-        return "JobPending", "waiting for the PyTorchJob to start"
-    return last["type"], last.get("message") or f"PyTorchJob {last['type']}"
+        return "Pending", "JobPending", "waiting for the PyTorchJob to start"
+    return JOB_PHASES[last["type"]], last["type"], last.get("message") or f"PyTorchJob {last['type']}"
+
+
+def replicated_jobs(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A JobSet's replicatedJobsStatus by name, each with ``replicas`` from its spec."""
+    statuses = {s.get("name"): s for s in (job.get("status") or {}).get("replicatedJobsStatus") or []}
+    out = {}
+    for rjob in (job.get("spec") or {}).get("replicatedJobs") or []:
+        out[rjob["name"]] = {**statuses.get(rjob["name"], {}), "replicas": int(rjob.get("replicas", 1))}
+    return out
+
+
+def servers_waiting(job: dict[str, Any]) -> list[str]:
+    """A JobSet's servers that are not Ready yet, as ``<replicated job> <ready>/<replicas> ready``."""
+    return [
+        f"{name} {status.get('ready', 0)}/{status['replicas']} ready"
+        for name, status in replicated_jobs(job).items()
+        if name != "trainer" and status.get("ready", 0) < status["replicas"]
+    ]
+
+
+def jobset_state(job: dict[str, Any]) -> tuple[str, str, str]:
+    status = job.get("status") or {}
+    true = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    terminal = status.get("terminalState")
+    if terminal == "Completed" or "Completed" in true:
+        done = true.get("Completed") or {}
+        return "Succeeded", done.get("reason") or "AllJobsCompleted", done.get("message") or "JobSet completed"
+    if terminal == "Failed" or "Failed" in true:
+        failed = true.get("Failed") or {}
+        return "Failed", failed.get("reason") or "FailedJobs", failed.get("message") or "JobSet failed"
+    if "Suspended" in true:
+        return "Suspended", "Suspended", true["Suspended"].get("message") or "jobset is suspended"
+    restarts = int(status.get("restarts") or 0)
+    attempt = f" (restart {restarts} of {((job.get('spec') or {}).get('failurePolicy') or {}).get('maxRestarts', 0)})"
+    restarting = true.get("RestartingJobSet")
+    trainer = replicated_jobs(job).get("trainer", {})
+    if trainer.get("active") or trainer.get("ready"):
+        if restarting:  # the trainer of the new attempt runs; the set is not all Ready yet
+            return "Running", "Restarting", (restarting.get("message") or "restarting") + attempt
+        return "Running", "Running", "the trainer is running" + (attempt if restarts else "")
+    waiting = servers_waiting(job)
+    if restarting:  # design.md: a restart counts as Running
+        return "Running", "Restarting", (restarting.get("message") or "restarting") + attempt
+    if waiting:
+        return "Pending", "ServersStarting", "the trainer starts once the servers are Ready: " + ", ".join(waiting)
+    return "Pending", "JobPending", "waiting for the JobSet to start"
+
+
+def job_suspended(job: dict[str, Any] | None) -> bool:
+    """The job's suspend flag (PyTorchJob runPolicy.suspend, JobSet spec.suspend)."""
+    spec = (job or {}).get("spec") or {}
+    return bool(spec.get("suspend") or (spec.get("runPolicy") or {}).get("suspend"))
+
+
+def training_reason(job: dict[str, Any] | None) -> tuple[str, str]:
+    """Reason and message of the run's Training condition."""
+    _, reason, message = job_state(job)
+    return reason, message
 
 
 def job_phase(job: dict[str, Any] | None, suspend: bool, queued: bool = False) -> str:
-    """Pending until the job reports; then its last condition. A suspend request shows at once. A queued
+    """Pending until the job reports; then what it says. A suspend request shows at once. A queued
     run (spec.queueName) whose job Kueue keeps suspended is Queued: Kueue, not the run, owns suspend."""
-    condition = last_job_condition(job)
-    phase = JOB_PHASES[condition["type"]] if condition else "Pending"
+    phase = job_state(job)[0] if job is not None else "Pending"
     if queued:
-        held = job is not None and bool(((job.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
-        if held and phase not in FINISHED:
+        if job is None and suspend:  # a suspended queued run holds no job
+            return "Suspended"
+        if job is not None and job_suspended(job) and phase not in FINISHED:
             return "Queued"
         return phase
     if suspend and phase not in FINISHED:
@@ -124,6 +186,8 @@ def status_update(old: dict[str, Any], generation: int | None, result: Result, a
         "conditions": merge_conditions(old.get("conditions"), result.conditions, at),
         "children": result.children or None,
     }
+    if result.restarts is not None:
+        new["restarts"] = result.restarts
     for cond in new["conditions"]:
         cond["observedGeneration"] = generation
     if result.progress is not None:
@@ -175,8 +239,8 @@ def termination_message(pod: dict[str, Any] | None, container: str) -> str | Non
 
 
 def job_has_news(job: dict[str, Any], run_status: dict[str, Any] | None) -> bool:
-    """Whether a PyTorchJob says something its run's status does not show yet (its last condition)."""
-    if not (job.get("status") or {}).get("conditions"):
+    """Whether a job says something its run's status does not show yet (its Training condition)."""
+    if not job.get("status"):
         return False
     training = next((c for c in (run_status or {}).get("conditions") or [] if c["type"] == "Training"), {})
     return training_reason(job) != (training.get("reason"), training.get("message"))
