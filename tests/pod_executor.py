@@ -171,6 +171,7 @@ class PodExecutor:
         self.replicas: dict[str, list[Replica]] = {}  # job uid → pods
         self.done: set[str] = set()
         self.collected: set[str] = set()  # deleted jobs whose Pod objects are gone too
+        self.passes = 0  # loops done: a test waits for some to show that nothing happens
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -196,6 +197,7 @@ class PodExecutor:
                 self._step()
             except Exception as exc:  # keep serving; the test sees the job stall and the log
                 print(f"pod executor: {exc!r}", file=sys.stderr)
+            self.passes += 1
             time.sleep(self.poll_s)
 
     def _step(self) -> None:

@@ -1,12 +1,15 @@
-"""End to end on one machine: the operator's rendered PyTorchJob, executed locally, trains the tiny model.
+"""End to end on one machine: the operator's rendered job, executed locally, trains the tiny model — the same
+suite on both backends (the operator's default backend set to each, so the manifests are the same).
 
-API server: kmock's emulator. Operator: `atlas operator`. Kubeflow + kubelet: tests/pod_executor.py,
-which runs each replica's `pytorch` container command with the injected topology environment.
+API server: kmock's emulator. Operator: `atlas operator`. Kubeflow (PyTorchJob) or the JobSet and Job
+controllers (JobSet), and the kubelet: tests/pod_executor.py, which runs each pod's container command with
+the environment, hostnames and volumes those controllers give it (a `vllm serve` server as a local stand-in).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -17,8 +20,8 @@ import pytest
 import yaml
 from conftest import REPO, free_port
 from kube_emulator import PYTORCHJOBS, wait_for
-from operator_support import NS, own_cluster, training
-from pod_executor import PodExecutor
+from operator_support import NS, TIMEOUT, kueue_admit, own_cluster, training
+from pod_executor import JobSetExecutor, PodExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -48,16 +51,36 @@ class StatusRecorder:
         self._thread.join(5)
 
 
-@pytest.fixture
-def local_cluster(tmp_path, tiny_model_dir):
-    # The Master "pod" serves the trainer's metrics port on a free port of 127.0.0.1, where the operator reads it.
+BACKENDS = ("PyTorchJob", "JobSet")
+
+
+@pytest.fixture(params=BACKENDS)
+def local_cluster(request, tmp_path, tiny_model_dir):
+    """An operator whose default backend is the parameter, and the executor of that backend's controllers."""
+    backend = request.param
+    # The rank-0 "pod" serves the trainer's metrics port on a free port of 127.0.0.1, where the operator reads it.
     metrics_port = free_port()
-    with own_cluster(tmp_path, metrics_url=f"http://127.0.0.1:{metrics_port}/metrics") as cluster:
-        executor = PodExecutor(
+    with own_cluster(
+        tmp_path,
+        metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+        operator_env={"ATLAS_DEFAULT_BACKEND": backend},
+    ) as cluster:
+        executor_class = JobSetExecutor if backend == "JobSet" else PodExecutor
+        executor = executor_class(
             cluster.api_client, tmp_path / "pods", NS, Path(sys.executable).parent, host_ports={"metrics": metrics_port}
         ).start()
         yield cluster, executor
         executor.stop()
+
+
+def on_jobset(executor) -> bool:
+    return isinstance(executor, JobSetExecutor)
+
+
+def trainer_pods(executor, name: str) -> list:
+    """The run's trainer pods, rank 0 first: the PyTorchJob's Master and Workers, or the JobSet trainer's pods by
+    completion index (of the current attempt: a gang restart makes new pods)."""
+    return executor.jobset_pods(name, "trainer") if on_jobset(executor) else executor.pods(name)
 
 
 def wait_phase(cluster, manifest, phases, executor):
@@ -66,11 +89,9 @@ def wait_phase(cluster, manifest, phases, executor):
             manifest, lambda s: s.get("phase") in phases, f"phase in {phases}", timeout=RUN_TIMEOUT
         )
     except AssertionError as exc:
-        logs = "\n".join(
-            f"--- {p.name}\n{p.log.read_text(errors='replace')[-3000:]}"
-            for p in executor.pods(manifest["metadata"]["name"])
-            if p.log.exists()
-        )
+        name = manifest["metadata"]["name"]
+        pods = executor.jobset_pods(name) if on_jobset(executor) else executor.pods(name)
+        logs = "\n".join(f"--- {p.name}\n{p.log.read_text(errors='replace')[-3000:]}" for p in pods if p.log.exists())
         raise AssertionError(f"{exc}\n{logs}") from None
 
 
@@ -116,7 +137,7 @@ def test_teacher_and_training_runs_train_and_report_progress(local_cluster):
     assert "ReadWriteMany" in shared["message"] and "spec.checkpoint.pvc" in shared["message"]
     assert any(p.get("step", 0) >= 1 and "reward" in p and "kl" in p for p in recorder.seen), recorder.seen
 
-    master, worker = executor.pods("local-teacher")
+    master, worker = trainer_pods(executor, "local-teacher")
     out = master.root / master.name / "checkpoints" / "local-teacher"  # spec.checkpoint.path/<name>
     assert (out / "checkpoint-10" / "trainer_state.json").is_file()
     steps = [r["step"] for r in metrics_lines(out / "metrics.jsonl") if "loss" in r]
@@ -130,7 +151,7 @@ def test_teacher_and_training_runs_train_and_report_progress(local_cluster):
     cluster.apply(grpo)
     wait_phase(cluster, grpo, ("Succeeded", "Failed"), executor)
     assert cluster.status(grpo)["phase"] == "Succeeded"
-    (master,) = executor.pods("tiny-grpo")
+    (master,) = trainer_pods(executor, "tiny-grpo")
     assert (master.root / master.name / "checkpoints/tiny-grpo/checkpoint-6/trainer_state.json").is_file()
 
 
@@ -148,7 +169,7 @@ def test_teacher_evaluated_after_training_reports_its_result_in_the_status(local
     teacher["spec"]["evaluation"] = {"samples": 1, "limit": 4}  # the run's dataset, split test
     cluster.apply(teacher)
     wait_phase(cluster, teacher, ("Succeeded", "Failed"), executor)
-    master, worker = executor.pods("eval-teacher")
+    master, worker = trainer_pods(executor, "eval-teacher")
     assert cluster.status(teacher)["phase"] == "Succeeded", master.log.read_text(errors="replace")[-3000:]
     status = cluster.wait_status(teacher, lambda s: "result" in s, ".status.result", timeout=60)
     result = status["result"]
@@ -159,11 +180,11 @@ def test_teacher_evaluated_after_training_reports_its_result_in_the_status(local
         assert 0.0 <= evaluation[key] <= 1.0, evaluation
     assert evaluation["accuracyDelta"] == pytest.approx(evaluation["guidedAccuracy"] - evaluation["studentAccuracy"])
     # The Pod the executor reported as the kubelet would: .status.result is its termination message, parsed.
-    pod = cluster.emu.get("v1/pods", NS, "eval-teacher-master-0")
+    pod = cluster.emu.get("v1/pods", NS, master.name)
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert terminated["reason"] == "Completed"
     assert results.parse_result_message(terminated["message"]) == result
-    worker_pod = cluster.emu.get("v1/pods", NS, "eval-teacher-worker-0")  # rank 0 alone writes the result
+    worker_pod = cluster.emu.get("v1/pods", NS, worker.name)  # rank 0 alone writes the result
     assert "message" not in worker_pod["status"]["containerStatuses"][0]["state"]["terminated"]
     # Every figure is in the output folder's eval.json; the status carries its summary.
     out = master.root / master.name / "checkpoints" / "eval-teacher"
@@ -173,15 +194,32 @@ def test_teacher_evaluated_after_training_reports_its_result_in_the_status(local
     )
 
 
-def test_killed_worker_restarts_and_resumes_from_the_checkpoint(local_cluster):
-    cluster, executor = local_cluster
+def create_pvc(cluster, name: str = "ckpt") -> None:
     kubernetes.client.CoreV1Api(cluster.api_client).create_namespaced_persistent_volume_claim(
         NS,
         {
-            "metadata": {"name": "ckpt"},
+            "metadata": {"name": name},
             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
         },
     )
+
+
+def assert_resumed_without_repeating_steps(log: str, out: Path, steps: int, every: int, ranks: int) -> None:
+    """The restarted rank 0 resumed from a saved checkpoint and trained each remaining step exactly once."""
+    resumed = re.findall(rf"done: rank 0/{ranks} at global step (\d+), resumed from \S+/checkpoint-(\d+)", log)
+    assert resumed, "the restarted rank 0 did not resume from a checkpoint"
+    final_step, resumed_from = map(int, resumed[-1])
+    assert final_step == steps and resumed_from % every == 0 and resumed_from >= every  # a saved checkpoint
+    logged = [r["step"] for r in metrics_lines(out / "metrics.jsonl") if "loss" in r]
+    assert logged[-(steps - resumed_from) :] == list(range(resumed_from + 1, steps + 1))  # each remaining step once
+    assert (out / f"checkpoint-{steps}" / "trainer_state.json").is_file()
+
+
+def test_killed_worker_restarts_and_resumes_from_the_checkpoint(local_cluster):
+    """PyTorchJob: Kubeflow restarts the failed pod in place. JobSet: the failed trainer Job fails the JobSet's
+    attempt and the whole gang is made again (restart-attempt 1); either way training resumes from the PVC."""
+    cluster, executor = local_cluster
+    create_pvc(cluster)
     manifest = tiny_training(
         "resume-run",
         resources={"nodes": 2, "gpusPerNode": 0},
@@ -195,25 +233,95 @@ def test_killed_worker_restarts_and_resumes_from_the_checkpoint(local_cluster):
         timeout=RUN_TIMEOUT,
         what="the first complete checkpoint",
     )
-    master, worker = executor.pods("resume-run")
+    master, worker = trainer_pods(executor, "resume-run")
     assert worker.proc.poll() is None, "the run finished before the Worker could be killed"
     worker.kill()
 
-    def job_conditions() -> list[dict]:
-        return (cluster.emu.get(PYTORCHJOBS, NS, "resume-run") or {}).get("status", {}).get("conditions", [])
+    if on_jobset(executor):  # the operator mirrors the JobSet's restart count
+        cluster.wait_status(manifest, lambda s: s.get("restarts") == 1, ".status.restarts 1", timeout=60)
+    else:
 
-    wait_for(lambda: any(c["type"] == "Restarting" for c in job_conditions()), timeout=60, what="a restart")
+        def job_conditions() -> list[dict]:
+            return (cluster.emu.get(PYTORCHJOBS, NS, "resume-run") or {}).get("status", {}).get("conditions", [])
+
+        wait_for(lambda: any(c["type"] == "Restarting" for c in job_conditions()), timeout=60, what="a restart")
     wait_phase(cluster, manifest, ("Succeeded", "Failed"), executor)
+    if on_jobset(executor):
+        master, new_worker = trainer_pods(executor, "resume-run")  # the restarted gang's pods
+        assert new_worker.name != worker.name and cluster.status(manifest)["restarts"] == 1
+        worker = new_worker
     assert cluster.status(manifest)["phase"] == "Succeeded", [p.log.read_text()[-2000:] for p in (master, worker)]
-    assert worker.restarts >= 1
-    import re
+    if not on_jobset(executor):
+        assert worker.restarts >= 1
+    assert_resumed_without_repeating_steps(master.log.read_text(), out, STEPS, 10, ranks=2)
 
-    resumed = re.findall(
-        r"done: rank 0/2 at global step (\d+), resumed from \S+/checkpoint-(\d+)", master.log.read_text()
+
+@pytest.mark.parametrize("local_cluster", ["JobSet"], indirect=True)
+def test_a_dead_server_restarts_the_whole_gang_which_resumes_from_the_checkpoint(local_cluster):
+    """JobSet only (on PyTorchJob a server is a Deployment of its own, which the executor does not run): the
+    student server's process dies, its Job fails, and the JobSet restarts every pod — the server first, then the
+    trainer once the new server is Ready — and training resumes from the newest checkpoint on the PVC. The
+    student server is the executor's vLLM stand-in (it cannot run vLLM), which the trainer really calls."""
+    cluster, executor = local_cluster
+    create_pvc(cluster)
+    teacher = yaml.safe_load((REPO / "examples/local-teacher.yaml").read_text())
+    teacher["metadata"]["name"] = "gang-teacher"
+    teacher["spec"]["resources"] = {"nodes": 1, "gpusPerNode": 0}
+    teacher["spec"]["student"]["rollout"] = {"replicas": 1}  # vllm serve: the stand-in
+    teacher["spec"]["training"]["maxSteps"] = 30
+    teacher["spec"]["checkpoint"] = {"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 5}
+    cluster.apply(teacher)
+    out = executor.workdir / "pvc" / "ckpt" / "gang-teacher"
+    wait_for(
+        lambda: (out / "checkpoint-5" / "trainer_state.json").is_file(),
+        timeout=RUN_TIMEOUT,
+        what="the first complete checkpoint",
     )
-    assert resumed, "the restarted Master did not resume from a checkpoint"
-    final_step, resumed_from = map(int, resumed[-1])
-    assert final_step == STEPS and resumed_from % 10 == 0 and resumed_from >= 10  # a saved checkpoint
-    steps = [r["step"] for r in metrics_lines(out / "metrics.jsonl") if "loss" in r]
-    assert steps[-(STEPS - resumed_from) :] == list(range(resumed_from + 1, STEPS + 1))  # each remaining step once
-    assert (out / f"checkpoint-{STEPS}" / "trainer_state.json").is_file()
+    (server,) = executor.jobset_pods("gang-teacher", "student")
+    (trainer,) = trainer_pods(executor, "gang-teacher")
+    assert trainer.proc.poll() is None, "the run finished before the server could be killed"
+    server.kill()
+    status = cluster.wait_status(teacher, lambda s: s.get("restarts") == 1, ".status.restarts 1", timeout=60)
+    assert status["phase"] in ("Pending", "Running")  # a restart is not a failure
+    wait_phase(cluster, teacher, ("Succeeded", "Failed"), executor)
+    (new_trainer,) = trainer_pods(executor, "gang-teacher")
+    assert cluster.status(teacher)["phase"] == "Succeeded", new_trainer.log.read_text(errors="replace")[-3000:]
+    assert trainer.proc.poll() == -9  # the old trainer was killed with the gang, not left training
+    assert new_trainer.name != trainer.name
+    # The new trainer started only after the new server was Ready (dependsOn), and really used it.
+    log = executor.run_of("gang-teacher").log
+    created = [line for line in log if line.startswith("created job")]
+    assert created[-2:] == [
+        "created job gang-teacher-student-0 (attempt 1)",
+        "created job gang-teacher-trainer-0 (attempt 1)",
+    ], created
+    assert_resumed_without_repeating_steps(new_trainer.log.read_text(), out, 30, 5, ranks=1)
+
+
+def admit(cluster, executor, name: str) -> None:
+    """What Kueue does when it admits the run's workload: JobSet, ``kueue_admit`` (tests/operator_support.py);
+    PyTorchJob (Kueue's kubeflow integration, when enabled), ``runPolicy.suspend`` set to false."""
+    if on_jobset(executor):
+        kueue_admit(cluster.api_client, name)
+        return
+    kubernetes.client.CustomObjectsApi(cluster.api_client).patch_namespaced_custom_object(
+        "kubeflow.org", "v1", NS, "pytorchjobs", name, {"spec": {"runPolicy": {"suspend": False}}}
+    )
+
+
+def test_a_queued_run_stays_queued_with_no_pod_until_kueue_admits_it(local_cluster):
+    cluster, executor = local_cluster
+    manifest = tiny_training("queued-run", queueName="team-a-gpus")
+    cluster.apply(manifest)
+    cluster.wait_status(manifest, lambda s: s.get("phase") == "Queued", "Queued")
+    # The executor has looked at the suspended job many times, and the operator has refreshed the run (1 s
+    # timer): nothing runs, and the run stays Queued.
+    passes = executor.passes
+    wait_for(lambda: executor.passes >= passes + 15, timeout=TIMEOUT, what="the executor's passes")
+    assert trainer_pods(executor, "queued-run") == [] and cluster.emu.list("v1/pods", NS) == []
+    assert cluster.status(manifest)["phase"] == "Queued"
+    admit(cluster, executor, "queued-run")
+    wait_phase(cluster, manifest, ("Succeeded", "Failed"), executor)
+    assert cluster.status(manifest)["phase"] == "Succeeded"
+    (master,) = trainer_pods(executor, "queued-run")
+    assert "done: rank 0/1 at global step 6" in master.log.read_text()
