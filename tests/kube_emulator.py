@@ -12,9 +12,10 @@ What this module adds on top (in :class:`AtlasKubeEmulator`, a subclass):
 * 422 (not 500) for a failing JSON-patch ``test`` op, as kopf expects;
 * a fix for kmock's crash on ``/api/v1/namespaces[/name]`` (patched into kmock's path parser);
 * fault injection (:meth:`AtlasKubeEmulator.fail_next`) that fails BEFORE any state change;
+* ``labelSelector`` on lists (equality- and set-based, as ``kubectl get -l`` sends them; 400 when malformed);
 * a request log as plain records (:meth:`AtlasKubeEmulator.calls`, ``writes``, ``verbs``).
 
-Not emulated: garbage collection by ownerReferences, label/field selectors, watch
+Not emulated: garbage collection by ownerReferences, field selectors, label selectors on watches, watch
 ``resourceVersion``/timeouts (every watch replays all objects as ADDED), admission/validation.
 
 Usage (synchronous test; the emulator runs in its own thread with its own event loop, so the
@@ -43,6 +44,7 @@ import itertools
 import json
 import os
 import pathlib
+import re
 import secrets
 import signal
 import subprocess
@@ -202,6 +204,40 @@ _REASONS = {
 
 def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_SELECTOR_TERM = re.compile(
+    r"\s*(?:(?P<absent>!)\s*(?P<akey>[\w./-]+)"
+    r"|(?P<skey>[\w./-]+)\s+(?P<setop>in|notin)\s*\((?P<values>[^()]*)\)"
+    r"|(?P<key>[\w./-]+)\s*(?:(?P<op>==|!=|=)\s*(?P<value>[\w.-]*))?)\s*(?:,|$)"
+)
+
+
+def label_selector(selector: str) -> Callable[[Mapping[str, str]], bool]:
+    """A predicate on labels for a Kubernetes label selector (k8s.io/apimachinery/pkg/labels): ``k=v``,
+    ``k==v``, ``k!=v`` (true where ``k`` is absent), ``k``, ``!k``, ``k in (a,b)``, ``k notin (a,b)``, all ANDed."""
+    terms: list[Callable[[Mapping[str, str]], bool]] = []
+    position = 0
+    while position < len(selector):
+        match = _SELECTOR_TERM.match(selector, position)
+        if match is None or match.end() == position:
+            raise ValueError(f"unable to parse requirement: {selector[position:]!r}")
+        position = match.end()
+        if match["absent"]:
+            terms.append(lambda labels, k=match["akey"]: k not in labels)
+        elif match["setop"]:
+            values = {v.strip() for v in match["values"].split(",")}
+            if match["setop"] == "in":
+                terms.append(lambda labels, k=match["skey"], vs=values: labels.get(k) in vs)
+            else:
+                terms.append(lambda labels, k=match["skey"], vs=values: labels.get(k) not in vs)
+        elif match["op"] == "!=":
+            terms.append(lambda labels, k=match["key"], v=match["value"]: labels.get(k) != v)
+        elif match["op"]:
+            terms.append(lambda labels, k=match["key"], v=match["value"]: labels.get(k) == v)
+        else:
+            terms.append(lambda labels, k=match["key"]: k in labels)
+    return lambda labels: all(term(labels) for term in terms)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -390,6 +426,23 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
                 if version.isdigit() and int(version) <= since:
                     continue
             yield item
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        """kmock lists every object of the resource; a real API server only those its ``labelSelector`` selects."""
+        payload = await super()._serve_list(request)
+        selector = request.params.get("labelSelector")
+        if selector:
+            try:
+                selects = label_selector(selector)
+            except ValueError as exc:
+                raise kmock.KubernetesError(status=400, reason="BadRequest", message=str(exc)) from exc
+            payload = {
+                **payload,
+                "items": [
+                    item for item in payload["items"] if selects((item.get("metadata") or {}).get("labels") or {})
+                ],
+            }
+        return payload
 
     def _next_rv(self) -> str:
         return str(next(self._rv_counter))

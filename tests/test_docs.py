@@ -428,3 +428,32 @@ def test_namespaced_rbac_cluster_role_is_described_as_the_chart_grants_it():
                 word = {"customresourcedefinitions": "CustomResourceDefinitions", "namespaces": "Namespaces"}[resource]
                 verbs = "/".join(f"`{v}`" for v in rule["verbs"])
                 assert f"{verbs} {word}" in text, f"{name}: the namespaced ClusterRole's {verbs} on {word}"
+
+
+def test_jobset_backend_facts_are_the_codes():
+    """The JobSet run-name limits, the JobSet install command and the chart values the docs give."""
+    import yaml
+    from atlas_operator.reconcile import JOB_CRDS
+
+    from atlas_contract.names import MAX_RUN_NAME, max_jobset_run_name
+
+    readme = " ".join(doc("README.md").split())
+    limits = re.search(r"at most (\d+) characters up to 10 nodes, (\d+) up to 100 and (\d+) up to 1,000", readme)
+    assert limits, "README: the JobSet run-name limits"
+    assert [int(n) for n in limits.groups()] == [max_jobset_run_name(n) for n in (10, 100, 1000)]
+    assert max_jobset_run_name(1) == max_jobset_run_name(10) > max_jobset_run_name(11) == max_jobset_run_name(100)
+    assert f"PyTorchJob runs may have {MAX_RUN_NAME}" in readme
+    architecture = " ".join(doc("docs/architecture.md").split())
+    assert f"at most {MAX_RUN_NAME} characters | at most {max_jobset_run_name(10)} up to 10 nodes" in architecture
+
+    values = yaml.safe_load((REPO / "charts/atlas-operator/values.yaml").read_text())
+    for name in ("README.md", "docs/architecture.md"):
+        text = doc(name)
+        installs = re.findall(r"kubectl apply --server-side -f \S*jobset\S*manifests\.yaml", text)
+        assert installs, f"{name}: how to install JobSet"
+        for install in installs:
+            assert install in JOB_CRDS["JobSet"][2], f"{name}: {install} is not what the operator tells users"
+        for key in re.findall(r"(?<![\w/.-])operator\.(\w+)", text):
+            assert key in values["operator"], f"{name}: chart value operator.{key} does not exist"
+    assert "`operator.defaultBackend`" in readme and values["operator"]["defaultBackend"] == "PyTorchJob"
+    assert "not rendered yet" not in readme and "only `PyTorchJob` is rendered" not in architecture

@@ -80,11 +80,12 @@ def test_helm_lint(helm, extra):
         ["--set", "rbac.scope=everything"],
         ["--set", "operator.logFormat=xml"],
         ["--set", "operator.progressInterval=0"],
+        ["--set", "operator.defaultBackend=MPIJob"],
         ["--set", "watchNamespaces={Not_A_Namespace}"],
         ["--set", "unknownKey=1"],
         ["--set", "monitoring.podMonitor.enable=true"],  # typo of `enabled`: additionalProperties false
     ],
-    ids=["rbac-scope", "log-format", "interval", "namespace-name", "unknown-top-level", "typo-nested"],
+    ids=["rbac-scope", "log-format", "interval", "backend", "namespace-name", "unknown-top-level", "typo-nested"],
 )
 def test_schema_rejects_bad_values(helm, bad):
     proc = run_helm(helm, "template", RELEASE, str(CHART), *bad)
@@ -210,6 +211,7 @@ def test_operator_env_defaults(default_objs):
     assert env["ATLAS_PROGRESS_INTERVAL"] == "15"
     assert env["ATLAS_OPERATOR_METRICS_PORT"] == "8080"
     assert env["ATLAS_LOG_FORMAT"] == "json"
+    assert env["ATLAS_DEFAULT_BACKEND"] == "PyTorchJob"
     (dep,) = by_kind(default_objs, "Deployment")
     assert "imagePullSecrets" not in dep["spec"]["template"]["spec"]
 
@@ -222,6 +224,7 @@ def test_operator_env_overrides(helm):
         "--set", "operator.rolloutImage=reg/vllm:2",
         "--set", "operator.progressInterval=30",
         "--set", "operator.logFormat=plain",
+        "--set", "operator.defaultBackend=JobSet",
         "--set", "image.tag=9.9.9",
         "--set", "imagePullSecrets[0].name=regcred",
     )  # fmt: skip
@@ -232,8 +235,29 @@ def test_operator_env_overrides(helm):
     assert env["ATLAS_ROLLOUT_IMAGE"] == "reg/vllm:2"
     assert env["ATLAS_PROGRESS_INTERVAL"] == "30"
     assert env["ATLAS_LOG_FORMAT"] == "plain"
+    assert env["ATLAS_DEFAULT_BACKEND"] == "JobSet"
     assert c["image"].endswith(":9.9.9")
     assert dep["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_operator_settings_are_the_operators(default_objs):
+    """Each ATLAS_* variable the chart sets is one the operator reads, and the backend value offers exactly the
+    operator's backends with the operator's own default."""
+    from atlas_operator.config import ENV, OperatorConfig
+
+    from atlas_contract.names import BACKENDS
+
+    _, c = _operator_container(default_objs)
+    chart_settings = {name for name in _env(c) if name.startswith("ATLAS_")}
+    assert chart_settings - {"ATLAS_LOG_FORMAT"} <= set(ENV.values()), chart_settings - set(ENV.values())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    backend = schema["properties"]["operator"]["properties"]["defaultBackend"]
+    assert tuple(backend["enum"]) == BACKENDS
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["operator"]["defaultBackend"] == OperatorConfig().default_backend == BACKENDS[0]
+    assert OperatorConfig.from_env({"ATLAS_DEFAULT_BACKEND": _env(c)["ATLAS_DEFAULT_BACKEND"]}).default_backend == (
+        "PyTorchJob"
+    )
 
 
 def test_metrics_service(default_objs):
@@ -265,6 +289,22 @@ def test_rbac_cluster_scope(default_objs):
     (sa,) = by_kind(default_objs, "ServiceAccount")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}]
     assert not by_kind(default_objs, "Role")
+
+
+def _verbs(rules, group: str, resource: str) -> list[str]:
+    return [v for r in rules if group in r["apiGroups"] and resource in r["resources"] for v in r["verbs"]]
+
+
+def test_rbac_covers_both_backends_and_reads_pods_only(default_objs):
+    """The jobs of both backends are watched and managed; pods are only read (the PyTorchJob Master by name,
+    the JobSet's rank-0 trainer pod, whose name has a random suffix, by listing with a label selector)."""
+    from atlas_operator import kube
+
+    (role,) = by_kind(default_objs, "ClusterRole")
+    managed = ["get", "list", "watch", "create", "patch", "delete"]
+    for resource in kube.JOBS.values():
+        assert _verbs(role["rules"], resource.group, resource.plural) == managed, resource.kind
+    assert _verbs(role["rules"], "", "pods") == ["get", "list"]
 
 
 def test_rendered_rbac_is_the_rules_file(default_objs):
@@ -343,17 +383,33 @@ def test_grafana_dashboard_configmap(default_objs, helm):
     assert not by_kind(render(helm, "--set", "grafana.dashboard.enabled=false"), "ConfigMap")
 
 
-def test_notes_name_next_commands(helm):
-    proc = run_helm(helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client")
+def _notes(helm, *args: str) -> str:
+    proc = run_helm(helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *args)
     assert proc.returncode == 0, proc.stderr
-    notes = proc.stdout.split("NOTES:", 1)[1]
+    return proc.stdout.split("NOTES:", 1)[1]
+
+
+def test_notes_name_next_commands(helm):
+    notes = _notes(helm)
     for needle in (
         "kubectl apply -f examples/teacher-run.yaml",
         "kubectl get atlasteachers",
         "kubectl describe atlasteacher",
         f"-n {NAMESPACE} port-forward svc/{RELEASE}-atlas-operator-metrics 8080:8080",
+        "Runs without spec.backend use PyTorchJob",
+        "kubectl get pytorchjobs,deployments,pods",
     ):
         assert needle in notes, needle
+
+
+def test_notes_follow_the_default_backend(helm):
+    from atlas_operator.reconcile import JOB_CRDS
+
+    notes = _notes(helm, "--set", "operator.defaultBackend=JobSet")
+    assert "Runs without spec.backend use JobSet" in notes
+    assert "kubectl get jobsets,pods" in notes and "pytorchjobs" not in notes
+    install = re.search(r"kubectl apply --server-side -f \S+manifests\.yaml", notes).group(0)
+    assert install in JOB_CRDS["JobSet"][2]  # the same release the operator's PrerequisitesMet message names
 
 
 # --------------------------------------------------------------------------- dashboard PromQL

@@ -12,7 +12,7 @@ import kubernetes
 import pytest
 from atlas_operator.crd import custom_resource_definition
 from conftest import REPO, free_port
-from kube_emulator import PYTORCHJOBS, TEACHERS, TRAININGS, wait_for
+from kube_emulator import JOBSETS, PYTORCHJOBS, TEACHERS, TRAININGS, wait_for
 from operator_support import (
     NS,
     TIMEOUT,
@@ -603,9 +603,35 @@ def _rbac_rules(*sections: str) -> set[tuple[str, str, str]]:
     }
 
 
+def jobset_life(cluster) -> dict:
+    """A JobSet run's life, up to its deletion: the JobSet created, its status followed (the jobsets watch),
+    suspended and resumed (patched), its result read from the trainer pods it lists. Returns the run."""
+    from test_operator_jobset import TRAINER_RUNNING, condition, set_jobset_status, trainer_pod, wait_jobset
+
+    from atlas_contract.results import result_message
+
+    manifest = teacher("rbac-jobset", backend="JobSet", checkpoint={"pvc": "ckpt"})
+    cluster.apply(manifest)
+    js = wait_jobset(cluster, "rbac-jobset")
+    set_jobset_status(cluster, "rbac-jobset", TRAINER_RUNNING)
+    cluster.wait_status(manifest, lambda s: s.get("phase") == "Running", "the JobSet run Running")
+    for suspend in (True, False):
+        cluster.patch_spec(manifest, {"suspend": suspend})
+        wait_for(
+            lambda flag=suspend: cluster.emu.get(JOBSETS, NS, "rbac-jobset")["spec"]["suspend"] is flag,
+            timeout=TIMEOUT,
+            what=f"the JobSet's suspend {suspend}",
+        )
+    trainer_pod(cluster, js, 0, 0, result_message(7, 0.5))
+    done = [condition("Completed", True, "AllJobsCompleted", "jobset completed successfully")]
+    set_jobset_status(cluster, "rbac-jobset", {"trainer": {"succeeded": 1}}, done, terminal="Completed")
+    cluster.wait_status(manifest, lambda s: s.get("result") == {"step": 7, "reward": 0.5}, "the JobSet run's result")
+    return manifest
+
+
 def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
-    """Every (group, resource, verb) the operator process uses — its own client and kopf's — over a run's
-    whole life, against the chart's RBAC rules: nothing missing, nothing unused."""
+    """Every (group, resource, verb) the operator process uses — its own client and kopf's — over the whole life
+    of a PyTorchJob run and of a JobSet run, against the chart's RBAC rules: nothing missing, nothing unused."""
     with own_cluster(tmp_path) as cluster:
         core = kubernetes.client.CoreV1Api(cluster.api_client)
         core.create_namespaced_persistent_volume_claim(
@@ -658,7 +684,8 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
         other = training("rbac-training")
         cluster.apply(other)
         cluster.wait_status(other, lambda s: s.get("phase") == "Pending", "the AtlasTraining reconciled")
-        for run in (manifest, other):
+        gang = jobset_life(cluster)
+        for run in (manifest, other, gang):
             cluster.delete_run(run)
             wait_for(lambda r=run: cluster.run(r) is None, timeout=TIMEOUT, what="the run deleted")
         used = permissions_used(cluster.emu)

@@ -9,6 +9,7 @@ comes back.
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import logging
 import threading
@@ -102,11 +103,26 @@ class Reconciler:
     # ------------------------------------------------------------------ entry point
 
     def reconcile(self, body: dict[str, Any], adopt: Callable[[dict, dict], None], scrape: bool = False) -> Result:
+        started_on = _backend_of(body)  # a run keeps the backend it started on when the operator's default changes
         try:
-            run = parse_run(body, default_backend=self.settings.default_backend)
+            run = parse_run(body, default_backend=started_on or self.settings.default_backend)
         except InvalidRun as invalid:
             return self.invalid(body, "; ".join(invalid.problems))
         conditions = [_cond("Valid", True, "SpecValid", "the spec passed validation")]
+        if self.keeps_running_on(run, body, started_on):
+            job_name = ChildNames(run.name).job
+            conditions.append(
+                _cond(
+                    "SpecApplied",
+                    False,
+                    "BackendChangeNeedsCheckpoint",
+                    f"spec.backend: {run.backend}, but {started_on} {job_name} is still running and "
+                    "spec.checkpoint.pvc is not set, so moving the run would restart training from step 0; it "
+                    f"keeps running on {started_on} (delete {started_on} {job_name} to move it now, or set "
+                    "spec.checkpoint.pvc for future runs)",
+                )
+            )
+            run = dataclasses.replace(run, backend=started_on)
         unshared = checkpoint_warning(run)
         events = [Event("Warning", "CheckpointsNotShared", unshared)] if unshared else []
         if unshared:
@@ -164,7 +180,12 @@ class Reconciler:
         result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name))
         if job is not None and job["kind"] == "JobSet":
             result.restarts = int((job.get("status") or {}).get("restarts") or 0)
-        reason, message = training_reason(job)
+        if job is not None:
+            reason, message = training_reason(job)
+        elif run.spec.queue_name and run.spec.suspend:  # its job was deleted (Kueue owns a queued job's suspend)
+            reason, message = "Suspended", f"spec.suspend: no {run.backend} while suspended; resuming queues a new one"
+        else:  # not created (yet): say which kind of job the run waits for
+            reason, message = "JobPending", f"waiting for the {run.backend} to start"
         conditions.append(_cond("Training", result.phase == "Running", reason, message))
         if job is not None and result.phase == "Succeeded":
             if not (body.get("status") or {}).get("result"):
@@ -187,7 +208,8 @@ class Reconciler:
         job = self.kube.get(kube.JOBS[kind], meta.get("namespace", "default"), job_name) if job_name else None
         if job is None or not _owned_by(job, meta.get("uid"), body):
             return Result("Invalid", conditions, events=events)
-        phase = job_phase(job, job_suspended(job))
+        queued = bool((body.get("spec") or {}).get("queueName"))
+        phase = job_phase(job, job_suspended(job) and not queued, queued=queued)
         reason, job_message = training_reason(job)
         conditions += [
             _cond("SpecApplied", False, "InvalidSpec", f"{kind} {job_name} runs the last valid spec; {message}"),
@@ -195,6 +217,14 @@ class Reconciler:
         ]
         children = dict((body.get("status") or {}).get("children") or {})
         return Result(phase, conditions, children=children, events=events)
+
+    def keeps_running_on(self, run: Run, body: dict[str, Any], started_on: str | None) -> bool:
+        """Whether a run whose spec.backend moved keeps its current job: it still runs and, without
+        spec.checkpoint.pvc, a job on the other backend would start training from step 0."""
+        if started_on is None or run.backend == started_on or run.spec.checkpoint.pvc:
+            return False
+        job = self.kube.get(kube.JOBS[started_on], run.namespace, ChildNames(run.name).job)
+        return job is not None and _owned_by(job, run.uid, body) and job_phase(job, False) not in FINISHED
 
     # ------------------------------------------------------------------ prerequisites
 
@@ -392,7 +422,7 @@ class Reconciler:
                 run.kind,
                 run.namespace,
                 run.name,
-                pod["metadata"].get("name"),
+                (pod.get("metadata") or {}).get("name"),
             )
             return None
         with self._result_lock:
@@ -574,6 +604,14 @@ def _owned_by(obj: dict[str, Any], uid: str | None, owner: dict[str, Any]) -> bo
     )
 
 
+def _backend_of(body: dict[str, Any]) -> str | None:
+    """The backend a run's job was made on (from status.children), or None before it has one."""
+    children = (body.get("status") or {}).get("children") or {}
+    if children.get("jobSet"):
+        return "JobSet"
+    return "PyTorchJob" if children.get("pytorchJob") else None
+
+
 def _made_by(pod: dict[str, Any], job_uid: str | None) -> bool:
     """Whether ``pod`` belongs to the job ``job_uid`` (its controller owner reference), not to an earlier job of
     the same name; a pod without a controller reference is taken as it is."""
@@ -591,6 +629,13 @@ def _managed_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[st
     for key in ("spec", "data"):
         if key in desired and not _contains(existing.get(key), desired[key]):
             patch[key] = desired[key]
+    # A Service's selector is all ours: a key no longer rendered is removed (a merge patch would keep it, and after a
+    # spec.backend change the metrics Service would select no pod: both backends' rank-0 labels at once).
+    if desired.get("kind") == "Service":
+        selector = desired["spec"].get("selector") or {}
+        stale = {key: None for key in (existing.get("spec") or {}).get("selector") or {} if key not in selector}
+        if stale:
+            patch["spec"] = {**patch.get("spec", desired["spec"]), "selector": {**selector, **stale}}
     return patch or None
 
 

@@ -35,7 +35,9 @@ __all__ = ["API_VERSION", "GROUP", "KINDS", "SHORT_NAMES", "VERSION", "PHASES", 
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3", "zero3-offload")
 # A label value: at most 63 characters (checked in validate_run), alphanumerics at both ends.
 QUEUE_NAME_PATTERN = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)"
-DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+# A DNS-1035 label: the run's name starts the names of Services (<name>-metrics, ...) and, on JobSet, of Jobs,
+# which must begin with a letter.
+DNS_LABEL = r"[a-z]([-a-z0-9]*[a-z0-9])?"
 # A Kubernetes resource quantity (k8s.io/apimachinery resource.Quantity): 32, 500m, 512Gi, 1.5e3.
 QUANTITY_PATTERN = (
     r"(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?"
@@ -361,8 +363,8 @@ class RunSpec:
         "what runs the trainer and servers: PyTorchJob (Kubeflow Training Operator v1: the trainer job plus one "
         "Deployment per server) or JobSet (jobset.x-k8s.io: trainer and servers as one gang, admitted, restarted "
         "and finished together)",
-        unset="the operator's default backend (ATLAS_DEFAULT_BACKEND, chart value defaultBackend; PyTorchJob "
-        "unless set)",
+        unset="the operator's default backend when the run is created (ATLAS_DEFAULT_BACKEND, chart value "
+        "operator.defaultBackend; PyTorchJob unless set); a run keeps the backend it started on",
         enum=BACKENDS,
     )
     queue_name: str | None = spec_field(
@@ -526,7 +528,7 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None, default_ba
     if not isinstance(name, str) or not re.fullmatch(DNS_LABEL, name) or len(name) > MAX_RUN_NAME:
         problems.append(
             f"metadata.name: expected a DNS label of at most {MAX_RUN_NAME} characters "
-            f"(lowercase letters, digits, '-'), got {name!r}"
+            f"(lowercase letters, digits, '-', starting with a letter), got {name!r}"
         )
         name = str(name or "")
     spec = parse(SPEC_TYPES[kind], manifest.get("spec"), "spec", problems)
@@ -571,6 +573,13 @@ def validate_run(run: Run) -> list[str]:
     if spec.algorithm == "sft" and spec.rollout.replicas:
         problems.append(
             f"spec.rollout.replicas: expected 0 for algorithm sft (SFT generates nothing), got {spec.rollout.replicas}"
+        )
+    student = getattr(spec, "student", None)
+    if run.backend == "JobSet" and student is not None and student.rollout.replicas > 1:
+        problems.append(
+            "spec.student.rollout.replicas: expected 0 or 1 with the JobSet backend (the trainer reaches the "
+            "student server by its pod's stable hostname, so more replicas would hold GPUs and serve nothing), "
+            f"got {student.rollout.replicas}"
         )
     if run.backend == "JobSet" and len(run.name) > max_jobset_run_name(res.nodes):
         limit = max_jobset_run_name(res.nodes)
