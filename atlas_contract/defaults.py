@@ -23,6 +23,8 @@ TRAINING_COMMON: dict[str, Any] = {
     "logging_steps": 1,  # every step: the operator mirrors each step into .status.progress
     "seed": 0,
     "gradient_checkpointing": True,
+    # The step watchdog, on for every cluster run (see FIRST_STEP_MIN_S below); `atlas train` leaves it off.
+    "step_timeout_seconds": 1800.0,
 }
 # GRPO (AtlasTraining grpo and AtlasTeacher): TRL 1.16's GRPOConfig values.
 TRAINING_GRPO: dict[str, Any] = {
@@ -52,6 +54,20 @@ TEACHING: dict[str, Any] = {
     "student_max_tokens": 256,
     "student_temperature": 0.7,
 }
+
+# The step watchdog (atlas_core.training.watchdog): seconds without a completed optimizer step before a trainer
+# process prints its stacks and exits with names.WATCHDOG_EXIT_CODE, for its job to restart it (0 = off). The
+# first step gets a longer allowance: loading the model, compiling, the first generation. Cluster runs get
+# TRAINING_COMMON's step_timeout_seconds.
+FIRST_STEP_MIN_S = 3600.0
+# How long generation waits for an unreachable rollout server (vllm_mode server) before the same exit.
+SERVER_TIMEOUT_S = 300.0
+
+
+def first_step_timeout(step_timeout_s: float) -> float:
+    """The first step's allowance for a step timeout: four times it, and at least an hour."""
+    return max(4 * float(step_timeout_s), FIRST_STEP_MIN_S)
+
 
 # The evaluation after training (AtlasTeacher spec.evaluation; run.yaml's `evaluation`): the two-pass
 # protocol on held-out problems. Unset dataset.source = the run's own spec.dataset.source; unset limit =
@@ -132,6 +148,9 @@ LIMITS: dict[str, Limit] = {
     "max_grad_norm": NON_NEGATIVE,
     "logging_steps": AT_LEAST_ONE,
     "save_steps": AT_LEAST_ONE,
+    "step_timeout_seconds": NON_NEGATIVE,
+    "first_step_timeout_seconds": NON_NEGATIVE,
+    "server_timeout_seconds": POSITIVE,
     "steps_per_generation": AT_LEAST_ONE,
     "generation_batch_size": AT_LEAST_ONE,
     "max_probe_tokens": AT_LEAST_ONE,

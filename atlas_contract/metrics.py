@@ -33,6 +33,12 @@ class Metric:
 
 TRAINER = (
     Metric("atlas_training_step", "gauge", "Global optimizer step of the run.", RUN_LABELS),
+    Metric(
+        "atlas_training_last_step_timestamp_seconds",
+        "gauge",
+        "Unix time at which the last optimizer step completed (a stall shows before the step watchdog fires).",
+        RUN_LABELS,
+    ),
     Metric("atlas_training_reward", "gauge", "Mean reward of the last logged steps.", RUN_LABELS, "reward"),
     Metric("atlas_training_reward_std", "gauge", "Standard deviation of the reward.", RUN_LABELS, "reward_std"),
     Metric("atlas_training_kl", "gauge", "Mean KL divergence to the reference model (beta > 0).", RUN_LABELS, "kl"),
@@ -106,6 +112,13 @@ OPERATOR = (
     ),
     Metric("atlas_operator_reconcile_duration_seconds", "histogram", "Time to reconcile one run, by kind.", ("kind",)),
     Metric("atlas_operator_runs", "gauge", "Runs the operator knows, by kind and phase.", ("kind", "phase")),
+    Metric(
+        "atlas_operator_watchdog_restarts",
+        "counter",
+        "Restarts of a run's job after its step watchdog ended a trainer process (exit code 75), as the operator "
+        "saw them.",
+        ("kind", "namespace", "run"),
+    ),
 )
 
 # .status.progress key → the trainer gauge the operator mirrors it from.

@@ -19,6 +19,9 @@ TRAINER_METRICS_PORT = 9400  # rank 0's /metrics in a trainer pod (and `atlas de
 OPERATOR_METRICS_PORT = 8080  # the operator's /metrics and /healthz
 VLLM_PORT = 8000  # rollout and student servers (OpenAI API, /health)
 WEIGHT_SYNC_PORT = 51216  # TRL's vllm_group_port: the NCCL group the trainer joins to push weights
+# The vLLM in the trainer image (trainer_image/requirements.txt pins it; a test checks the pin and TRL's range):
+# the rollout server's command is rendered for it.
+ROLLOUT_VLLM_VERSION = "0.30.0"
 RENDEZVOUS_PORT = 23456  # Kubeflow's default for the `pytorchjob-port` container port
 
 # ------------------------------------------------------------------ files
@@ -35,6 +38,11 @@ EVAL_DIR = "evaluation"  # in the output folder: the evaluation after training (
 EVAL_REPORT_FILE = "eval.json"  # every figure of an evaluation (atlas eval, evaluation after training)
 EVAL_PROBLEMS_FILE = "problems.jsonl"  # one line per evaluated problem; an interrupted evaluation resumes from it
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # the trainer container's terminationMessagePath
+
+# ------------------------------------------------------------------ exit codes
+# A trainer process the step watchdog ended (no optimizer step within spec.training.stepTimeoutSeconds, or an
+# unreachable server): EX_TEMPFAIL, "try again" — the job restarts it and it resumes from its checkpoint.
+WATCHDOG_EXIT_CODE = 75
 
 # ------------------------------------------------------------------ environment of trainer pods
 ENV_NAMESPACE = "ATLAS_NAMESPACE"  # metric label `namespace`

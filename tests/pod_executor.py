@@ -675,6 +675,8 @@ class ChildJob:
     succeeded: set[int] = field(default_factory=set)
     failed: int = 0
     condition: str | None = None  # Complete | Failed
+    reason: str = ""  # of the Failed condition: BackoffLimitExceeded | PodFailurePolicy
+    message: str = ""
     failed_at: float = 0.0
     written: dict[str, Any] | None = None
 
@@ -737,15 +739,19 @@ class JobSetExecutor(PodExecutor):
       Job (reason BackoffLimitExceeded) and its other pods are killed; within it, the index gets a new pod. An
       Indexed Job is Complete when every index succeeded (NonIndexed: ``completions`` successes).
     * JobSet: Jobs of a failed attempt are deleted with their pods and recreated under the same names with
-      ``restart-attempt`` + 1 (failurePolicy without rules: RestartJobSet up to ``maxRestarts``, then Failed,
-      ReachedMaxRestarts; no failurePolicy: Failed, FailedJobs); ``successPolicy`` (All/Any over its targets)
+      ``restart-attempt`` + 1 (failurePolicy: the first matching rule's action — RestartJobSet (reason
+      ``FailurePolicy_<rule>``), RestartJobSetAndIgnoreMaxRestarts or FailJobSet — else RestartJobSet (reason
+      DefaultFailurePolicy), up to ``maxRestarts``, then Failed, ReachedMaxRestarts; no failurePolicy: Failed,
+      FailedJobs); a Job's ``podFailurePolicy`` ``onExitCodes`` rules (FailJob: the Job fails at once, reason
+      PodFailurePolicy; Ignore: the pod is replaced, not counted); ``successPolicy`` (All/Any over its targets)
       → Completed, ``terminalState``, still-active Jobs and their pods deleted (finished ones kept);
       ``spec.suspend``: Jobs created suspended, pods of suspended Jobs deleted; resuming merges the JobSet's
       current pod-template labels/annotations/nodeSelector/tolerations into the Jobs (how Kueue's admission
       reaches them) and starts them. ``status``: conditions (added only when True, as ``updateCondition``),
       ``restarts``, ``restartsCountTowardsMax``, ``terminalState``, ``replicatedJobsStatus``.
 
-    Not emulated: failurePolicy ``rules``, ``restartStrategy`` other than Recreate, ``startupPolicy: InOrder``,
+    Not emulated: podFailurePolicy ``onPodConditions``, failurePolicy ``restartStrategy`` other than Recreate,
+    ``startupPolicy: InOrder``,
     ``ttlSecondsAfterFinished``, ``coordinator``, the webhooks' defaulting/validation, graceful termination
     (pods are SIGKILLed), probe timings, scheduling (every pod runs at once), more than the first container.
     """
@@ -814,7 +820,7 @@ class JobSetExecutor(PodExecutor):
         suspend = bool(spec.get("suspend"))
         failed = sorted((j for j in run.jobs.values() if j.condition == "Failed"), key=lambda j: j.failed_at)
         if failed:
-            self._failure_policy(js, run, failed[0])
+            self._failure_policy(js, run, failed)
             self._write_jobset_status(js, run, self._rjob_statuses(rjobs, run))
             return
         policy = spec.get("successPolicy") or {"operator": "All"}
@@ -927,14 +933,31 @@ class JobSetExecutor(PodExecutor):
             current["lastTransitionTime"] = _now()
         current.update(status=value, reason=reason, message=message)
 
-    def _failure_policy(self, js: dict[str, Any], run: JobSetRun, first: ChildJob) -> None:
+    def _failure_policy(self, js: dict[str, Any], run: JobSetRun, failed: list[ChildJob]) -> None:
+        """``executeFailurePolicy``: the first rule that matches a failed Job (the earliest such Job) decides;
+        without one, the default action RestartJobSet on the earliest failed Job."""
+        first = failed[0]
         policy = js["spec"].get("failurePolicy")
         if policy is None:
             self._fail(
                 run, "FailedJobs", f"jobset failed due to one or more job failures (first failed job: {first.name})"
             )
             return
-        if run.restarts_towards_max >= int(policy.get("maxRestarts") or 0):
+        action, reason = "RestartJobSet", "DefaultFailurePolicy"
+        for rule in policy.get("rules") or []:
+            match = next((job for job in failed if self._rule_applies(rule, job)), None)
+            if match is not None:
+                first, action, reason = match, rule["action"], f"FailurePolicy_{rule['name']}"
+                break
+        if action == "FailJobSet":
+            self._fail(
+                run,
+                "FailJobSetFailurePolicyAction",
+                f"applying FailJobSet failure policy action (first failed job: {first.name})",
+            )
+            return
+        counts = action != "RestartJobSetAndIgnoreMaxRestarts"
+        if counts and run.restarts_towards_max >= int(policy.get("maxRestarts") or 0):
             self._fail(
                 run,
                 "ReachedMaxRestarts",
@@ -942,21 +965,34 @@ class JobSetExecutor(PodExecutor):
             )
             return
         run.restarts += 1
-        run.restarts_towards_max += 1
-        run.log.append(f"RestartingJobSet {run.restarts} (first failed job: {first.name})")
+        run.restarts_towards_max += int(counts)
+        run.log.append(f"RestartingJobSet {run.restarts} ({reason}; first failed job: {first.name})")
         self._condition(
             run,
             "RestartingJobSet",
             True,
-            "DefaultFailurePolicy",
-            f"applying RestartJobSet failure policy action (first failed job: {first.name})",
+            reason,
+            f"applying {action} failure policy action (first failed job: {first.name})",
         )
         print(
-            f"pod executor: JobSet {run.name}: restart {run.restarts} (first failed job: {first.name})", file=sys.stderr
+            f"pod executor: JobSet {run.name}: restart {run.restarts} ({reason}; first failed job: {first.name})",
+            file=sys.stderr,
         )
         for job in list(run.jobs.values()):  # the previous attempt's Jobs are deleted (Foreground)
             self._delete_job(run, job)
             del run.jobs[job.name]
+
+    @staticmethod
+    def _rule_applies(rule: dict[str, Any], job: ChildJob) -> bool:
+        """``ruleIsApplicable``: the Job's failure reason, message and replicated job against the rule's filters."""
+        import re
+
+        if rule.get("onJobFailureReasons") and job.reason not in rule["onJobFailureReasons"]:
+            return False
+        patterns = rule.get("onJobFailureMessagePatterns") or []
+        if patterns and not any(re.search(p, job.message) for p in patterns):
+            return False
+        return not rule.get("targetReplicatedJobs") or job.rjob in rule["targetReplicatedJobs"]
 
     def _fail(self, run: JobSetRun, reason: str, message: str) -> None:
         run.terminal = "Failed"
@@ -1330,8 +1366,20 @@ class JobSetExecutor(PodExecutor):
             if code == 0:
                 job.succeeded.add(index)
             else:
+                rule = self._pod_failure_rule(job, pod, code)
+                if rule is not None and rule[1]["action"] == "Ignore":
+                    self._start_index(js, run, job, index)  # not counted against backoffLimit
+                    continue
                 job.failed += 1
-                if job.failed > backoff_limit:
+                if rule is not None and rule[1]["action"] == "FailJob":
+                    job.reason = "PodFailurePolicy"
+                    job.message = (
+                        f"Container {pod.container} for pod {self.namespace}/{pod.name} failed with exit code {code} "
+                        f"matching FailJob rule at index {rule[0]}"
+                    )
+                elif job.failed > backoff_limit:
+                    job.reason, job.message = "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+                if job.reason:
                     job.condition, job.failed_at = "Failed", time.monotonic()
                     for other in job.active():  # the Job controller ends the Job's other pods
                         other.kill()
@@ -1342,6 +1390,18 @@ class JobSetExecutor(PodExecutor):
         if job.condition is None and len(job.succeeded) >= job.completions:
             job.condition = "Complete"
         self._write_job_status(job)
+
+    @staticmethod
+    def _pod_failure_rule(job: ChildJob, pod: Replica, code: int) -> tuple[int, dict[str, Any]] | None:
+        """The Job's first ``podFailurePolicy`` rule whose ``onExitCodes`` match the failed container (index, rule);
+        ``onPodConditions`` rules are not emulated."""
+        for index, rule in enumerate((job.spec.get("podFailurePolicy") or {}).get("rules") or []):
+            codes = rule.get("onExitCodes")
+            if not codes or codes.get("containerName", pod.container) != pod.container:
+                continue
+            if (code in codes.get("values", [])) == (codes.get("operator") == "In"):
+                return index, rule
+        return None
 
     def _write_job_status(self, job: ChildJob) -> None:
         status: dict[str, Any] = {
@@ -1355,14 +1415,7 @@ class JobSetExecutor(PodExecutor):
         if job.condition == "Complete":
             status["conditions"] = [{"type": "Complete", "status": "True", "reason": "CompletionsReached"}]
         elif job.condition == "Failed":
-            status["conditions"] = [
-                {
-                    "type": "Failed",
-                    "status": "True",
-                    "reason": "BackoffLimitExceeded",
-                    "message": "Job has reached the specified backoff limit",
-                }
-            ]
+            status["conditions"] = [{"type": "Failed", "status": "True", "reason": job.reason, "message": job.message}]
         if status != job.written:
             self._call(
                 "PATCH",

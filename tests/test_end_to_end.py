@@ -325,3 +325,70 @@ def test_a_queued_run_stays_queued_with_no_pod_until_kueue_admits_it(local_clust
     assert cluster.status(manifest)["phase"] == "Succeeded"
     (master,) = trainer_pods(executor, "queued-run")
     assert "done: rank 0/1 at global step 6" in master.log.read_text()
+
+
+def test_a_stalled_trainer_is_ended_by_its_watchdog_and_resumes_from_the_checkpoint(local_cluster):
+    """A real stall: the teacher's student endpoint (a local OpenAI-compatible server) stops answering mid-run.
+    Within spec.training.stepTimeoutSeconds the trainer's step watchdog prints the stacks and the reason (naming
+    the student's URL) and exits with code 75; the job restarts it — in place on PyTorchJob, the whole gang on
+    JobSet (its WatchdogExit failure-policy rule, which the operator reports) — and once the endpoint answers again
+    training resumes from the checkpoint without repeating a step."""
+    from judge_server import JudgeServer, Reply
+
+    from atlas_contract.names import WATCHDOG_EXIT_CODE
+
+    cluster, executor = local_cluster
+    create_pvc(cluster)
+    stalled = threading.Event()
+
+    def answer(call):
+        return Reply(content="The answer is 4.", delay_s=600 if stalled.is_set() else 0)
+
+    with JudgeServer(answer, served_model="student") as student:
+        teacher = yaml.safe_load((REPO / "examples/local-teacher.yaml").read_text())
+        teacher["metadata"]["name"] = "stall-teacher"
+        teacher["spec"]["resources"] = {"nodes": 1, "gpusPerNode": 0}
+        teacher["spec"]["student"] = {"model": student.base_url, "rollout": {"replicas": 0}}
+        teacher["spec"]["training"].update(maxSteps=16, stepTimeoutSeconds=8)
+        teacher["spec"]["checkpoint"] = {"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 4}
+        cluster.apply(teacher)
+        out = executor.workdir / "pvc" / "ckpt" / "stall-teacher"
+        wait_for(
+            lambda: (out / "checkpoint-4" / "trainer_state.json").is_file(),
+            timeout=RUN_TIMEOUT,
+            what="the first complete checkpoint",
+        )
+        (trainer,) = trainer_pods(executor, "stall-teacher")
+        assert trainer.proc.poll() is None, "the run finished before the student could stall"
+        stalled.set()
+        stalled_at = time.monotonic()
+        wait_for(
+            lambda: "atlas watchdog: no optimizer step" in trainer.log.read_text(), timeout=60, what="the watchdog"
+        )
+        fired_after = time.monotonic() - stalled_at
+        stalled.clear()  # the endpoint answers again: the restarted trainer can go on
+        wait_phase(cluster, teacher, ("Succeeded", "Failed"), executor)
+    log = trainer.log.read_text()
+    assert cluster.status(teacher)["phase"] == "Succeeded", log[-3000:]
+    reason = next(line for line in log.splitlines() if line.startswith("atlas watchdog: no optimizer step"))
+    assert f"the student at {student.base_url}" in reason and "limit 8 s" in reason, reason
+    assert "Thread 0x" in log  # every thread's stack, before the reason
+    assert fired_after < 8 + 30, fired_after  # its limit, plus a step's worth of slack on a loaded machine
+    if on_jobset(executor):
+        assert trainer.exit_code == WATCHDOG_EXIT_CODE
+        (trainer,) = trainer_pods(executor, "stall-teacher")  # the restarted gang's pod
+        status = cluster.status(teacher)
+        assert status["restarts"] == 1
+        events = [e for e in cluster.events("stall-teacher") if e["reason"] == "WatchdogRestart"]
+        assert len(events) == 1 and "restart 1 of 3" in events[0]["message"], events
+        counted = cluster.operator.get("/metrics")[1]
+        assert (
+            'atlas_operator_watchdog_restarts_total{kind="AtlasTeacher",namespace="team-a",run="stall-teacher"} 1.0'
+            in (counted)
+        )
+    else:  # Kubeflow restarted the container in place: the kubelet kept the watchdog's exit as its last state
+        pod = cluster.emu.get("v1/pods", NS, trainer.name)
+        last = pod["status"]["containerStatuses"][0]["lastState"]["terminated"]
+        assert last["exitCode"] == WATCHDOG_EXIT_CODE and last["message"] == reason, last
+        assert trainer.restarts == 1
+    assert_resumed_without_repeating_steps(trainer.log.read_text(), out, 16, 4, ranks=1)

@@ -231,20 +231,26 @@ def run_entrypoint(stub_path: Path, *args: str, exit_code: int = 0) -> tuple[sub
     return done, parsed
 
 
+# The rollout role runs what TRL 1.16's deprecated `trl vllm-serve` runs (trl/scripts/vllm_serve.py): vllm serve with
+# its weight-transfer and logprob flags (checked against TRL's own build_command in test_operator_render.py).
+TRL_SERVER_FLAGS = ["--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
+                    "--max-logprobs", "-1"]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    ("role", "tool", "prefix"),
+    ("role", "tool", "prefix", "suffix"),
     [
-        ("train", "accelerate", ["launch"]),
-        ("rollout", "trl", ["vllm-serve"]),
-        ("serve", "vllm", ["serve"]),
+        ("train", "accelerate", ["launch"], []),
+        ("rollout", "vllm", ["serve"], TRL_SERVER_FLAGS),
+        ("serve", "vllm", ["serve"], []),
     ],
 )
-def test_entrypoint_roles(stub_path, role, tool, prefix):
+def test_entrypoint_roles(stub_path, role, tool, prefix, suffix):
     user_args = ["--config_file", "accelerate/deepspeed_zero3.yaml", "-m", "atlas_core.cli.train", "a b  c", ""]
     proc, out = run_entrypoint(stub_path, role, *user_args)
     assert proc.returncode == 0, proc.stderr
     assert out["tool"] == tool
-    assert out["args"] == prefix + user_args  # spaces and empty arguments preserved, role word dropped
+    assert out["args"] == prefix + user_args + suffix  # spaces and empty arguments preserved, role word dropped
     assert int(out["pid"]) == out["launcher_pid"], "the role must exec (signals reach the server directly)"
 
 
@@ -265,7 +271,7 @@ def test_entrypoint_without_arguments_prints_usage(stub_path):
     assert proc.returncode == 64
     assert "rollout" in proc.stderr and "tool" not in out
     proc, _ = run_entrypoint(stub_path, "--help")
-    assert proc.returncode == 0 and "trl vllm-serve" in proc.stderr
+    assert proc.returncode == 0 and "vllm serve" in proc.stderr and "--weight-transfer-config" not in proc.stderr
 
 
 def test_entrypoint_unknown_command_fails(stub_path):

@@ -195,8 +195,9 @@ def test_pytorchjob_shape():
 def test_rollout_and_student_servers():
     objs = children(teacher())
     rollout = objs[("Deployment", "teacher-run-rollout")]["spec"]["template"]["spec"]["containers"][0]
-    assert rollout["command"] == ["trl", "vllm-serve"]
-    assert rollout["readinessProbe"]["httpGet"]["path"] == "/health/"
+    assert rollout["command"] == ["vllm", "serve"]  # what TRL runs (trl vllm-serve is deprecated)
+    assert {"name": "VLLM_SERVER_DEV_MODE", "value": "1"} in rollout["env"]
+    assert rollout["readinessProbe"]["httpGet"]["path"] == "/health"
     assert rollout["resources"]["limits"]["nvidia.com/gpu"] == 2
     service_ports = {p["name"]: p["port"] for p in objs[("Service", "teacher-run-rollout")]["spec"]["ports"]}
     assert service_ports == {"http": 8000, "weight-sync": 51216}
@@ -1354,3 +1355,158 @@ def test_a_run_name_must_start_with_a_letter():
     for name in ("1run", "9-teacher"):
         assert problem_fields(training(name)) == ["metadata.name"]
     assert parse_run(training("r1")).name == "r1"
+
+
+# --------------------------------------------------------------------------- rollouts as TRL runs them
+
+
+def trl_rollout_command(model: str, **script_args) -> list[str]:
+    """What the installed TRL's deprecated ``trl vllm-serve`` would exec, as ``vllm serve …`` — read from TRL's own
+    ``build_command`` (trl/scripts/vllm_serve.py), for the vLLM version the trainer image pins."""
+    from packaging.version import Version
+    from trl.scripts import vllm_serve
+
+    from atlas_contract.names import ROLLOUT_VLLM_VERSION
+
+    pinned = Version(ROLLOUT_VLLM_VERSION)
+    original = vllm_serve.is_vllm_available
+    vllm_serve.is_vllm_available = lambda min_version=None: min_version is None or pinned >= Version(min_version)
+    try:
+        command = vllm_serve.build_command(vllm_serve.ScriptArguments(model=model, **script_args))
+    finally:
+        vllm_serve.is_vllm_available = original
+    return ["vllm", *command[command.index("serve") :]]
+
+
+@pytest.mark.parametrize(
+    "rollout",
+    [
+        {"replicas": 1, "gpus": 2},
+        {"replicas": 1, "gpus": 4, "tensorParallelSize": 2, "gpuMemoryUtilization": 0.8, "maxModelLen": 4096},
+    ],
+)
+@pytest.mark.parametrize("backend", ["PyTorchJob", "JobSet"])
+def test_the_rollout_server_runs_what_trl_runs(rollout, backend):
+    """The server command and env are TRL 1.16's own vllm_serve equivalent (read from TRL, not copied here); the
+    probes use vllm serve's /health; the weight-sync port contract stays (container port, the trainer's config)."""
+    manifest = training(backend=backend, rollout=rollout)
+    objects = render_children(parse_run(manifest), Images())
+    if backend == "JobSet":
+        (js,) = [o for o in objects if o["kind"] == "JobSet"]
+        pod = next(r for r in js["spec"]["replicatedJobs"] if r["name"] == "rollout")["template"]["spec"]["template"]
+    else:
+        pod = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    expected = trl_rollout_command(
+        manifest["spec"]["model"],
+        port=8000,
+        tensor_parallel_size=rollout.get("tensorParallelSize", 1),
+        data_parallel_size=rollout["gpus"] // rollout.get("tensorParallelSize", 1),
+        gpu_memory_utilization=rollout.get("gpuMemoryUtilization", 0.9),
+        max_model_len=rollout.get("maxModelLen"),
+    )
+    assert container["command"] + container["args"] == expected
+    assert {"name": "VLLM_SERVER_DEV_MODE", "value": "1"} in container["env"]  # as TRL's main() sets it
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/health"
+    assert {"name": "weight-sync", "containerPort": 51216, "protocol": "TCP"} in container["ports"]
+    config = yaml.safe_load(objects[0]["data"]["run.yaml"])["trainer"]
+    assert config["vllm_mode"] == "server" and config["vllm_group_port"] == 51216
+
+
+def test_no_configuration_renders_the_deprecated_command():
+    for example in sorted((REPO / "examples").glob("*.yaml")):
+        for backend in ("PyTorchJob", "JobSet"):
+            manifest = yaml.safe_load(example.read_text())
+            rendered = yaml.safe_dump(render_children(parse_run(manifest, default_backend=backend), Images()))
+            assert "vllm-serve" not in rendered, example.name
+
+
+def test_the_image_pins_a_vllm_inside_trls_supported_range():
+    """TRL declares the vLLM versions it supports (its `vllm` extra); the trainer image's pin, which the rollout
+    command is rendered for, must be one of them."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    from atlas_contract.names import ROLLOUT_VLLM_VERSION
+
+    (declared,) = [
+        Requirement(r) for r in importlib.metadata.requires("trl") if Requirement(r).name == "vllm" and "extra" in r
+    ]
+    pins = [
+        line.split("==", 1)[1].strip()
+        for line in (REPO / "trainer_image/requirements.txt").read_text().splitlines()
+        if line.startswith("vllm==")
+    ]
+    assert pins == [ROLLOUT_VLLM_VERSION]
+    assert declared.specifier.contains(ROLLOUT_VLLM_VERSION), (str(declared.specifier), ROLLOUT_VLLM_VERSION)
+
+
+def test_colocate_renders_vllm_inside_the_trainer_and_no_server():
+    for backend in ("PyTorchJob", "JobSet"):
+        manifest = teacher(
+            backend=backend,
+            rollout={"mode": "colocate", "tensorParallelSize": 2, "enableSleepMode": True, "maxModelLen": 2048},
+            resources={"nodes": 2, "gpusPerNode": 8},
+            checkpoint={"pvc": "ckpt"},
+        )
+        objects = render_children(parse_run(manifest), Images())
+        assert not [o for o in objects if "rollout" in o["metadata"]["name"]]
+        if backend == "JobSet":
+            (js,) = [o for o in objects if o["kind"] == "JobSet"]
+            assert "rollout" not in [r["name"] for r in js["spec"]["replicatedJobs"]]
+            openapi_validate(js, jobset_schema())
+            assert jobset_webhook_problems(js) == []
+        else:
+            openapi_validate(next(o for o in objects if o["kind"] == "PyTorchJob"), pytorchjob_schema())
+        config = yaml.safe_load(objects[0]["data"]["run.yaml"])["trainer"]
+        assert {k: v for k, v in config.items() if k.startswith(("vllm", "use_vllm"))} == {
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "vllm_gpu_memory_utilization": 0.3,  # TRL's colocate default: the trainer shares the GPU
+            "vllm_tensor_parallel_size": 2,
+            "vllm_enable_sleep_mode": True,
+            "vllm_max_model_length": 2048,
+        }
+
+
+def test_the_trainer_config_takes_colocate_settings():
+    """run.yaml's vLLM settings build TRL's real GRPOConfig (TRL checks them when the trainer starts)."""
+    from atlas_core.training.algorithms.grpo_config import GRPOConfig
+
+    manifest = training(rollout={"mode": "colocate", "gpuMemoryUtilization": 0.5}, resources={"gpusPerNode": 2})
+    trainer = run_config(parse_run(manifest))["trainer"]
+    vllm = {k: v for k, v in trainer.items() if "vllm" in k}
+    args = GRPOConfig(output_dir="/tmp/colocate", report_to=[], per_device_train_batch_size=8, **vllm)
+    assert (args.vllm_mode, args.vllm_gpu_memory_utilization, args.use_vllm) == ("colocate", 0.5, True)
+
+
+@pytest.mark.parametrize(
+    ("rollout", "resources", "algorithm", "field"),
+    [
+        ({"mode": "colocate"}, {"gpusPerNode": 0}, "grpo", "spec.rollout.mode"),  # no GPU to share
+        ({"mode": "colocate", "replicas": 1}, {"gpusPerNode": 8}, "grpo", "spec.rollout.replicas"),
+        ({"mode": "colocate", "gpus": 2}, {"gpusPerNode": 8}, "grpo", "spec.rollout.gpus"),
+        ({"mode": "colocate", "image": "vllm:x"}, {"gpusPerNode": 8}, "grpo", "spec.rollout.image"),
+        ({"mode": "colocate", "args": ["--x"]}, {"gpusPerNode": 8}, "grpo", "spec.rollout.args"),
+        ({"mode": "colocate", "memory": "8Gi"}, {"gpusPerNode": 8}, "grpo", "spec.rollout.memory"),
+        ({"mode": "colocate", "tensorParallelSize": 3}, {"gpusPerNode": 8}, "grpo", "spec.rollout.tensorParallelSize"),
+        ({"mode": "colocate"}, {"gpusPerNode": 8}, "sft", "spec.rollout.mode"),
+        ({"mode": "server", "replicas": 0}, {"gpusPerNode": 8}, "grpo", "spec.rollout.replicas"),
+        ({"enableSleepMode": True}, {"gpusPerNode": 8}, "grpo", "spec.rollout.enableSleepMode"),
+    ],
+)
+def test_rollout_mode_problems_name_the_field(rollout, resources, algorithm, field):
+    manifest = training(rollout=rollout, resources=resources, algorithm=algorithm)
+    if algorithm == "sft":
+        manifest["spec"]["reward"] = {}
+    assert field in problem_fields(manifest), problem_fields(manifest)
+
+
+def test_rollout_defaults_by_mode():
+    server = parse_run(training()).spec.rollout
+    assert (server.replicas, server.gpus, server.gpu_memory_utilization) == (1, 1, 0.9)
+    colocated = parse_run(training(rollout={"mode": "colocate"}, resources={"gpusPerNode": 1})).spec.rollout
+    assert (colocated.replicas, colocated.gpu_memory_utilization) == (0, 0.3)
+    assert parse_run(training(algorithm="sft", reward={})).spec.rollout.replicas == 0

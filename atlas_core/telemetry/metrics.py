@@ -27,6 +27,7 @@ def _metric(name: str):
 
 
 training_step = _metric("atlas_training_step")
+training_last_step_timestamp = _metric("atlas_training_last_step_timestamp_seconds")
 training_reward = _metric("atlas_training_reward")
 training_reward_std = _metric("atlas_training_reward_std")
 training_kl = _metric("atlas_training_kl")

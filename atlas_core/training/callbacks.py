@@ -50,6 +50,10 @@ class PrometheusMetricsCallback(TrainerCallback):
                                self.host, self.port, exc.strerror or exc)  # fmt: skip
             self._tokens_seen = int(getattr(state, "num_input_tokens_seen", 0) or 0)
 
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            metrics.training_last_step_timestamp.labels(**self.labels).set(time.time())
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return

@@ -203,8 +203,11 @@ class EndpointStudent:
                 task.cancel()
 
     def generate(self, conversations, max_new_tokens, num_samples=1, temperature=0.7):
+        from atlas_core.training.watchdog import waiting_for
+
         try:
-            return self._loop.run(self._generate(conversations, max_new_tokens, num_samples, temperature))
+            with waiting_for(f"the {self.role} at {self.base_url}"):
+                return self._loop.run(self._generate(conversations, max_new_tokens, num_samples, temperature))
         except OpenAICallError as exc:
             tries = f"{exc.attempts} attempt{'s' if exc.attempts != 1 else ''}"
             raise RuntimeError(f"{self.role} endpoint {self.base_url} failed after {tries}: {exc}") from None

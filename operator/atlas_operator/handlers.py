@@ -56,6 +56,10 @@ def refresh(body: kopf.Body, memo: kopf.Memo, scrape: bool) -> dict:
     finally:
         metrics.RECONCILE_DURATION.labels(kind).observe(time.perf_counter() - started)
     metrics.RECONCILE_TOTAL.labels(kind, "success").inc()
+    if result.watchdog_restarts:
+        metrics.WATCHDOG_RESTARTS.labels(kind, body.metadata.namespace, body.metadata.name).inc(
+            result.watchdog_restarts
+        )
     memo.phases.set(kind, body.metadata.namespace, body.metadata.name, result.phase)
     patch, events = status_update(dict(body.get("status") or {}), body.metadata.get("generation"), result, now())
     for event in events:

@@ -22,6 +22,7 @@ def _metric(cls, name: str, **kwargs):
 RECONCILE_TOTAL = _metric(Counter, "atlas_operator_reconcile")
 RECONCILE_DURATION = _metric(Histogram, "atlas_operator_reconcile_duration_seconds", buckets=contract.RECONCILE_BUCKETS)
 RUNS = _metric(Gauge, "atlas_operator_runs")
+WATCHDOG_RESTARTS = _metric(Counter, "atlas_operator_watchdog_restarts")
 
 
 class RunPhases:

@@ -46,6 +46,7 @@ from atlas_operator.status import (
     servers_waiting,
     termination_message,
     training_reason,
+    watchdog_restarts,
 )
 
 log = logging.getLogger("atlas_operator")
@@ -180,6 +181,17 @@ class Reconciler:
         result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name))
         if job is not None and job["kind"] == "JobSet":
             result.restarts = int((job.get("status") or {}).get("restarts") or 0)
+            result.watchdog_restarts = watchdog_restarts(job, body.get("status"))
+            if result.watchdog_restarts:
+                result.events.append(
+                    Event(
+                        "Warning",
+                        "WatchdogRestart",
+                        f"the step watchdog ended a trainer process of JobSet {job['metadata']['name']} (no optimizer "
+                        f"step within spec.training.stepTimeoutSeconds, or a server unreachable): restart "
+                        f"{result.restarts} of {run.spec.max_restarts}; the trainer log has the stacks and the reason",
+                    )
+                )
         if job is not None:
             reason, message = training_reason(job)
         elif run.spec.queue_name and run.spec.suspend:  # its job was deleted (Kueue owns a queued job's suspend)

@@ -34,17 +34,20 @@ from atlas_contract.names import (
     QUEUE_NAME_LABEL,
     RENDEZVOUS_PORT,
     REWARD_CONFIG_FILE,
+    ROLLOUT_VLLM_VERSION,
     RUN_CONFIG_FILE,
     SPEC_HASH_ANNOTATION,
     TERMINATION_MESSAGE_PATH,
     TRAINER_METRICS_PORT,
     VLLM_PORT,
+    WATCHDOG_EXIT_CODE,
     WEIGHT_SYNC_PORT,
     ChildNames,
 )
 from atlas_operator.presets import accelerate_config
 from atlas_operator.schema import camel
 from atlas_operator.spec import AtlasTeacherSpec, RolloutSpec, Run, TrainingSpec, reward_funcs
+from atlas_operator.status import WATCHDOG_RESTART_RULE
 
 REWARD_REF_DIR = "/etc/atlas-reward"  # a second ConfigMap volume cannot nest inside the first
 CACHE_DIR = "/var/cache/atlas"
@@ -172,13 +175,7 @@ def run_config(run: Run) -> dict[str, Any]:
         trainer["bf16"] = False
     else:
         trainer.setdefault("bf16", True)
-    if spec.rollout.replicas and spec.algorithm != "sft":
-        trainer.update(
-            use_vllm=True,
-            vllm_mode="server",
-            vllm_server_base_url=rollout_endpoint(run),
-            vllm_group_port=WEIGHT_SYNC_PORT,
-        )
+    trainer.update(rollout_fields(run))
     config: dict[str, Any] = {
         "algorithm": spec.algorithm,
         "model": spec.model,
@@ -196,6 +193,33 @@ def run_config(run: Run) -> dict[str, Any]:
     if evaluation is not None:
         config["evaluation"] = evaluation
     return config
+
+
+def rollout_fields(run: Run) -> dict[str, Any]:
+    """The trainer's vLLM settings for spec.rollout: a server to call (mode server), vLLM in every trainer process
+    (mode colocate), or none (the trainer generates)."""
+    rollout = run.spec.rollout
+    if run.spec.algorithm == "sft":
+        return {}
+    if rollout.mode == "colocate":
+        fields = {
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "vllm_gpu_memory_utilization": rollout.gpu_memory_utilization,
+            "vllm_tensor_parallel_size": rollout.tensor_parallel_size,
+            "vllm_enable_sleep_mode": bool(rollout.enable_sleep_mode),
+        }
+        if rollout.max_model_len is not None:
+            fields["vllm_max_model_length"] = rollout.max_model_len
+        return fields
+    if not rollout.replicas:
+        return {}
+    return {
+        "use_vllm": True,
+        "vllm_mode": "server",
+        "vllm_server_base_url": rollout_endpoint(run),
+        "vllm_group_port": WEIGHT_SYNC_PORT,
+    }
 
 
 def evaluation_config(run: Run) -> dict[str, Any] | None:
@@ -544,26 +568,66 @@ def _server_args(rollout: RolloutSpec) -> list[str]:
     return args
 
 
-def rollout_pod_template(run: Run, images: Images) -> dict[str, Any]:
+def rollout_server_command(run: Run) -> list[str]:
+    """The rollout server's command: what TRL 1.16 itself runs (``trl vllm-serve`` is deprecated and only execs
+    this; ``trl/scripts/vllm_serve.py`` ``build_command``): plain ``vllm serve`` with the NCCL weight-transfer
+    engine (the trainer pushes its weights over WEIGHT_SYNC_PORT) and processed logprobs, in dev mode
+    (VLLM_SERVER_DEV_MODE=1, set in its env)."""
     rollout = run.spec.rollout
-    args = [
-        "--model",
+    command = [
+        "vllm",
+        "serve",
         run.spec.model,
         "--host",
         "0.0.0.0",
         "--port",
         str(VLLM_PORT),
-        *_server_args(rollout),
+        "--tensor-parallel-size",
+        str(rollout.tensor_parallel_size),
         "--data-parallel-size",
         str(rollout.gpus // rollout.tensor_parallel_size),
-        *rollout.args,
+        "--gpu-memory-utilization",
+        str(rollout.gpu_memory_utilization),
+        "--dtype",
+        "auto",
+        "--kv-cache-dtype",
+        "auto",
+        "--model-impl",
+        "vllm",
+        "--uvicorn-log-level",
+        "info",
     ]
+    if rollout.max_model_len is not None:
+        command += ["--max-model-len", str(rollout.max_model_len)]
+    if _version(ROLLOUT_VLLM_VERSION) >= (0, 30, 0):  # TRL adds it for vLLM 0.30.0 and later
+        command += ["--enable-scale-out"]
+    command += [
+        "--weight-transfer-config",
+        json.dumps({"backend": "nccl"}),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--max-logprobs",
+        "-1",
+    ]
+    return command + list(rollout.args)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:3])
+
+
+def rollout_pod_template(run: Run, images: Images) -> dict[str, Any]:
+    rollout = run.spec.rollout
+    command = rollout_server_command(run)
     ports = [
         {"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"},
         {"name": "weight-sync", "containerPort": WEIGHT_SYNC_PORT, "protocol": "TCP"},
     ]
     image = rollout.image or images.rollout
-    return _vllm_pod_template(run, "rollout", rollout, image, ["trl", "vllm-serve"], args, "/health/", ports)
+    template = _vllm_pod_template(run, "rollout", rollout, image, command[:2], command[2:], "/health", ports)
+    # The weight-transfer endpoints the trainer calls live behind vLLM's dev mode (as `trl vllm-serve` sets it).
+    template["spec"]["containers"][0]["env"].append({"name": "VLLM_SERVER_DEV_MODE", "value": "1"})
+    return template
 
 
 def student_pod_template(run: Run, images: Images) -> dict[str, Any]:
@@ -627,18 +691,41 @@ def jobset(run: Run, images: Images, config: dict[str, Any] | None = None) -> di
         servers.append(("student", spec.student.rollout.replicas, student_pod_template(run, images)))
     for name, replicas, template in servers:
         replicated.append({"name": name, "replicas": replicas, "template": {"spec": _one_pod_job(template)}})
-    trainer = {
-        "name": "trainer",
-        "replicas": 1,
-        "template": {"spec": _one_pod_job(_configured_trainer_template(run, images, config), spec.resources.nodes)},
+    trainer_job = _one_pod_job(_configured_trainer_template(run, images, config), spec.resources.nodes)
+    # A trainer the step watchdog ended fails its Job with reason PodFailurePolicy, which the JobSet's
+    # WATCHDOG_RESTART_RULE names in its RestartingJobSet condition: the operator counts those restarts.
+    trainer_job["podFailurePolicy"] = {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": JOBSET_TRAINER_CONTAINER,
+                    "operator": "In",
+                    "values": [WATCHDOG_EXIT_CODE],
+                },
+            }
+        ]
     }
+    trainer = {"name": "trainer", "replicas": 1, "template": {"spec": trainer_job}}
     if servers:
         trainer["dependsOn"] = [{"name": name, "status": "Ready"} for name, _, _ in servers]
     replicated.append(trainer)
     job_spec = {
         "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
         "successPolicy": {"operator": "All", "targetReplicatedJobs": ["trainer"]},
-        "failurePolicy": {"maxRestarts": spec.max_restarts, "restartStrategy": "Recreate"},
+        "failurePolicy": {
+            "maxRestarts": spec.max_restarts,
+            "restartStrategy": "Recreate",
+            # Any other failure: the default action, RestartJobSet, too (reason DefaultFailurePolicy).
+            "rules": [
+                {
+                    "name": WATCHDOG_RESTART_RULE,
+                    "action": "RestartJobSet",
+                    "onJobFailureReasons": ["PodFailurePolicy"],
+                    "targetReplicatedJobs": ["trainer"],
+                }
+            ],
+        },
         # With a queue, Kueue owns suspend: the JobSet is created suspended and only Kueue resumes it.
         "suspend": spec.suspend or bool(spec.queue_name),
         "replicatedJobs": replicated,

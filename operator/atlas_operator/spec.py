@@ -26,6 +26,7 @@ from atlas_contract.names import (
     PHASES,
     SHORT_NAMES,
     VERSION,
+    WATCHDOG_EXIT_CODE,
     max_jobset_run_name,
 )
 from atlas_operator.schema import camel, parse, spec_field
@@ -33,6 +34,7 @@ from atlas_operator.schema import camel, parse, spec_field
 __all__ = ["API_VERSION", "GROUP", "KINDS", "SHORT_NAMES", "VERSION", "PHASES", "InvalidRun", "parse_run"]
 
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3", "zero3-offload")
+ROLLOUT_MODES = ("server", "colocate")  # spec.rollout.mode: TRL's vllm_mode values
 # A label value: at most 63 characters (checked in validate_run), alphanumerics at both ends.
 QUEUE_NAME_PATTERN = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)"
 # A DNS-1035 label: the run's name starts the names of Services (<name>-metrics, ...) and, on JobSet, of Jobs,
@@ -152,6 +154,15 @@ class TrainingSpec:
     seed: int | None = spec_field("random seed", trainer_default=True)
     gradient_checkpointing: bool | None = spec_field("recompute activations to save memory", trainer_default=True)
     bf16: bool | None = spec_field("bf16 mixed precision", unset="on when gpusPerNode > 0, off on CPU")
+    step_timeout_seconds: float | None = spec_field(
+        "the step watchdog: when no optimizer step completes in this many seconds, a trainer process prints every "
+        f"thread's stack and what it was waiting for, and exits with code {WATCHDOG_EXIT_CODE}, so its job restarts "
+        "it (the whole gang on JobSet) and it resumes from the newest checkpoint; a rollout server unreachable for "
+        f"{defaults.SERVER_TIMEOUT_S:g} s ends it the same way. The first step gets 4 times as long, at least "
+        f"{defaults.FIRST_STEP_MIN_S:g} s (extra.first_step_timeout_seconds sets it). 0 = off",
+        trainer_default=True,
+        **defaults.LIMITS["step_timeout_seconds"].schema(),
+    )
     extra: dict[str, Any] = spec_field(
         "any other GRPOConfig/SFTConfig field, snake_case, passed to the trainer (its kind and range are "
         "checked when the trainer starts); the fields the operator sets itself (output_dir, run_name, save_*, "
@@ -217,6 +228,74 @@ class RolloutSpec:
         "memory request and limit per server", unset="no memory request or limit", **QUANTITY_FIELD
     )
     args: list[str] = spec_field("extra command-line arguments for the server", [])
+
+
+@dataclass
+class PolicyRolloutSpec(RolloutSpec):
+    """How the policy generates its completions: vLLM servers beside the trainer (`vllm serve` as TRL runs it,
+    weights synced after each step), vLLM inside every trainer process (colocate), or the trainer's own
+    generate (no vLLM)."""
+
+    replicas: int | None = spec_field(
+        "rollout servers (mode server); 0 = generate inside the trainer",
+        unset="1; 0 with mode colocate or algorithm sft (SFT generates nothing)",
+        minimum=0,
+    )
+    gpus: int | None = spec_field(
+        "GPUs per server (tensorParallelSize x data parallel); mode server only", unset="1", minimum=1
+    )
+    gpu_memory_utilization: float | None = spec_field(
+        "share of each GPU vLLM takes: a server's --gpu-memory-utilization, or vllm_gpu_memory_utilization "
+        "colocated (the trainer shares the GPU)",
+        unset="0.9 for a server, 0.3 colocated (TRL's default)",
+        minimum=0,
+        maximum=1,
+        exclusive_minimum=True,
+    )
+    mode: str | None = spec_field(
+        "server: vLLM servers beside the trainer; colocate: vLLM inside every trainer process, on its GPUs (TRL's "
+        "default mode; no server to schedule, for runs small enough to share the GPUs)",
+        unset="server when replicas >= 1 (the default), else generation inside the trainer without vLLM",
+        enum=ROLLOUT_MODES,
+    )
+    enable_sleep_mode: bool | None = spec_field(
+        "mode colocate: vLLM sleeps while the trainer optimizes, freeing its GPU memory (vllm_enable_sleep_mode)",
+        unset="false",
+    )
+
+
+# Fields of spec.rollout that only a server has: set with mode colocate, each is an error naming it.
+SERVER_ONLY_ROLLOUT_FIELDS = ("replicas", "gpus", "image", "cpu", "memory", "args")
+# Defaults of spec.rollout fields left unset, by mode.
+SERVER_GPU_MEMORY_UTILIZATION, COLOCATED_GPU_MEMORY_UTILIZATION = 0.9, 0.3
+
+
+def resolve_rollout(raw: Any, rollout: PolicyRolloutSpec, algorithm: str, problems: list[str]) -> None:
+    """Fill spec.rollout's unset fields for its mode, and report fields that do not fit the mode (``raw``: the
+    manifest's spec.rollout, to tell a field set from one left unset)."""
+    given = {key for key, value in (raw or {}).items() if value not in (None, [])} if isinstance(raw, dict) else set()
+    if rollout.mode == "colocate":
+        for name in SERVER_ONLY_ROLLOUT_FIELDS:
+            if camel(name) in given:
+                problems.append(
+                    f"spec.rollout.{camel(name)}: a rollout-server setting, and mode colocate runs vLLM inside the "
+                    "trainer processes, with no server; remove it"
+                )
+        rollout.replicas, rollout.gpus = 0, rollout.gpus or 1
+        if rollout.gpu_memory_utilization is None:
+            rollout.gpu_memory_utilization = COLOCATED_GPU_MEMORY_UTILIZATION
+        return
+    if "enableSleepMode" in given:
+        problems.append(
+            "spec.rollout.enableSleepMode: a colocate setting; set spec.rollout.mode colocate, or remove it"
+        )
+    if rollout.replicas is None:
+        rollout.replicas = 0 if algorithm == "sft" else 1
+    if rollout.mode == "server" and rollout.replicas == 0:
+        problems.append("spec.rollout.replicas: expected at least 1 with mode server, got 0")
+    rollout.gpus = rollout.gpus or 1
+    if rollout.gpu_memory_utilization is None:
+        rollout.gpu_memory_utilization = SERVER_GPU_MEMORY_UTILIZATION
 
 
 @dataclass
@@ -347,8 +426,10 @@ class RunSpec:
     training: TrainingSpec = spec_field("trainer hyper-parameters (GRPOConfig fields, camelCase)", TrainingSpec)
     resources: ResourcesSpec = spec_field("trainer topology: nodes, GPUs, CPU, memory, placement", ResourcesSpec)
     deepspeed: str = spec_field("DeepSpeed preset (accelerate/deepspeed_*.yaml)", "zero3", enum=DEEPSPEED_PRESETS)
-    rollout: RolloutSpec = spec_field(
-        "vLLM rollout servers for the policy; replicas 0 = generate in the trainer", RolloutSpec
+    rollout: PolicyRolloutSpec = spec_field(
+        "how the policy generates: vLLM servers (mode server), vLLM inside the trainer (mode colocate), or the "
+        "trainer's own generate (replicas 0)",
+        PolicyRolloutSpec,
     )
     checkpoint: CheckpointSpec = spec_field("checkpoint volume and frequency", CheckpointSpec)
     env: list[EnvVar] = spec_field("extra environment for the trainer pods (API keys by secretKeyRef)", [])
@@ -532,9 +613,8 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None, default_ba
         )
         name = str(name or "")
     spec = parse(SPEC_TYPES[kind], manifest.get("spec"), "spec", problems)
-    rollout = (manifest.get("spec") or {}).get("rollout")
-    if spec.algorithm == "sft" and (not isinstance(rollout, dict) or rollout.get("replicas") is None):
-        spec.rollout.replicas = 0  # SFT generates nothing: no rollout server unless one is asked for
+    # Unset rollout fields take their mode's values (SFT generates nothing: no server unless one is asked for).
+    resolve_rollout((manifest.get("spec") or {}).get("rollout"), spec.rollout, spec.algorithm, problems)
     run = Run(
         kind=kind,
         name=name,
@@ -570,6 +650,19 @@ def validate_run(run: Run) -> list[str]:
     if spec.algorithm in ("grpo", "teacher"):
         problems += _batch_problems(training, res.nodes * res.processes())
     problems += _rollout_problems(spec.rollout, "spec.rollout", policy=True)
+    if spec.rollout.mode == "colocate":
+        if res.gpus_per_node == 0:
+            problems.append(
+                "spec.rollout.mode: colocate runs vLLM on the trainer's GPUs, and spec.resources.gpusPerNode is 0 "
+                "(on CPU leave mode unset and set spec.rollout.replicas: 0: the trainer generates)"
+            )
+        elif res.processes() % spec.rollout.tensor_parallel_size:
+            problems.append(
+                "spec.rollout.tensorParallelSize: colocated vLLM shards the model over a node's trainer processes; "
+                f"expected a divisor of {res.processes()}, got {spec.rollout.tensor_parallel_size}"
+            )
+        if spec.algorithm == "sft":
+            problems.append("spec.rollout.mode: algorithm sft generates nothing; remove mode colocate")
     if spec.algorithm == "sft" and spec.rollout.replicas:
         problems.append(
             f"spec.rollout.replicas: expected 0 for algorithm sft (SFT generates nothing), got {spec.rollout.replicas}"
@@ -647,6 +740,10 @@ OPERATOR_OWNED_TRAINER_FIELDS = {
     "vllm_mode": "from spec.rollout",
     "vllm_server_base_url": "from spec.rollout",
     "vllm_group_port": "from spec.rollout",
+    "vllm_gpu_memory_utilization": "set spec.rollout.gpuMemoryUtilization instead",
+    "vllm_tensor_parallel_size": "set spec.rollout.tensorParallelSize instead",
+    "vllm_enable_sleep_mode": "set spec.rollout.enableSleepMode instead",
+    "vllm_max_model_length": "set spec.rollout.maxModelLen instead",
     **{name: f"set spec.teaching.{camel(name)} instead" for name in defaults.TEACHING if name != "student_temperature"},
 }
 
@@ -675,7 +772,7 @@ def _whole(value: Any) -> int | None:
 
 def _rollout_problems(rollout: RolloutSpec, where: str, policy: bool) -> list[str]:
     problems = []
-    if rollout.gpus % rollout.tensor_parallel_size:
+    if rollout.replicas and rollout.gpus % rollout.tensor_parallel_size:
         problems.append(
             f"{where}.tensorParallelSize: {rollout.tensor_parallel_size} does not divide {where}.gpus ({rollout.gpus})"
         )

@@ -9,6 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas_contract.metrics import PROGRESS
+from atlas_contract.names import WATCHDOG_EXIT_CODE
+
+# The JobSet failurePolicy rule the operator renders for a restart after a step-watchdog exit; its RestartingJobSet
+# condition's reason is ``FailurePolicy_<rule>`` (JobSet v0.12.0 RestartingJobSetReasonFailurePolicyFormat).
+WATCHDOG_RESTART_RULE = "WatchdogExit"
+WATCHDOG_RESTART_REASON = f"FailurePolicy_{WATCHDOG_RESTART_RULE}"
 
 # PyTorchJob condition type → run phase (design.md: Restarting counts as Running).
 JOB_PHASES = {
@@ -44,6 +50,7 @@ class Result:
     result: dict[str, Any] | None = None
     result_stale: bool = False
     restarts: int | None = None  # the JobSet's whole-gang restarts (None: not a JobSet)
+    watchdog_restarts: int = 0  # of those, new ones since the last status that followed a step-watchdog exit
 
 
 def now() -> str:
@@ -101,6 +108,12 @@ def jobset_state(job: dict[str, Any]) -> tuple[str, str, str]:
     restarts = int(status.get("restarts") or 0)
     attempt = f" (restart {restarts} of {((job.get('spec') or {}).get('failurePolicy') or {}).get('maxRestarts', 0)})"
     restarting = true.get("RestartingJobSet")
+    if restarting and restarting.get("reason") == WATCHDOG_RESTART_REASON:
+        restarting = {
+            **restarting,
+            "message": f"the step watchdog ended a trainer process (exit code {WATCHDOG_EXIT_CODE}): "
+            + (restarting.get("message") or "restarting"),
+        }
     trainer = replicated_jobs(job).get("trainer", {})
     if trainer.get("active") or trainer.get("ready"):
         if restarting:  # the trainer of the new attempt runs; the set is not all Ready yet
@@ -112,6 +125,25 @@ def jobset_state(job: dict[str, Any]) -> tuple[str, str, str]:
     if waiting:
         return "Pending", "ServersStarting", "the trainer starts once the servers are Ready: " + ", ".join(waiting)
     return "Pending", "JobPending", "waiting for the JobSet to start"
+
+
+def watchdog_restarts(job: dict[str, Any] | None, run_status: dict[str, Any] | None) -> int:
+    """Restarts of a JobSet since its run's status last showed them that followed a step-watchdog exit (its
+    RestartingJobSet condition names the WatchdogExit rule); 0 for anything else. Restarts between two
+    observations are all taken to have the last one's cause."""
+    if job is None or job.get("kind") != "JobSet":
+        return 0
+    status = job.get("status") or {}
+    new = int(status.get("restarts") or 0) - int((run_status or {}).get("restarts") or 0)
+    restarting = next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if c.get("type") == "RestartingJobSet" and c.get("status") == "True"
+        ),
+        None,
+    )
+    return max(new, 0) if restarting and restarting.get("reason") == WATCHDOG_RESTART_REASON else 0
 
 
 def job_suspended(job: dict[str, Any] | None) -> bool:

@@ -25,6 +25,7 @@ from atlas_core.models.tiny import policy_model, resolve_model_path
 from atlas_core.tasks.arithmetic import completion_text
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
 from atlas_core.training.callbacks import telemetry_callbacks
+from atlas_core.training.watchdog import rollout_server_url, wait_for_server, waiting_for, watchdog_callbacks
 
 RewardFunc = Callable[..., Sequence[float]] | str | torch.nn.Module
 
@@ -125,7 +126,7 @@ class GRPOTrainer(trl.GRPOTrainer):
                 )
             reward_funcs = [_reward_column(self.reward_column_name)]
 
-        callbacks = [*(callbacks or []), *telemetry_callbacks(args), _SubclassHooks(self)]
+        callbacks = [*(callbacks or []), *telemetry_callbacks(args), *watchdog_callbacks(args), _SubclassHooks(self)]
 
         self._reward_batch: tuple[list, list] | None = None
         self._eval_records: list[tuple[str, Any]] = []
@@ -199,6 +200,10 @@ class GRPOTrainer(trl.GRPOTrainer):
         return everyone[start : start + len(prompts)]
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        with waiting_for(f"the reward functions ({', '.join(self.reward_func_names)})"):
+            return self._rewards_of(inputs, prompts, completions, completion_ids_list)
+
+    def _rewards_of(self, inputs, prompts, completions, completion_ids_list):
         skip = ("prompt", "completion", "completion_ids")
         reward_kwargs = {key: [row[key] for row in inputs] for key in inputs[0] if key not in skip}
         self._reward_batch = (inputs, completion_ids_list)
@@ -242,6 +247,20 @@ class GRPOTrainer(trl.GRPOTrainer):
         raise ValueError(
             f"compute_rewards: expected {n} rewards or a ({n}, {num_funcs}) tensor, got shape {tuple(values.shape)}"
         )
+
+    # ------------------------------------------------------------------ generation
+
+    def _generate(self, prompts: list):
+        """TRL's generation; with a rollout server (vllm_mode server) its health is checked first, so a server that
+        is gone ends the process cleanly (the watchdog's exit, naming the URL) instead of hanging generation or
+        the weight sync."""
+        url = rollout_server_url(self.args)
+        if url is None:
+            with waiting_for("generation"):
+                return super()._generate(prompts)
+        wait_for_server(f"{url}/health", float(self.args.server_timeout_seconds))
+        with waiting_for(f"generation by the rollout server at {url}"):
+            return super()._generate(prompts)
 
     # ------------------------------------------------------------------ telemetry
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig as _TRLGRPOConfig
 
 from atlas_contract import rules
-from atlas_contract.defaults import TEACHING
+from atlas_contract.defaults import SERVER_TIMEOUT_S, TEACHING
 from atlas_contract.names import ENV_KIND, ENV_NAMESPACE, ENV_RUN, TRAINER_METRICS_PORT
 
 
@@ -42,6 +42,16 @@ class AtlasArguments:
             Attention kernel for a model loaded from a name or path (``"sdpa"``, ``"eager"``,
             ``"flash_attention_2"`` on GPUs with flash-attn); read when the trainer is built, so it may be set
             after the config is.
+        step_timeout_seconds (`float`, *optional*, defaults to `0`):
+            The step watchdog: when no optimizer step completes within this many seconds, the process prints
+            every thread's stack and what it was waiting for, and exits with code 75 (``WATCHDOG_EXIT_CODE``) for
+            its job to restart it. ``0`` turns it off (cluster runs get 1800, ``spec.training.stepTimeoutSeconds``).
+        first_step_timeout_seconds (`float`, *optional*):
+            The allowance of the first step (model loading, compilation, the first generation). Defaults to four
+            times ``step_timeout_seconds``, and at least 3600.
+        server_timeout_seconds (`float`, *optional*, defaults to `300`):
+            With a rollout server (``vllm_mode="server"``): how long generation waits for the server's
+            ``/health`` before the process exits as the watchdog does, naming the server's URL.
     """
 
     model_name_or_path: str | None = field(
@@ -66,6 +76,18 @@ class AtlasArguments:
     )
     attn_implementation: str | None = field(
         default=None, metadata={"help": "Attention kernel of a model loaded by name: sdpa, eager, flash_attention_2."}
+    )
+    step_timeout_seconds: float = field(
+        default=0.0,
+        metadata={"help": "Seconds without an optimizer step before the process exits with its stacks (0 = off)."},
+    )
+    first_step_timeout_seconds: float | None = field(
+        default=None,
+        metadata={"help": "The first step's allowance (default: 4 x step_timeout_seconds, at least 3600)."},
+    )
+    server_timeout_seconds: float = field(
+        default=SERVER_TIMEOUT_S,
+        metadata={"help": "Seconds generation waits for an unreachable rollout server before the process exits."},
     )
 
     def _default_to_hardware(self) -> None:
@@ -111,6 +133,13 @@ class AtlasArguments:
         self._remember_resolved()
 
     def _resolve_atlas_fields(self) -> None:
+        for name in ("step_timeout_seconds", "first_step_timeout_seconds", "server_timeout_seconds"):
+            value = getattr(self, name)
+            if value is None and name == "first_step_timeout_seconds":
+                continue
+            problem = rules.setting_problem(name, value, (int, float))
+            if problem:
+                raise ValueError(f"{name}: {problem}")
         port = self.metrics_port
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"metrics_port: expected 0 (off) or a TCP port up to 65535, got {port!r}")

@@ -14,6 +14,7 @@ import trl
 from atlas_core.models.tiny import policy_model
 from atlas_core.training.algorithms.grpo_config import AtlasArguments
 from atlas_core.training.callbacks import telemetry_callbacks
+from atlas_core.training.watchdog import watchdog_callbacks
 
 
 @dataclass
@@ -58,7 +59,7 @@ class SFTTrainer(trl.SFTTrainer):
             kwargs["processing_class"] = tokenizer
         if max_seq_length is not None and args is not None:
             args.max_length = max_seq_length
-        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), *telemetry_callbacks(args)]
+        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), *telemetry_callbacks(args), *watchdog_callbacks(args)]
         super().__init__(model=model, args=args, **kwargs)
 
     def format_dataset(self, dataset):
