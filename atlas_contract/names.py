@@ -43,6 +43,9 @@ TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # the trainer container's ter
 # A trainer process the step watchdog ended (no optimizer step within spec.training.stepTimeoutSeconds, or an
 # unreachable server): EX_TEMPFAIL, "try again" — the job restarts it and it resumes from its checkpoint.
 WATCHDOG_EXIT_CODE = 75
+# How the watchdog's reason begins (its last stderr line, and the container's termination message): the trainer
+# container's launch script exits with WATCHDOG_EXIT_CODE when the message has it.
+WATCHDOG_MARK = "atlas watchdog:"
 
 # ------------------------------------------------------------------ environment of trainer pods
 ENV_NAMESPACE = "ATLAS_NAMESPACE"  # metric label `namespace`

@@ -361,6 +361,9 @@ def test_operator_owned_trainer_fields_are_exactly_what_the_operator_writes():
         config = run_config(parse_run(manifest(kind, BASE[(kind, algorithm)])))
         written |= set(config["trainer"]) - spec_fields
         written |= {"output_dir", "run_name"} & set(config)
+    colocated = set_path(BASE[("AtlasTeacher", "teacher")], "spec.rollout", {"mode": "colocate", "maxModelLen": 512})
+    colocated = set_path(colocated, "spec.resources", {"gpusPerNode": 1})
+    written |= set(run_config(parse_run(manifest("AtlasTeacher", colocated)))["trainer"]) - spec_fields
     assert written == set(OPERATOR_OWNED_TRAINER_FIELDS)
     for name in OPERATOR_OWNED_TRAINER_FIELDS:
         spec = set_path(BASE[("AtlasTeacher", "teacher")], "spec.training.extra", {name: 1})

@@ -402,7 +402,22 @@ def test_rendered_jobset_matches_the_crd_and_the_webhook(manifest):
     assert js["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["trainer"]}
     failure = js["spec"]["failurePolicy"]
     assert failure["maxRestarts"] == spec.get("maxRestarts", 3)  # design.md: [3]
-    assert failure.get("restartStrategy", "Recreate") == "Recreate" and not failure.get("rules")
+    assert failure.get("restartStrategy", "Recreate") == "Recreate"
+    # One rule: a trainer the step watchdog ended (exit code 75 → its Job's podFailurePolicy FailJob → reason
+    # PodFailurePolicy) restarts the gang under a reason the operator recognises; anything else, the default action.
+    (rule,) = failure["rules"]
+    assert rule == {
+        "name": "WatchdogExit",
+        "action": "RestartJobSet",
+        "onJobFailureReasons": ["PodFailurePolicy"],
+        "targetReplicatedJobs": ["trainer"],
+    }
+    assert rjobs["trainer"]["template"]["spec"]["podFailurePolicy"] == {
+        "rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]}}
+        ]
+    }
+    assert all("podFailurePolicy" not in r["template"]["spec"] for n, r in rjobs.items() if n != "trainer")
     network = js["spec"]["network"]
     assert network["enableDNSHostnames"] is True
     assert "subdomain" not in network  # the hostnames below assume the JobSet's own name
@@ -1505,8 +1520,9 @@ def test_rollout_mode_problems_name_the_field(rollout, resources, algorithm, fie
 
 
 def test_rollout_defaults_by_mode():
-    server = parse_run(training()).spec.rollout
+    server = parse_run(training(rollout={})).spec.rollout
     assert (server.replicas, server.gpus, server.gpu_memory_utilization) == (1, 1, 0.9)
     colocated = parse_run(training(rollout={"mode": "colocate"}, resources={"gpusPerNode": 1})).spec.rollout
     assert (colocated.replicas, colocated.gpu_memory_utilization) == (0, 0.3)
-    assert parse_run(training(algorithm="sft", reward={})).spec.rollout.replicas == 0
+    sft = training(algorithm="sft", reward={}, rollout={}, training={"maxSteps": 10})
+    assert parse_run(sft).spec.rollout.replicas == 0

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from transformers import TrainerCallback
 
 from atlas_contract import defaults
-from atlas_contract.names import ENV_RESULT_FILE, WATCHDOG_EXIT_CODE
+from atlas_contract.names import ENV_RESULT_FILE, WATCHDOG_EXIT_CODE, WATCHDOG_MARK
 
 
 @dataclass
@@ -67,13 +67,13 @@ def exit_stalled(reason: str, stream=None) -> None:
     termination message), exit code WATCHDOG_EXIT_CODE. Never returns."""
     stream = stream or sys.stderr
     try:
-        print(f"atlas watchdog: {reason}; stacks of every thread follow", file=stream, flush=True)
+        print(f"{WATCHDOG_MARK} {reason}; stacks of every thread follow", file=stream, flush=True)
         faulthandler.dump_traceback(file=stream, all_threads=True)
-        print(f"atlas watchdog: {reason}", file=stream, flush=True)
+        print(f"{WATCHDOG_MARK} {reason}", file=stream, flush=True)
         result_file = os.environ.get(ENV_RESULT_FILE)
         if result_file:  # Kubernetes shows it as the container's termination message (kubectl describe pod)
             with open(result_file, "w") as out:
-                out.write(f"atlas watchdog: {reason}"[:4000])
+                out.write(f"{WATCHDOG_MARK} {reason}"[:4000])
     finally:
         os._exit(WATCHDOG_EXIT_CODE)
 

@@ -41,6 +41,7 @@ from atlas_contract.names import (
     TRAINER_METRICS_PORT,
     VLLM_PORT,
     WATCHDOG_EXIT_CODE,
+    WATCHDOG_MARK,
     WEIGHT_SYNC_PORT,
     ChildNames,
 )
@@ -294,16 +295,35 @@ def _yaml_text(document: dict[str, Any], title: str) -> str:
 def launch_command(run: Run) -> list[str]:
     """The trainer container's command, the same on both backends: accelerate on every node with the topology
     Kubeflow injects (PET_NNODES, PET_NODE_RANK = node index, PET_NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT), or
-    that a JobSet's trainer gets from :func:`jobset_topology_env`."""
-    script = (
-        "exec accelerate launch"
+    that a JobSet's trainer gets from :func:`jobset_topology_env`.
+
+    The launcher's exit code is torch elastic's (1 for any failed worker), so a worker the step watchdog ended
+    would look like any crash: when the watchdog's reason is in the termination message, the container exits
+    with WATCHDOG_EXIT_CODE instead (what a JobSet's podFailurePolicy and `kubectl describe` see). The launcher
+    runs in the background so that SIGTERM (pod deletion) is passed on to it."""
+    launch = (
+        "accelerate launch"
         f" --config_file {CONFIG_DIR}/{ACCELERATE_CONFIG_FILE}"
         ' --num_machines "$PET_NNODES" --machine_rank "$PET_NODE_RANK"'
         ' --num_processes "$((PET_NNODES * PET_NPROC_PER_NODE))"'
         ' --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT"'
         f" -m atlas_core.cli.train recipe={CONFIG_DIR}/{RUN_CONFIG_FILE}"
     )
-    return ["/bin/bash", "-c", "set -eu\n" + script]
+    script = f"""set -u
+{launch} &
+launcher=$!
+trap 'kill -TERM "$launcher" 2>/dev/null' TERM INT
+while true; do
+  code=0
+  wait "$launcher" || code=$?
+  kill -0 "$launcher" 2>/dev/null || break  # still running: a signal interrupted the wait
+done
+if [ "$code" -ne 0 ] && grep -qs '^{WATCHDOG_MARK}' "${ENV_RESULT_FILE}"; then
+  exit {WATCHDOG_EXIT_CODE}
+fi
+exit "$code"
+"""
+    return ["/bin/bash", "-c", script]
 
 
 def _env(run: Run) -> list[dict[str, Any]]:
