@@ -23,7 +23,8 @@ TRAINING_COMMON: dict[str, Any] = {
     "logging_steps": 1,  # every step: the operator mirrors each step into .status.progress
     "seed": 0,
     "gradient_checkpointing": True,
-    # The step watchdog, on for every cluster run (see FIRST_STEP_MIN_S below); `atlas train` leaves it off.
+    # The step watchdog, on for every run rendered from a manifest (see FIRST_STEP_MIN_S below); a recipe or the
+    # Python API leaves it off unless set.
     "step_timeout_seconds": 1800.0,
 }
 # GRPO (AtlasTraining grpo and AtlasTeacher): TRL 1.16's GRPOConfig values.

@@ -206,7 +206,8 @@ def documented_commands() -> dict[str, dict[str, list[str]]]:
             current = None
             for span in spans:
                 span = " ".join(span.split())
-                match = re.match(r"(?:atlas ([a-z][\w-]*)|python -m (atlas_core\.cli\.train))\b(.*)", span, re.S)
+                # `atlas watchdog:` (the watchdog's mark) is no command: a command name is not followed by ":".
+                match = re.match(r"(?:atlas ([a-z][\w-]*)\b(?!:)|python -m (atlas_core\.cli\.train))\b(.*)", span, re.S)
                 if match:
                     current = match.group(1) or match.group(2)
                     span = match.group(3)
@@ -457,3 +458,67 @@ def test_jobset_backend_facts_are_the_codes():
             assert key in values["operator"], f"{name}: chart value operator.{key} does not exist"
     assert "`operator.defaultBackend`" in readme and values["operator"]["defaultBackend"] == "PyTorchJob"
     assert "not rendered yet" not in readme and "only `PyTorchJob` is rendered" not in architecture
+
+
+def test_rollout_and_watchdog_facts_are_the_codes():
+    """What the docs say of the rollout server, colocate and the step watchdog: the rendered server command, the
+    defaults that apply and the names (exit code, JobSet rule and reason, Event, the reason's mark) the code uses."""
+    import shlex
+
+    from atlas_operator import spec
+    from atlas_operator.cli import parse_file
+    from atlas_operator.render import Images, rollout_pod_template, rollout_server_command
+    from atlas_operator.status import WATCHDOG_RESTART_REASON, WATCHDOG_RESTART_RULE
+
+    from atlas_contract import defaults, names
+
+    readme = " ".join(doc("README.md").split())
+    architecture = " ".join(doc("docs/architecture.md").split())
+    (run,) = parse_file(str(REPO / "examples/grpo-run.yaml"))
+    command = rollout_server_command(run)
+    container = rollout_pod_template(run, Images())["spec"]["containers"][0]
+
+    # The server's flags as the README quotes them, each with its value where it gives one.
+    quoted = re.search(r"`vllm serve <model> (.*?)` with `VLLM_SERVER_DEV_MODE=1`", readme)
+    assert quoted, "README: the rollout server's command"
+    tokens = shlex.split(quoted.group(1).replace("…", ""))
+    for i, token in enumerate(tokens):
+        if token.startswith("--"):
+            assert token in command, f"README: the rollout server runs {token}; the rendered command has none"
+            if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                assert command[command.index(token) + 1] == tokens[i + 1], f"README: {token} {tokens[i + 1]}"
+    assert {"name": "VLLM_SERVER_DEV_MODE", "value": "1"} in container["env"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/health"
+    for text in (readme, architecture):
+        assert f"vLLM {names.ROLLOUT_VLLM_VERSION}" in text
+        assert "trl vllm-serve` rollout" not in text and "`trl vllm-serve`:" not in text
+
+    # spec.rollout.mode colocate: its defaults and the server-only fields it rejects.
+    assert f"`gpuMemoryUtilization` defaults to {spec.SERVER_GPU_MEMORY_UTILIZATION:g}" in readme
+    assert f"(`gpuMemoryUtilization`, default {spec.COLOCATED_GPU_MEMORY_UTILIZATION:g}:" in readme
+    server_only = re.search(r"a server-only field \(([^)]*)\)", readme).group(1)
+    assert re.findall(r"`(\w+)`", server_only) == [spec.camel(f) for f in spec.SERVER_ONLY_ROLLOUT_FIELDS]
+
+    # The step watchdog: its defaults on the cluster and in the Python API, its exit and its names.
+    step = defaults.TRAINING_COMMON["step_timeout_seconds"]
+    assert f"`spec.training.stepTimeoutSeconds` (default {step:g} on the cluster" in readme
+    assert defaults.first_step_timeout(1) == defaults.FIRST_STEP_MIN_S and defaults.first_step_timeout(1e4) == 4e4
+    assert f"4 times as long, at least {defaults.FIRST_STEP_MIN_S:g} s" in readme
+    assert f"4 times it, at least {defaults.FIRST_STEP_MIN_S:g} s" in architecture
+    for text in (readme, architecture):
+        assert f"code {names.WATCHDOG_EXIT_CODE}" in text and f"`{WATCHDOG_RESTART_RULE}`" in text
+    assert f"`server_timeout_seconds` ({defaults.SERVER_TIMEOUT_S:g} s)" in readme
+    assert f"`server_timeout_seconds` ({defaults.SERVER_TIMEOUT_S:g})" in architecture
+    assert f"`{WATCHDOG_RESTART_REASON}`" in readme and f"`{names.WATCHDOG_MARK}`" in readme
+    config = ast.parse((REPO / "atlas_core/training/algorithms/grpo_config.py").read_text())
+    (field,) = [
+        node.value
+        for node in ast.walk(config)
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "step_timeout_seconds"
+    ]
+    assert [ast.literal_eval(k.value) for k in field.keywords if k.arg == "default"] == [0.0]
+    assert "`step_timeout_seconds` (default 0 = off)" in readme
+    assert "no optimizer step completed in" in (REPO / "atlas_core/training/watchdog.py").read_text()
+    assert '"WatchdogRestart"' in (REPO / "operator/atlas_operator/reconcile.py").read_text()
+    assert "Event `WatchdogRestart`" in readme and "Event `WatchdogRestart`" in architecture

@@ -204,6 +204,26 @@ def create_pvc(cluster, name: str = "ckpt") -> None:
     )
 
 
+def start_checkpointed_teacher(cluster, executor, name: str, student: dict, steps: int, every: int, **training):
+    """examples/local-teacher.yaml on one node as run ``name`` with ``student``, checkpoints every ``every`` steps
+    on the PVC ``ckpt``, once its first checkpoint is complete: (the manifest, its output folder)."""
+    create_pvc(cluster)
+    teacher = yaml.safe_load((REPO / "examples/local-teacher.yaml").read_text())
+    teacher["metadata"]["name"] = name
+    teacher["spec"]["resources"] = {"nodes": 1, "gpusPerNode": 0}
+    teacher["spec"]["student"] = student
+    teacher["spec"]["training"].update(maxSteps=steps, **training)
+    teacher["spec"]["checkpoint"] = {"pvc": "ckpt", "path": "/checkpoints", "saveSteps": every}
+    cluster.apply(teacher)
+    out = executor.workdir / "pvc" / "ckpt" / name
+    wait_for(
+        lambda: (out / f"checkpoint-{every}" / "trainer_state.json").is_file(),
+        timeout=RUN_TIMEOUT,
+        what="the first complete checkpoint",
+    )
+    return teacher, out
+
+
 def assert_resumed_without_repeating_steps(log: str, out: Path, steps: int, every: int, ranks: int) -> None:
     """The restarted rank 0 resumed from a saved checkpoint and trained each remaining step exactly once."""
     resumed = re.findall(rf"done: rank 0/{ranks} at global step (\d+), resumed from \S+/checkpoint-(\d+)", log)
@@ -263,20 +283,8 @@ def test_a_dead_server_restarts_the_whole_gang_which_resumes_from_the_checkpoint
     trainer once the new server is Ready — and training resumes from the newest checkpoint on the PVC. The
     student server is the executor's vLLM stand-in (it cannot run vLLM), which the trainer really calls."""
     cluster, executor = local_cluster
-    create_pvc(cluster)
-    teacher = yaml.safe_load((REPO / "examples/local-teacher.yaml").read_text())
-    teacher["metadata"]["name"] = "gang-teacher"
-    teacher["spec"]["resources"] = {"nodes": 1, "gpusPerNode": 0}
-    teacher["spec"]["student"]["rollout"] = {"replicas": 1}  # vllm serve: the stand-in
-    teacher["spec"]["training"]["maxSteps"] = 30
-    teacher["spec"]["checkpoint"] = {"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 5}
-    cluster.apply(teacher)
-    out = executor.workdir / "pvc" / "ckpt" / "gang-teacher"
-    wait_for(
-        lambda: (out / "checkpoint-5" / "trainer_state.json").is_file(),
-        timeout=RUN_TIMEOUT,
-        what="the first complete checkpoint",
-    )
+    student = {"model": "builtin://tiny-llama", "rollout": {"replicas": 1}}  # vllm serve: the stand-in
+    teacher, out = start_checkpointed_teacher(cluster, executor, "gang-teacher", student, steps=30, every=5)
     (server,) = executor.jobset_pods("gang-teacher", "student")
     (trainer,) = trainer_pods(executor, "gang-teacher")
     assert trainer.proc.poll() is None, "the run finished before the server could be killed"
@@ -338,7 +346,6 @@ def test_a_stalled_trainer_is_ended_by_its_watchdog_and_resumes_from_the_checkpo
     from atlas_contract.names import WATCHDOG_EXIT_CODE
 
     cluster, executor = local_cluster
-    create_pvc(cluster)
     stalled = threading.Event()
 
     def answer(call):
@@ -346,18 +353,14 @@ def test_a_stalled_trainer_is_ended_by_its_watchdog_and_resumes_from_the_checkpo
         return Reply(content="The answer is 4.", delay_s=30 if stalled.is_set() else 0)
 
     with JudgeServer(answer, served_model="student") as student:
-        teacher = yaml.safe_load((REPO / "examples/local-teacher.yaml").read_text())
-        teacher["metadata"]["name"] = "stall-teacher"
-        teacher["spec"]["resources"] = {"nodes": 1, "gpusPerNode": 0}
-        teacher["spec"]["student"] = {"model": student.base_url, "rollout": {"replicas": 0}}
-        teacher["spec"]["training"].update(maxSteps=16, stepTimeoutSeconds=8)
-        teacher["spec"]["checkpoint"] = {"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 4}
-        cluster.apply(teacher)
-        out = executor.workdir / "pvc" / "ckpt" / "stall-teacher"
-        wait_for(
-            lambda: (out / "checkpoint-4" / "trainer_state.json").is_file(),
-            timeout=RUN_TIMEOUT,
-            what="the first complete checkpoint",
+        teacher, out = start_checkpointed_teacher(
+            cluster,
+            executor,
+            "stall-teacher",
+            {"model": student.base_url, "rollout": {"replicas": 0}},
+            steps=16,
+            every=4,
+            stepTimeoutSeconds=8,
         )
         (trainer,) = trainer_pods(executor, "stall-teacher")
         assert trainer.proc.poll() is None, "the run finished before the student could stall"

@@ -413,9 +413,7 @@ def test_rendered_jobset_matches_the_crd_and_the_webhook(manifest):
         "targetReplicatedJobs": ["trainer"],
     }
     assert rjobs["trainer"]["template"]["spec"]["podFailurePolicy"] == {
-        "rules": [
-            {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]}}
-        ]
+        "rules": [{"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]}}]
     }
     assert all("podFailurePolicy" not in r["template"]["spec"] for n, r in rjobs.items() if n != "trainer")
     network = js["spec"]["network"]

@@ -99,6 +99,16 @@ class _Server(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def health_server(stalled: bool) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """A running _Server on a free port (answering, or already stalled) and its base URL."""
+    port = free_port()
+    (_Server.stalled.set if stalled else _Server.stalled.clear)()
+    _Server.release.clear()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{port}"
+
+
 WAIT_TWICE = textwrap.dedent(
     """
     import sys, time
@@ -118,12 +128,8 @@ WAIT_TWICE = textwrap.dedent(
 def test_an_unreachable_rollout_server_ends_the_process_naming_its_url(tmp_path):
     """The health check generation makes first (GRPOTrainer._generate with vllm_mode server): a server that
     stops answering ends the process within its limit, naming the URL, instead of a hang."""
-    port = free_port()
-    _Server.stalled.clear()
-    _Server.release.clear()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Server)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{port}/health"
+    server, base = health_server(stalled=False)
+    url = f"{base}/health"
     go = tmp_path / "stall-now"
     try:
         proc = subprocess.Popen(
@@ -147,6 +153,51 @@ def test_an_unreachable_rollout_server_ends_the_process_naming_its_url(tmp_path)
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"atlas watchdog: the server at {url} did not answer for 2 s"), last
     assert took < 30, took  # its limit (2 s) plus one request's timeout, not a hang
+
+
+GENERATE_WITH_A_SILENT_SERVER = textwrap.dedent(
+    """
+    import sys
+    from datasets import Dataset
+    from atlas_core.tasks.arithmetic import make_arithmetic_dataset
+    from atlas_core.training.algorithms.grpo import GRPOTrainer
+    from atlas_core.training.algorithms.grpo_config import GRPOConfig
+
+    args = GRPOConfig(
+        output_dir=sys.argv[1], model_name_or_path=sys.argv[2], max_steps=2, per_device_train_batch_size=4,
+        num_generations=4, max_completion_length=8, report_to=[], save_strategy="no", disable_tqdm=True,
+        server_timeout_seconds=2.0,
+    )
+    trainer = GRPOTrainer(
+        reward_funcs=[lambda completions, **kw: [0.0] * len(completions)], args=args,
+        train_dataset=Dataset.from_list(make_arithmetic_dataset(16, seed=0)),
+    )
+    # As vllm_mode server would have it (TRL's own server client needs vLLM, absent on CPU): the trainer's
+    # generation step checks the server first.
+    args.use_vllm, args.vllm_mode, args.vllm_server_base_url = True, "server", sys.argv[3]
+    trainer._generate([[{"role": "user", "content": "1+1?"}]])
+    print("generation returned: no watchdog", flush=True)
+    """
+)
+
+
+def test_the_trainers_generation_checks_its_rollout_server_first(tmp_path, tiny_model_dir):
+    """GRPOTrainer._generate (and so TeacherGRPOTrainer's) with a rollout server that accepts connections and never
+    answers: the process ends within server_timeout_seconds, naming the URL, instead of hanging in TRL's client."""
+    server, base = health_server(stalled=True)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", GENERATE_WITH_A_SILENT_SERVER, str(tmp_path / "out"), str(tiny_model_dir), base],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        _Server.release.set()
+        server.shutdown()
+    assert proc.returncode == WATCHDOG_EXIT_CODE, (proc.stdout + proc.stderr)[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"atlas watchdog: the server at {base}/health did not answer for 2 s"), last
 
 
 def test_rollout_server_url_follows_the_trainer_config():

@@ -115,9 +115,9 @@ def local_run_config(run: Run) -> tuple[dict[str, Any], list[str]]:
     config["output_dir"] = f"outputs/{run.name}"
     notes.append(f"output in {config['output_dir']} (the cluster uses {run.spec.checkpoint.path}/{run.name})")
     trainer["metrics_host"] = "127.0.0.1"
-    if trainer.pop("use_vllm", False):
-        for key in ("vllm_mode", "vllm_server_base_url", "vllm_group_port"):
-            trainer.pop(key, None)
+    if trainer.pop("use_vllm", False):  # vLLM needs a GPU: neither a server nor colocated vLLM here
+        for key in [k for k in trainer if k.startswith("vllm_")]:
+            trainer.pop(key)
         notes.append("generating inside the trainer (spec.rollout applies on the cluster)")
     if run.kind == "AtlasTeacher" and run.spec.student and run.spec.student.rollout.replicas:
         config["student"] = run.spec.student.model

@@ -209,7 +209,7 @@ class ResourcesSpec:
 
 @dataclass
 class RolloutSpec:
-    """vLLM servers that generate completions (`trl vllm-serve`, weights synced after each step)."""
+    """vLLM servers (`vllm serve`): the student's, and the base of the policy's rollout servers."""
 
     replicas: int = spec_field(
         "servers; 0 = generate inside the trainer (algorithm sft: 0 unless set, as SFT generates nothing)",
@@ -778,7 +778,7 @@ def _rollout_problems(rollout: RolloutSpec, where: str, policy: bool) -> list[st
         )
     if policy and rollout.replicas > 1:
         problems.append(
-            f"{where}.replicas: expected 0 or 1 (the trainer syncs weights into one trl vllm-serve server; "
+            f"{where}.replicas: expected 0 or 1 (the trainer syncs weights into one rollout server; "
             f"scale it with {where}.gpus = tensorParallelSize x data parallel), got {rollout.replicas}"
         )
     return problems
