@@ -26,7 +26,7 @@ from pod_executor import JobSetExecutor, PodExecutor
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 RUN_TIMEOUT = 400
-STEPS = 120  # the resume case: long enough (~10 s) to kill the Worker between checkpoints
+STEPS = 80  # the resume case: long enough (several seconds) to kill the Worker between checkpoints
 
 
 class StatusRecorder:
@@ -121,7 +121,8 @@ def tiny_training(name: str, **spec) -> dict:
     return manifest
 
 
-def test_teacher_and_training_runs_train_and_report_progress(local_cluster):
+def test_a_teacher_run_trains_and_reports_progress(local_cluster):
+    """(An AtlasTraining run trains on both backends in the queued-run test below.)"""
     cluster, executor = local_cluster
     teacher = yaml.safe_load((REPO / "examples/local-teacher.yaml").read_text())
     teacher["spec"]["training"]["maxSteps"] = 10  # long enough for a few status refreshes while it runs
@@ -146,13 +147,6 @@ def test_teacher_and_training_runs_train_and_report_progress(local_cluster):
     worker_out = worker.root / worker.name / "checkpoints" / "local-teacher"
     assert list(worker_out.glob("checkpoint-10/global_step10/*rank_1*")), sorted(worker_out.rglob("*"))
     assert "done: rank 1/2" in worker.log.read_text() and "done: rank 0/2" in master.log.read_text()
-
-    grpo = tiny_training("tiny-grpo", training={**tiny_training("x")["spec"]["training"], "beta": 0.0})
-    cluster.apply(grpo)
-    wait_phase(cluster, grpo, ("Succeeded", "Failed"), executor)
-    assert cluster.status(grpo)["phase"] == "Succeeded"
-    (master,) = trainer_pods(executor, "tiny-grpo")
-    assert (master.root / master.name / "checkpoints/tiny-grpo/checkpoint-6/trainer_state.json").is_file()
 
 
 def test_teacher_evaluated_after_training_reports_its_result_in_the_status(local_cluster):
@@ -333,6 +327,7 @@ def test_a_queued_run_stays_queued_with_no_pod_until_kueue_admits_it(local_clust
     assert cluster.status(manifest)["phase"] == "Succeeded"
     (master,) = trainer_pods(executor, "queued-run")
     assert "done: rank 0/1 at global step 6" in master.log.read_text()
+    assert (master.root / master.name / "checkpoints/queued-run/checkpoint-6/trainer_state.json").is_file()
 
 
 def test_a_stalled_trainer_is_ended_by_its_watchdog_and_resumes_from_the_checkpoint(local_cluster):
@@ -358,7 +353,7 @@ def test_a_stalled_trainer_is_ended_by_its_watchdog_and_resumes_from_the_checkpo
             executor,
             "stall-teacher",
             {"model": student.base_url, "rollout": {"replicas": 0}},
-            steps=16,
+            steps=12,
             every=4,
             stepTimeoutSeconds=8,
         )
@@ -395,4 +390,4 @@ def test_a_stalled_trainer_is_ended_by_its_watchdog_and_resumes_from_the_checkpo
         last = pod["status"]["containerStatuses"][0]["lastState"]["terminated"]
         assert last["exitCode"] == WATCHDOG_EXIT_CODE and last["message"] == reason, last
         assert trainer.restarts == 1
-    assert_resumed_without_repeating_steps(trainer.log.read_text(), out, 16, 4, ranks=1)
+    assert_resumed_without_repeating_steps(trainer.log.read_text(), out, 12, 4, ranks=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 import urllib.request
 
 import pytest
@@ -155,9 +156,12 @@ def test_prometheus_gauges_follow_training(tmp_path, tiny_model_dir):
         tmp_path, tiny_model_dir, max_steps=3, metrics_port=port, metrics_host="127.0.0.1", metrics_run="gauges"
     )
     trainer = GRPOTrainer(reward_funcs=exact_match_reward, args=args, train_dataset=arithmetic())
+    started = time.time()
     trainer.train()
     samples = scrape(port)
     labels = '{kind="local",namespace="local",run="gauges"}'
+    # When the last optimizer step completed: during this training (a stall shows as an old timestamp).
+    assert started < samples[f"atlas_training_last_step_timestamp_seconds{labels}"] <= time.time()
     last = [r for r in trainer.state.log_history if "reward" in r][-1]
     assert samples[f"atlas_training_step{labels}"] == 3
     assert samples[f"atlas_training_reward{labels}"] == pytest.approx(last["reward"])
