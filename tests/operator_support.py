@@ -114,15 +114,21 @@ def crd_jsonschema(crd: dict[str, Any]) -> dict[str, Any]:
     return _jsonschema_of(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 
 
-def pytorchjob_schema() -> dict[str, Any]:
+def _skip_without(crd_name: str, still_ran: str) -> None:
+    """Skip the test, naming the third-party CRD that is not here and the checks that ran without it."""
     import pytest
+
+    pytest.skip(
+        f"{crd_name} not found beside the checkout (../shared/k8s-schemas) nor in $ATLAS_K8S_SCHEMAS; "
+        f"{still_ran} still ran"
+    )
+
+
+def pytorchjob_schema() -> dict[str, Any]:
 
     schemas = _schemas_dir()
     if schemas is None:
-        pytest.skip(
-            f"{PYTORCHJOB_CRD_NAME} not found beside the checkout (../shared/k8s-schemas) nor in "
-            "$ATLAS_K8S_SCHEMAS; the webhook rules and kubernetes-validate checks still ran"
-        )
+        _skip_without(PYTORCHJOB_CRD_NAME, "the webhook rules and kubernetes-validate checks")
     return crd_jsonschema(yaml.safe_load((schemas / PYTORCHJOB_CRD_NAME).read_text()))
 
 
@@ -157,22 +163,20 @@ def _jobset_crd() -> dict[str, Any] | None:
 
 def jobset_openapi_schema() -> dict[str, Any]:
     """The JobSet CRD's structural schema as the API server holds it (for :func:`pruned_fields`)."""
-    import pytest
 
     crd = _jobset_crd()
     if crd is None:
-        pytest.skip(
-            f"{JOBSET_CRD_NAME} not found beside the checkout (../shared/k8s-schemas) nor in "
-            "$ATLAS_K8S_SCHEMAS; the webhook rules still ran"
-        )
+        _skip_without(JOBSET_CRD_NAME, "the webhook rules")
     return copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 
 
 def jobset_schema() -> dict[str, Any]:
     """The JobSet v0.12.0 CRD's schema as JSON Schema (for :func:`openapi_validate`), like
     :func:`pytorchjob_schema`: third-party test data, never copied into the repository."""
-    jobset_openapi_schema()  # skips without the CRD
-    return crd_jsonschema(_jobset_crd())
+    crd = _jobset_crd()
+    if crd is None:
+        _skip_without(JOBSET_CRD_NAME, "the webhook rules")
+    return crd_jsonschema(crd)
 
 
 _DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
