@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench install clean
+.PHONY: demo test lint bench install clean prometheus alert-rules
 
 install: $(STAMP)
 
@@ -21,9 +21,24 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/atlas demo
 
-test: $(STAMP)
+test: $(STAMP) prometheus
 	$(BIN)/ruff check .
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs
+
+# Debian's Prometheus server and promtool (2.42) for tests/test_prometheus.py and tests/test_alerts.py: installed
+# when missing on Debian as root; elsewhere those tests skip and say what to install.
+prometheus:
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || \
+	      { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }; \
+	  else echo "prometheus/promtool not installed and not root on Debian: their tests will skip (apt-get install prometheus)"; fi; \
+	fi
+
+# The plain rules file is the chart's alert rules at their defaults (tests/test_alerts.py checks it is current).
+alert-rules: $(STAMP)
+	$(BIN)/python tests/helm_tools.py alert-rules > monitoring/atlas-alerts.rules.yaml
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

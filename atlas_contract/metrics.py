@@ -36,7 +36,7 @@ TRAINER = (
     Metric(
         "atlas_training_last_step_timestamp_seconds",
         "gauge",
-        "Unix time at which the last optimizer step completed (a stall shows before the step watchdog fires).",
+        "Unix time of the last optimizer step, while training (a stall shows before the watchdog fires).",
         RUN_LABELS,
     ),
     Metric("atlas_training_reward", "gauge", "Mean reward of the last logged steps.", RUN_LABELS, "reward"),
@@ -99,6 +99,7 @@ TRAINER = (
     ),
     Metric("atlas_rim_judge_score", "gauge", "Mean score of one RIM judge.", ("judge",)),
     Metric("atlas_rim_escalations", "counter", "RIM evaluations escalated to the large model."),
+    Metric("atlas_rim_judge_calls", "counter", "RIM judge calls made (one judgment asked of a model)."),
     Metric("atlas_rim_judge_errors", "counter", "RIM judge calls that failed after retries."),
 )
 
@@ -112,6 +113,12 @@ OPERATOR = (
     ),
     Metric("atlas_operator_reconcile_duration_seconds", "histogram", "Time to reconcile one run, by kind.", ("kind",)),
     Metric("atlas_operator_runs", "gauge", "Runs the operator knows, by kind and phase.", ("kind", "phase")),
+    Metric(
+        "atlas_operator_run_phase",
+        "gauge",
+        "1 for each run in its current phase (one series per run: alerts name the run).",
+        ("kind", "namespace", "run", "phase"),
+    ),
     Metric(
         "atlas_operator_watchdog_restarts",
         "counter",

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import free_port, tiny_grpo_args
 from datasets import Dataset
+from transformers import TrainerCallback
 
 from atlas_core.tasks.arithmetic import exact_match_reward, make_arithmetic_dataset
 from atlas_core.training.algorithms.grpo import GRPOTrainer
@@ -156,12 +157,22 @@ def test_prometheus_gauges_follow_training(tmp_path, tiny_model_dir):
         tmp_path, tiny_model_dir, max_steps=3, metrics_port=port, metrics_host="127.0.0.1", metrics_run="gauges"
     )
     trainer = GRPOTrainer(reward_funcs=exact_match_reward, args=args, train_dataset=arithmetic())
+    during = {}
+
+    class ScrapeAtTheLastStep(TrainerCallback):  # runs after the metrics callback (added after it)
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                during.update(scrape(port))
+
+    trainer.add_callback(ScrapeAtTheLastStep())
     started = time.time()
     trainer.train()
     samples = scrape(port)
     labels = '{kind="local",namespace="local",run="gauges"}'
-    # When the last optimizer step completed: during this training (a stall shows as an old timestamp).
-    assert started < samples[f"atlas_training_last_step_timestamp_seconds{labels}"] <= time.time()
+    # When the last optimizer step completed: during this training (a stall shows as an old timestamp) ...
+    assert started < during[f"atlas_training_last_step_timestamp_seconds{labels}"] <= time.time()
+    # ... and no longer once training ended (a final save or an evaluation is not a stall).
+    assert f"atlas_training_last_step_timestamp_seconds{labels}" not in samples
     last = [r for r in trainer.state.log_history if "reward" in r][-1]
     assert samples[f"atlas_training_step{labels}"] == 3
     assert samples[f"atlas_training_reward{labels}"] == pytest.approx(last["reward"])

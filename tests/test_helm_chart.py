@@ -27,6 +27,7 @@ ALL_ON = [
     "--set", "monitoring.serviceMonitor.enabled=true",
     "--set", "monitoring.podMonitor.enabled=true",
     "--set", "grafana.dashboard.enabled=true",
+    "--set", "alerts.prometheusRule.enabled=true",
     "--set", "rbac.scope=namespaced",
     "--set", "watchNamespaces={ml-team,research}",
     "--set", "imagePullSecrets[0].name=regcred",
@@ -363,6 +364,11 @@ def test_service_monitor_and_pod_monitor(all_on_objs):
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     assert [e["port"] for e in sm["spec"]["endpoints"]] == ["metrics"]
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True  # per-run series keep the run's namespace
+    # The alerts read the operator's `up` under the job the ServiceMonitor gives it: its Service's name.
+    (rule,) = by_kind(all_on_objs, "PrometheusRule")
+    down = next(r for g in rule["spec"]["groups"] for r in g["rules"] if r["alert"] == "AtlasOperatorDown")
+    assert down["expr"] == f'absent(up{{job="{svc["metadata"]["name"]}"}} == 1)'
 
     (pm,) = by_kind(all_on_objs, "PodMonitor")
     assert pm["apiVersion"] == MONITORING_GROUP

@@ -402,6 +402,18 @@ def test_operator_metrics_and_health(cluster):
     assert after[durations] >= before.get(durations, 0) + 1
     assert after[pending] == 1  # this run, the only one left
     assert after[("atlas_operator_runs", (("kind", "AtlasTeacher"), ("phase", "Invalid")))] == 0  # every phase shown
+    # One series per run, in its current phase only (what alerts name), gone once the run is deleted.
+    run_phases = {k[1]: v for k, v in after.items() if k[0] == "atlas_operator_run_phase"}
+    labels = (("kind", "AtlasTraining"), ("namespace", NS), ("phase", "Pending"), ("run", "metrics-run"))
+    assert run_phases == {labels: 1}
+    # Errors exported before any happened (at zero here): a rate over them is 0, not "no data".
+    assert ("atlas_operator_reconcile_total", (("kind", "AtlasTeacher"), ("result", "error"))) in after
+    cluster.delete_run(manifest)
+    wait_for(
+        lambda: not any(k[0] == "atlas_operator_run_phase" for k in _operator_samples(cluster)),
+        timeout=TIMEOUT,
+        what="the deleted run's phase series removed",
+    )
 
 
 def test_a_finished_runs_result_is_read_from_its_master_pod(cluster):

@@ -177,11 +177,13 @@ def test_server_errors_are_retried_then_dropped(rim_factory):
             return Reply(status=503)  # never recovers: dropped after retries
         return Reply(judgment(0.7, 0.1))
 
-    before = counter("atlas_rim_judge_errors_total")
+    before, calls_before = counter("atlas_rim_judge_errors_total"), counter("atlas_rim_judge_calls_total")
     with JudgeServer(script) as server:
         rim = rim_factory(config=config(server.base_url, judges=["helpfulness"], retries=2))
         result = rim.evaluate("task", "response")
     assert attempts == {0.2: 2, 0.5: 1, 0.8: 3}
+    # Three judgments asked (one per temperature; retries are not calls): the error ratio's denominator.
+    assert counter("atlas_rim_judge_calls_total") == calls_before + 3
     assert result.score == 0.7 and not result.escalated
     assert result.errors == ["helpfulness: small model at T=0.8: HTTP 503"]
     assert counter("atlas_rim_judge_errors_total") == before + 1

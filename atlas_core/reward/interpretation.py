@@ -303,6 +303,7 @@ class RIMReward:
             # redacted before it is stored, shown to the large model or returned
             return dataclasses.replace(judged, rationale=self._redact(judged.rationale))
 
+        metrics.rim_judge_calls.inc()  # the denominator of the judge error ratio (atlas_rim_judge_errors_total)
         try:
             return await call_with_retries(attempt, self._retry_policy)
         except OpenAICallError as exc:

@@ -45,6 +45,7 @@ eval_accuracy_delta = _metric("atlas_eval_accuracy_delta")
 eval_non_degradation_rate = _metric("atlas_eval_non_degradation_rate")
 rim_judge_score = _metric("atlas_rim_judge_score")
 rim_escalations = _metric("atlas_rim_escalations")
+rim_judge_calls = _metric("atlas_rim_judge_calls")
 rim_judge_errors = _metric("atlas_rim_judge_errors")
 if set(_built) != set(_SPECS):  # the contract is the list: a metric declared there is exported here
     raise ImportError(f"atlas_core.telemetry.metrics does not build {sorted(set(_SPECS) - set(_built))}")

@@ -54,6 +54,14 @@ class PrometheusMetricsCallback(TrainerCallback):
         if state.is_world_process_zero:
             metrics.training_last_step_timestamp.labels(**self.labels).set(time.time())
 
+    def on_train_end(self, args, state, control, **kwargs):
+        # No longer stepping: what the process does now (a final save, the evaluation) is not a stall.
+        if state.is_world_process_zero:
+            try:
+                metrics.training_last_step_timestamp.remove(*(self.labels[k] for k in metrics.RUN_LABELS))
+            except KeyError:  # no step was completed
+                pass
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return

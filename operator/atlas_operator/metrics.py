@@ -22,12 +22,24 @@ def _metric(cls, name: str, **kwargs):
 RECONCILE_TOTAL = _metric(Counter, "atlas_operator_reconcile")
 RECONCILE_DURATION = _metric(Histogram, "atlas_operator_reconcile_duration_seconds", buckets=contract.RECONCILE_BUCKETS)
 RUNS = _metric(Gauge, "atlas_operator_runs")
+RUN_PHASE = _metric(Gauge, "atlas_operator_run_phase")
 WATCHDOG_RESTARTS = _metric(Counter, "atlas_operator_watchdog_restarts")
+RESULTS = ("success", "error")
+
+
+def initialize_series() -> None:
+    """Export every kind's reconcile counters and histogram at zero from the start: a rate over a series that
+    appears only at its first error is no rate (the error panel and alert would see nothing until then)."""
+    for kind in KINDS:
+        for result in RESULTS:
+            RECONCILE_TOTAL.labels(kind, result)
+        RECONCILE_DURATION.labels(kind)
 
 
 class RunPhases:
     """Phase of every run seen, behind ``atlas_operator_runs`` (every kind×phase is exported, 0 included,
-    so a dashboard shows a phase emptying)."""
+    so a dashboard shows a phase emptying) and ``atlas_operator_run_phase`` (one series per run, its current
+    phase: what an alert names)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -38,10 +50,14 @@ class RunPhases:
 
     def set(self, kind: str, namespace: str, name: str, phase: str | None) -> None:
         with self._lock:
+            before = self._phases.get((kind, namespace, name))
+            if before is not None and before != phase:
+                RUN_PHASE.remove(kind, namespace, name, before)
             if phase is None:
                 self._phases.pop((kind, namespace, name), None)
             else:
                 self._phases[(kind, namespace, name)] = phase
+                RUN_PHASE.labels(kind, namespace, name, phase).set(1)
             counts = {(k, p): 0 for k in KINDS for p in PHASES}
             for (k, _, _), p in self._phases.items():
                 counts[(k, p)] = counts.get((k, p), 0) + 1

@@ -1,0 +1,310 @@
+"""The dashboard and the alerts against a real Prometheus (Debian's 2.42, on 127.0.0.1, scraping every second).
+
+The operator (`atlas operator` on the API emulator) runs two real tiny runs through the local pod executor, one
+after the other: an AtlasTeacher (teaching metrics) and an AtlasTraining rewarded by RIM judges (a local
+OpenAI-compatible server), whose judge hangs for a while mid-run. Prometheus scrapes the operator and rank 0's
+/metrics as the chart's ServiceMonitor and PodMonitor would (honor_labels; the `run` label from the pod, which
+the PodMonitor relabels from app.kubernetes.io/instance) and evaluates the chart's alert rules, rendered by helm
+with a short stall limit. Then every dashboard query runs through the HTTP API as Grafana would send it, and the
+hung judge's run must have made AtlasRunStalled fire.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, free_port
+from kube_emulator import wait_for
+from operator_support import NS, own_cluster, training
+from pod_executor import PodExecutor
+from prometheus_server import MISSING, Prometheus, binaries, finite_points, grafana_expr, grafana_interval
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(binaries() is None, reason=MISSING),
+]
+
+DASHBOARD = REPO / "charts/atlas-operator/dashboards/atlas.json"
+SCRAPE_S = 1.0
+STALL_LIMIT_S = 5  # alerts.runStalled.noStepForSeconds for this test (the chart's default: 1200)
+RUN_TIMEOUT = 400
+TEACHER, RIM_RUN = "prom-teacher", "rim-run"
+
+
+def dashboard_panels() -> list[tuple[str, str, list[str]]]:
+    """(row title, panel title, PromQL of each target) of every graph panel, in order."""
+    row, panels = "", []
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        if panel["type"] == "row":
+            row = panel["title"]
+        else:
+            panels.append((row, panel["title"], [t["expr"] for t in panel.get("targets", [])]))
+    return panels
+
+
+def scrape_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read().decode()
+
+
+def teacher_run() -> dict:
+    manifest = yaml.safe_load((REPO / "examples/local-teacher.yaml").read_text())
+    manifest["metadata"] = {"name": TEACHER, "namespace": NS}
+    manifest["spec"]["resources"]["nodes"] = 1  # rank 0 alone serves metrics: one process is enough here
+    manifest["spec"]["training"]["maxSteps"] = 8
+    manifest["spec"]["checkpoint"]["saveSteps"] = 8
+    return manifest
+
+
+def rim_run(judge_url: str) -> dict:
+    return training(
+        RIM_RUN,
+        model="builtin://tiny-llama",
+        resources={"nodes": 1, "gpusPerNode": 0},
+        rollout={"replicas": 0},
+        deepspeed="zero1",
+        reward={"config": "interpretation_offline"},
+        env=[
+            {"name": "ATLAS_JUDGE_SMALL_URL", "value": judge_url},
+            {"name": "ATLAS_JUDGE_LARGE_URL", "value": judge_url},
+        ],
+        training={
+            "maxSteps": 10,
+            "perDeviceTrainBatchSize": 4,
+            "numGenerations": 4,
+            "maxCompletionLength": 16,
+            "learningRate": 3e-4,
+            "beta": 0.04,
+            "loggingSteps": 1,
+            "gradientCheckpointing": False,
+        },
+        checkpoint={"path": "/checkpoints", "saveSteps": 10},
+    )
+
+
+def render_rules(path: Path) -> Path:
+    sys.path.insert(0, str(REPO / "tests"))
+    from helm_tools import render_alert_rules
+
+    path.write_text(
+        render_alert_rules(f"alerts.runStalled.noStepForSeconds={STALL_LIMIT_S}", "alerts.runStalled.for=2s")
+    )
+    return path
+
+
+class Observed:
+    """What the module's runs left behind, for the tests below."""
+
+    prometheus: Prometheus
+    windows: dict[str, tuple[float, float]]
+    endpoint_text: dict[str, str]
+    stalled_alert: dict | None
+    stall_started: float
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory, tiny_model_dir):
+    from judge_server import JudgeServer, Reply, judgment
+
+    tmp = tmp_path_factory.mktemp("prometheus")
+    metrics_port = free_port()  # rank 0's metrics port, served on this host port by the executor
+    found = Observed()
+    found.windows, found.endpoint_text, found.stalled_alert = {}, {}, None
+    with own_cluster(tmp, metrics_url=f"http://127.0.0.1:{metrics_port}/metrics") as cluster:
+        executor = PodExecutor(
+            cluster.api_client, tmp / "pods", NS, Path(sys.executable).parent, host_ports={"metrics": metrics_port}
+        ).start()
+        operator_target = f"127.0.0.1:{cluster.operator.metrics_port}"
+        prometheus = Prometheus(
+            tmp / "prometheus",
+            scrape_configs=[
+                # The chart's ServiceMonitor (job = its Service's name; here the plain rules' job name).
+                {
+                    "job_name": "atlas-operator",
+                    "honor_labels": True,
+                    "static_configs": [{"targets": [operator_target]}],
+                },
+                # The chart's PodMonitor: the trainer's own labels kept, `run` (and namespace) from the pod.
+                {"job_name": "atlas-trainers", "honor_labels": True, "file_sd_configs": [{"files": ["trainers.json"]}]},
+            ],
+            rule_files=[render_rules(tmp / "atlas-alerts.rules.yaml")],
+        )
+        prometheus.set_file_targets("trainers", [], {})  # file_sd paths are relative to the config file
+        prometheus.start()
+        found.prometheus = prometheus
+        try:
+            for name in (TEACHER, RIM_RUN):
+                prometheus.set_file_targets("trainers", [f"127.0.0.1:{metrics_port}"], {"namespace": NS, "run": name})
+                start = time.time()
+                if name == TEACHER:
+                    manifest = teacher_run()
+                    cluster.apply(manifest)
+                    capture_while_running(found, cluster, manifest, metrics_port)
+                    wait_finished(cluster, manifest)
+                else:
+                    hang, release = threading.Event(), threading.Event()
+
+                    def judge(call, hang=hang, release=release):
+                        if hang.is_set():
+                            release.wait(120)  # the judge hangs: the whole server stops answering
+                        return Reply(content=judgment(0.7, 0.1))
+
+                    with JudgeServer(judge, served_model="judge") as server:
+                        manifest = rim_run(server.base_url)
+                        cluster.apply(manifest)
+                        wait_for(lambda: trainer_step(metrics_port) >= 2, timeout=RUN_TIMEOUT, what="two steps")
+                        capture_endpoints(found, cluster, metrics_port)
+                        hang.set()
+                        found.stall_started = time.time()
+                        found.stalled_alert = wait_alert_firing(prometheus, "AtlasRunStalled", RIM_RUN, timeout=90)
+                        release.set()
+                        wait_finished(cluster, manifest)
+                time.sleep(3 * SCRAPE_S)  # the last scrapes of the finished run
+                found.windows[name] = (start, time.time())
+            yield found
+        finally:
+            prometheus.stop()
+            executor.stop()
+
+
+def trainer_step(port: int) -> float:
+    try:
+        text = scrape_text(f"http://127.0.0.1:{port}/metrics")
+    except OSError:
+        return -1
+    steps = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("atlas_training_step{")]
+    return max(steps, default=-1)
+
+
+def capture_endpoints(found: Observed, cluster, metrics_port: int) -> None:
+    found.endpoint_text["trainer"] = scrape_text(f"http://127.0.0.1:{metrics_port}/metrics")
+    found.endpoint_text["operator"] = cluster.operator.get("/metrics")[1]
+
+
+def capture_while_running(found: Observed, cluster, manifest, metrics_port: int) -> None:
+    wait_for(lambda: trainer_step(metrics_port) >= 1, timeout=RUN_TIMEOUT, what=f"{manifest['metadata']['name']} steps")
+    found.endpoint_text["teacher"] = scrape_text(f"http://127.0.0.1:{metrics_port}/metrics")
+
+
+def wait_finished(cluster, manifest) -> None:
+    status = cluster.wait_status(
+        manifest, lambda s: s.get("phase") in ("Succeeded", "Failed"), "finished", timeout=RUN_TIMEOUT
+    )
+    assert status["phase"] == "Succeeded", status
+
+
+def wait_alert_firing(prometheus: Prometheus, alertname: str, run: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        for alert in prometheus.alerts():
+            if alert["labels"].get("alertname") == alertname and alert["labels"].get("run") == run:
+                seen.append(alert["state"])
+                if alert["state"] == "firing":
+                    return {**alert, "states_seen": sorted(set(seen))}
+        time.sleep(0.5)
+    raise AssertionError(f"{alertname} for {run} did not fire in {timeout:.0f} s (states seen: {sorted(set(seen))})")
+
+
+# ----------------------------------------------------------------------------- the dashboard
+
+ROWS_FOR = {  # which runs each dashboard row must show data for
+    "Training": (TEACHER, RIM_RUN),
+    "Teaching (AtlasTeacher runs)": (TEACHER,),
+    "Rewards (RIM)": (RIM_RUN,),
+}
+
+
+def test_every_dashboard_panel_returns_data_for_the_runs(observed):
+    """Each panel's every query, as Grafana sends it for one run ($namespace, $run, $__rate_interval at a 1 s
+    scrape interval), over the run's time range: at least one number. The operator row: over the whole test."""
+    prom, empty = observed.prometheus, []
+    everything = (min(w[0] for w in observed.windows.values()), max(w[1] for w in observed.windows.values()))
+    for row, title, exprs in dashboard_panels():
+        runs = ROWS_FOR.get(row)
+        cases = [(run, observed.windows[run]) for run in runs] if runs else [(None, everything)]
+        for run, (start, end) in cases:
+            interval = grafana_interval(end - start, max_data_points=800, min_interval_s=SCRAPE_S)
+            variables = {"namespace": [NS], "run": [run]} if run else {}
+            for expr in exprs:
+                query = grafana_expr(expr, variables, interval, SCRAPE_S)
+                result = prom.query_range(query, start, end, interval)
+                if finite_points(result) == 0:
+                    empty.append(f"{row} / {title} [{run or 'all'}]: {query}")
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+def test_dashboard_variables_list_the_runs(observed):
+    """The Namespace and Run variables' queries (label_values) list what ran."""
+    variables = {v["name"]: v for v in json.loads(DASHBOARD.read_text())["templating"]["list"]}
+    start, end = min(w[0] for w in observed.windows.values()), max(w[1] for w in observed.windows.values())
+    namespace = variables["namespace"]["definition"]  # label_values(<selector>, namespace)
+    selector, label = namespace[len("label_values(") : -1].rsplit(", ", 1)
+    assert NS in observed.prometheus.label_values(label, selector, start, end)
+    run = variables["run"]["definition"]
+    selector, label = run[len("label_values(") : -1].rsplit(", ", 1)
+    selector = grafana_expr(selector, {"namespace": [NS]}, SCRAPE_S, SCRAPE_S)
+    assert {TEACHER, RIM_RUN} <= set(observed.prometheus.label_values(label, selector, start, end))
+
+
+# ----------------------------------------------------------------------------- the alerts
+
+
+def test_a_hung_judge_makes_the_stalled_alert_fire_for_its_run(observed):
+    alert = observed.stalled_alert
+    assert alert["labels"]["run"] == RIM_RUN and alert["labels"]["namespace"] == NS
+    assert alert["labels"]["kind"] == "AtlasTraining" and alert["labels"]["severity"] == "critical"
+    assert f"AtlasTraining {NS}/{RIM_RUN} has completed no optimizer step" in alert["annotations"]["description"]
+    assert float(alert["value"]) > STALL_LIMIT_S
+    # Pending first (the rule's `for`), then firing.
+    assert alert["states_seen"] == ["firing", "pending"] or alert["states_seen"] == ["firing"], alert
+    started = min(w[0] for w in observed.windows.values())
+    end = max(w[1] for w in observed.windows.values())
+    # The teacher, stepping every second or two, never stalled; neither run after it finished (its series gone).
+    fired = observed.prometheus.query_range(
+        'ALERTS{alertname="AtlasRunStalled", alertstate="firing"}', started, end, SCRAPE_S
+    )
+    assert {s["metric"]["run"] for s in fired} == {RIM_RUN}, fired
+    active = [a for a in observed.prometheus.alerts() if a["labels"].get("alertname") == "AtlasRunStalled"]
+    assert not active, active
+
+
+def test_every_alert_rule_loads_and_evaluates_without_error(observed):
+    """Prometheus loaded every rule of the chart and evaluated each without an error over the runs."""
+    groups = observed.prometheus.api("rules")["groups"]
+    rules = [r for g in groups for r in g["rules"]]
+    rendered = yaml.safe_load((REPO / "monitoring/atlas-alerts.rules.yaml").read_text())
+    assert {r["name"] for r in rules} == {r["alert"] for g in rendered["groups"] for r in g["rules"]}
+    assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
+
+
+# ----------------------------------------------------------------------------- the endpoints
+
+
+@pytest.mark.parametrize("endpoint", ["trainer", "teacher", "operator"])
+def test_promtool_check_metrics_passes_on_each_endpoint(observed, endpoint):
+    """`promtool check metrics` (naming, units, help, counter suffixes) on what the endpoints served mid-run."""
+    text = observed.endpoint_text[endpoint]
+    assert "# HELP" in text
+    promtool = binaries()[1]
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_both_targets_were_scraped(observed):
+    up = observed.prometheus.query_range(
+        "up", min(w[0] for w in observed.windows.values()), max(w[1] for w in observed.windows.values()), SCRAPE_S
+    )
+    jobs = {s["metric"]["job"] for s in up if any(float(v) == 1 for _, v in s["values"])}
+    assert jobs == {"atlas-operator", "atlas-trainers"}
+    assert all(math.isfinite(float(v)) for s in up for _, v in s["values"])
