@@ -35,6 +35,11 @@ from operator_support import (
 from atlas_contract.names import JOBSET_REPLICATED_JOBS, max_jobset_run_name
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+POLICIES = ["NetworkPolicy", "NetworkPolicy"]  # <name>-network, <name>-network-trainer: applied first
+
+
+def config_map_of(objects):
+    return next(o for o in objects if o["kind"] == "ConfigMap")
 
 
 def children(manifest):
@@ -247,7 +252,7 @@ def test_backend_queue_name_and_max_restarts_fields():
     assert parse_run(teacher(backend="PyTorchJob")).spec.backend == "PyTorchJob"
     on_jobset = parse_run(teacher(backend="JobSet"))  # rendered now: one JobSet instead of a PyTorchJob
     assert on_jobset.backend == "JobSet"
-    assert [c["kind"] for c in render_children(on_jobset)] == ["ConfigMap", "Service", "JobSet"]
+    assert [c["kind"] for c in render_children(on_jobset)] == [*POLICIES, "ConfigMap", "Service", "JobSet"]
     assert parse_run(teacher()).backend == "PyTorchJob"  # unset, and no operator default: PyTorchJob
     with pytest.raises(InvalidRun, match="spec.backend"):
         parse_run(teacher(backend="Deployment"))
@@ -356,8 +361,10 @@ def test_rendered_jobset_matches_the_crd_and_the_webhook(manifest):
     assert jobset_webhook_problems(js) == []
     assert js["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and js["metadata"]["name"] == name
 
-    # Only the ConfigMap and the metrics Service beside it: no Deployments, no server Services.
+    # Only the NetworkPolicies, the ConfigMap and the metrics Service beside it: no Deployments, no server Services.
     assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("NetworkPolicy", f"{name}-network"),
+        ("NetworkPolicy", f"{name}-network-trainer"),
         ("ConfigMap", f"{name}-config"),
         ("Service", f"{name}-metrics"),
         ("JobSet", name),
@@ -431,7 +438,7 @@ def test_rendered_jobset_matches_the_crd_and_the_webhook(manifest):
     assert env["PET_NPROC_PER_NODE"]["value"] == str(max(spec["resources"]["gpusPerNode"], 1))
     assert int(env["MASTER_PORT"]["value"]) in [p["containerPort"] for p in container["ports"]]
 
-    config = yaml.safe_load(objects[0]["data"]["run.yaml"])
+    config = yaml.safe_load(config_map_of(objects)["data"]["run.yaml"])
     if "rollout" in servers:
         assert config["trainer"]["vllm_server_base_url"] == f"http://{name}-rollout-0-0.{name}:8000"
     else:
@@ -450,13 +457,14 @@ def test_rendered_jobset_matches_the_crd_and_the_webhook(manifest):
     assert js["spec"]["suspend"] is bool(queue or spec.get("suspend"))
 
     # Metrics from rank 0 only: the trainer pod of completion index 0 (the Job controller labels it so).
-    selector = objects[1]["spec"]["selector"]
+    metrics = next(o for o in objects if o["kind"] == "Service")
+    selector = metrics["spec"]["selector"]
     trainer_pod = {**pod_of(trainer)["metadata"]["labels"], COMPLETION_INDEX: "0"}
     assert selects(selector, trainer_pod)
     assert not selects(selector, {**trainer_pod, COMPLETION_INDEX: "1"})
     for server in servers:
         assert not selects(selector, {**pod_of(rjobs[server])["metadata"]["labels"], COMPLETION_INDEX: "0"})
-    assert objects[1]["spec"]["ports"][0]["targetPort"] in [p["name"] for p in container["ports"]]
+    assert metrics["spec"]["ports"][0]["targetPort"] in [p["name"] for p in container["ports"]]
 
 
 def test_jobset_pods_are_the_pytorchjob_backends_pods():
@@ -526,12 +534,14 @@ def test_jobset_is_owned_by_the_run_like_the_pytorchjob():
         return kube, result
 
     kube, result = reconciled(teacher(), "JobSet")
-    assert {plural for plural, _, _ in kube.objects} == {"configmaps", "services", "jobsets"}
+    assert {plural for plural, _, _ in kube.objects} == {"networkpolicies", "configmaps", "services", "jobsets"}
     assert [name for plural, _, name in kube.objects if plural == "services"] == ["teacher-run-metrics"]
     assert result.children == {
         "jobSet": "teacher-run",
         "configMap": "teacher-run-config",
         "metricsService": "teacher-run-metrics",
+        "networkPolicy": "teacher-run-network",
+        "trainerNetworkPolicy": "teacher-run-network-trainer",
     }
     js = kube.objects[("jobsets", "team-a", "teacher-run")]
     assert js["metadata"]["ownerReferences"] == [
@@ -566,7 +576,11 @@ def test_atlas_render_default_backend(tmp_path):
             env=python_env(**env),
         )
         assert proc.returncode == 0, proc.stderr
-        return [(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(proc.stdout) if d["kind"] != "ConfigMap"]
+        return [
+            (d["kind"], d["metadata"]["name"])
+            for d in yaml.safe_load_all(proc.stdout)
+            if d["kind"] not in ("ConfigMap", "NetworkPolicy")
+        ]
 
     pinned = [
         ("Service", "pinned-run-rollout"),
@@ -663,7 +677,7 @@ def test_jobset_example():
     run = parse_run(document, default_backend="PyTorchJob")
     assert run.backend == "JobSet" and checkpoint_warning(run) is None
     objects = render_children(run)
-    assert [o["kind"] for o in objects] == ["ConfigMap", "Service", "JobSet"]
+    assert [o["kind"] for o in objects] == [*POLICIES, "ConfigMap", "Service", "JobSet"]
     js = objects[-1]
     assert js["spec"]["failurePolicy"]["maxRestarts"] == 3 and js["spec"]["suspend"] is False
     assert QUEUE_LABEL not in js["metadata"]["labels"]
@@ -776,7 +790,7 @@ def test_atlas_render_cli(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     kinds = [d["kind"] for d in yaml.safe_load_all(proc.stdout)]
-    assert kinds == ["ConfigMap", "Service", "Service", "Service", "Deployment", "Deployment", "PyTorchJob"]
+    assert kinds == [*POLICIES, "ConfigMap", "Service", "Service", "Service", "Deployment", "Deployment", "PyTorchJob"]
     assert "warning" not in proc.stderr  # checkpoints on a shared PVC
     unshared = manifest_file(tmp_path, teacher())
     proc = subprocess.run(
@@ -1160,9 +1174,6 @@ class FakeKube:
     def exists(self, resource, namespace, name):
         return self.get(resource, namespace, name) is not None
 
-    def secret_exists(self, namespace, name):
-        return True
-
     def create(self, obj):
         from atlas_operator import kube
 
@@ -1423,7 +1434,7 @@ def test_the_rollout_server_runs_what_trl_runs(rollout, backend):
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"]["path"] == "/health"
     assert {"name": "weight-sync", "containerPort": 51216, "protocol": "TCP"} in container["ports"]
-    config = yaml.safe_load(objects[0]["data"]["run.yaml"])["trainer"]
+    config = yaml.safe_load(config_map_of(objects)["data"]["run.yaml"])["trainer"]
     assert config["vllm_mode"] == "server" and config["vllm_group_port"] == 51216
 
 
@@ -1473,7 +1484,7 @@ def test_colocate_renders_vllm_inside_the_trainer_and_no_server():
             assert jobset_webhook_problems(js) == []
         else:
             openapi_validate(next(o for o in objects if o["kind"] == "PyTorchJob"), pytorchjob_schema())
-        config = yaml.safe_load(objects[0]["data"]["run.yaml"])["trainer"]
+        config = yaml.safe_load(config_map_of(objects)["data"]["run.yaml"])["trainer"]
         assert {k: v for k, v in config.items() if k.startswith(("vllm", "use_vllm"))} == {
             "use_vllm": True,
             "vllm_mode": "colocate",
