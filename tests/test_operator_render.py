@@ -11,14 +11,24 @@ import kubernetes_validate
 import pytest
 import yaml
 from atlas_operator.crd import custom_resource_definition
-from atlas_operator.render import Images, checkpoint_warning, render_children, run_config
+from atlas_operator.render import (
+    Images,
+    NetworkSettings,
+    checkpoint_warning,
+    child_names,
+    has_student_server,
+    render_children,
+    run_config,
+)
 from atlas_operator.spec import InvalidRun, TrainingSpec, parse_run
 from atlas_operator.status import Result, job_phase, merge_conditions, parse_progress, status_update
 from conftest import PYTHON, REPO, python_env
 from kube_emulator import wait_for
 from operator_support import (
     KUBE_VERSION,
+    PodAt,
     crd_jsonschema,
+    ingress_allowed,
     jobset_openapi_schema,
     jobset_schema,
     jobset_webhook_problems,
@@ -27,12 +37,21 @@ from operator_support import (
     pruned_fields,
     pytorchjob_schema,
     pytorchjob_webhook_problems,
+    restricted_profile_problems,
     teacher,
     training,
     with_spec,
 )
 
-from atlas_contract.names import JOBSET_REPLICATED_JOBS, max_jobset_run_name
+from atlas_contract.names import (
+    JOBSET_REPLICATED_JOBS,
+    OPERATOR_POD_LABELS,
+    RENDEZVOUS_PORT,
+    TRAINER_METRICS_PORT,
+    VLLM_PORT,
+    WEIGHT_SYNC_PORT,
+    max_jobset_run_name,
+)
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 POLICIES = ["NetworkPolicy", "NetworkPolicy"]  # <name>-network, <name>-network-trainer: applied first
@@ -985,19 +1004,9 @@ def test_trainer_scrape_is_bounded_in_time_and_size():
         server.server_close()
 
 
-RESTRICTED_VOLUMES = {
-    "configMap",
-    "csi",
-    "downwardAPI",
-    "emptyDir",
-    "ephemeral",
-    "persistentVolumeClaim",
-    "projected",
-    "secret",
-}
-
-
 def _pod_templates(obj):
+    """Every pod template of a rendered child: the PyTorchJob's Master and Worker, a Deployment's, each JobSet
+    replicated job's."""
     if obj["kind"] == "PyTorchJob":
         return [r["template"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
     if obj["kind"] == "Deployment":
@@ -1007,35 +1016,202 @@ def _pod_templates(obj):
     return []
 
 
+BOTH_KINDS_AND_BACKENDS = {
+    "training": training(),
+    "training-jobset": training(backend="JobSet", checkpoint={"pvc": "ckpt"}),
+    "teacher": teacher(checkpoint={"pvc": "ckpt"}, reward={"configMapRef": {"name": "judges"}}),
+    "teacher-jobset": teacher(backend="JobSet", queueName="q", reward={"configMapRef": {"name": "judges"}}),
+}
+
+
 @pytest.mark.parametrize(
     "manifest",
-    [
-        training(),
-        teacher(checkpoint={"pvc": "ckpt"}, reward={"configMapRef": {"name": "judges"}}),
-        teacher(backend="JobSet", queueName="q", reward={"configMapRef": {"name": "judges"}}),
-        *[yaml.safe_load(p.read_text()) for p in EXAMPLES],
-    ],
-    ids=["training", "teacher", "teacher-jobset", *[p.name for p in EXAMPLES]],
+    [*BOTH_KINDS_AND_BACKENDS.values(), *[yaml.safe_load(p.read_text()) for p in EXAMPLES]],
+    ids=[*BOTH_KINDS_AND_BACKENDS, *[p.name for p in EXAMPLES]],
 )
 def test_every_pod_meets_the_restricted_pod_security_profile_and_holds_no_api_token(manifest):
-    """Pod Security Standards, restricted profile (kubernetes.io/docs/concepts/security/pod-security-standards),
-    checked rule by rule on every pod template rendered; and no pod mounts a ServiceAccount token."""
-    templates = [t for obj in render_children(parse_run(manifest)) for t in _pod_templates(obj)]
-    assert templates
-    for template in templates:
-        pod = template["spec"]
-        assert pod["automountServiceAccountToken"] is False
-        assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC", "hostUsers"))
-        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"].get("runAsUser", 1) != 0
-        assert pod["securityContext"]["seccompProfile"]["type"] in ("RuntimeDefault", "Localhost")
-        for volume in pod["volumes"]:
-            assert set(volume) - {"name"} <= RESTRICTED_VOLUMES, volume
-        for container in pod["containers"] + pod.get("initContainers", []):
-            context = container["securityContext"]
-            assert context["allowPrivilegeEscalation"] is False and not context.get("privileged")
-            assert context["capabilities"]["drop"] == ["ALL"] and not context["capabilities"].get("add")
-            assert not any(p.get("hostPort") for p in container.get("ports", []))
-    assert parse_run(with_spec(training(), automountServiceAccountToken=True)).spec.automount_service_account_token
+    """Pod Security Standards, restricted profile (every control, tests/operator_support.restricted_profile_problems)
+    on every pod template rendered: trainer (Master, Worker, the JobSet's trainer job), rollout and student servers
+    (Deployments, the JobSet's server jobs); and no pod mounts a ServiceAccount token."""
+    run = parse_run(manifest)
+    templates = {
+        (obj["kind"], obj["metadata"]["name"], i): t
+        for obj in render_children(run)
+        for i, t in enumerate(_pod_templates(obj))
+    }
+    components = {t["metadata"]["labels"]["app.kubernetes.io/component"] for t in templates.values()}
+    servers = {"rollout": bool(run.spec.rollout.replicas), "student": has_student_server(run)}
+    assert components == {"trainer", *[server for server, present in servers.items() if present]}
+    for where, template in templates.items():
+        assert restricted_profile_problems(template["spec"]) == [], where
+        assert template["spec"]["automountServiceAccountToken"] is False, where
+
+
+def test_the_restricted_profile_check_finds_each_violation():
+    """The checker is not vacuous: each control, broken on its own in a rendered trainer pod, is reported."""
+    (job,) = [o for o in render_children(parse_run(training())) if o["kind"] == "PyTorchJob"]
+    good = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert restricted_profile_problems(good) == []
+
+    def broken(change):
+        pod = copy.deepcopy(good)
+        change(pod, pod["containers"][0]["securityContext"])
+        return restricted_profile_problems(pod)
+
+    violations = {
+        "hostNetwork": lambda pod, c: pod.update(hostNetwork=True),
+        "hostPID": lambda pod, c: pod.update(hostPID=True),
+        "hostIPC": lambda pod, c: pod.update(hostIPC=True),
+        "hostPath": lambda pod, c: pod["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
+        "hostPort": lambda pod, c: pod["containers"][0]["ports"][0].update(hostPort=80),
+        "privileged": lambda pod, c: c.update(privileged=True),
+        "allowPrivilegeEscalation": lambda pod, c: c.update(allowPrivilegeEscalation=True),
+        "runAsNonRoot": lambda pod, c: pod["securityContext"].pop("runAsNonRoot"),
+        "runAsUser": lambda pod, c: c.update(runAsUser=0),
+        "seccompProfile": lambda pod, c: pod["securityContext"].pop("seccompProfile"),
+        "capabilities.drop": lambda pod, c: c.update(capabilities={"drop": ["NET_RAW"]}),
+        "capabilities.add": lambda pod, c: c["capabilities"].update(add=["SYS_ADMIN"]),
+        "volume type": lambda pod, c: pod["volumes"].append({"name": "n", "nfs": {"server": "x", "path": "/"}}),
+    }
+    for control, change in violations.items():
+        assert broken(change), control
+    assert broken(lambda pod, c: c["capabilities"].update(add=["NET_BIND_SERVICE"])) == []  # the one allowed
+
+
+def test_a_service_account_token_only_when_asked_for():
+    """automountServiceAccountToken false on every pod unless the run names its ServiceAccount and asks for the
+    token (spec.serviceAccountName, spec.automountServiceAccountToken)."""
+    asked = with_spec(teacher(), serviceAccountName="api-caller", automountServiceAccountToken=True)
+    for obj in render_children(parse_run(asked)):
+        for template in _pod_templates(obj):
+            assert template["spec"]["serviceAccountName"] == "api-caller"
+            assert template["spec"]["automountServiceAccountToken"] is True
+    named_only = with_spec(teacher(), serviceAccountName="api-caller")
+    for obj in render_children(parse_run(named_only)):
+        for template in _pod_templates(obj):
+            assert template["spec"]["automountServiceAccountToken"] is False
+
+
+# --------------------------------------------------------------------------- NetworkPolicies
+
+NETWORK = NetworkSettings(operator_namespace="atlas-system", monitoring_namespace="monitoring")
+# The operator pod as the chart labels it (tests/test_helm_chart.py checks the chart against OPERATOR_POD_LABELS).
+OPERATOR_POD = PodAt("atlas-system", {**OPERATOR_POD_LABELS, "app.kubernetes.io/name": "atlas-operator"})
+PROMETHEUS_POD = PodAt("monitoring", {"app.kubernetes.io/name": "prometheus"})
+STRANGER_POD = PodAt("team-a", {"app": "notebook"})
+NCCL_PORT = 40123  # NCCL's data and bootstrap sockets listen on ephemeral ports
+
+
+def _controller_labels(obj: dict, component: str) -> dict[str, str]:
+    """Labels the workload's controller adds to the pods it makes (none of our selectors rely on them)."""
+    if obj["kind"] == "PyTorchJob":
+        return {
+            "training.kubeflow.org/job-name": obj["metadata"]["name"],
+            "training.kubeflow.org/replica-type": "master",
+        }
+    if obj["kind"] == "JobSet":
+        return {
+            "jobset.sigs.k8s.io/jobset-name": obj["metadata"]["name"],
+            "jobset.sigs.k8s.io/replicatedjob-name": component,
+            "batch.kubernetes.io/job-completion-index": "0",
+        }
+    return {"pod-template-hash": "5d8f7c9b6"}
+
+
+def run_pods_and_policies(manifest: dict, namespace: str | None = None) -> tuple[dict[str, PodAt], list[dict]]:
+    """A run's pods as its controllers make them (component → pod: labels, named ports) and its NetworkPolicies."""
+    manifest = copy.deepcopy(manifest)
+    if namespace:
+        manifest["metadata"]["namespace"] = namespace
+    children = render_children(parse_run(manifest), Images(), network=NETWORK)
+    pods = {}
+    for obj in children:
+        for template in _pod_templates(obj):
+            component = template["metadata"]["labels"]["app.kubernetes.io/component"]
+            labels = {**template["metadata"]["labels"], **_controller_labels(obj, component)}
+            ports = {p["name"]: p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+            pods[component] = PodAt(manifest["metadata"]["namespace"], labels, ports)
+    return pods, [c for c in children if c["kind"] == "NetworkPolicy"]
+
+
+def _ports(component: str) -> list[int]:
+    if component == "trainer":
+        return [RENDEZVOUS_PORT, TRAINER_METRICS_PORT, NCCL_PORT]
+    return [VLLM_PORT, NCCL_PORT] + ([WEIGHT_SYNC_PORT] if component == "rollout" else [])
+
+
+@pytest.mark.parametrize("manifest", list(BOTH_KINDS_AND_BACKENDS.values()), ids=list(BOTH_KINDS_AND_BACKENDS))
+def test_network_policies_let_only_the_runs_trainers_in(manifest):
+    """Each rendered NetworkPolicy evaluated against the run's pods (tests/operator_support.ingress_allowed): its
+    servers and trainers accept only its own trainers (rendezvous, collectives, HTTP, weight sync); its trainers also
+    accept its rollout server (NCCL connects both ways) and, on the metrics port only, the operator and the
+    monitoring namespace. Another run's pods, a pod of another namespace with the very same labels, and any other
+    pod are refused."""
+    pods, policies = run_pods_and_policies(manifest)
+    other_run, other_policies = run_pods_and_policies(
+        {**manifest, "metadata": {**manifest["metadata"], "name": "other-run"}}
+    )
+    twin, twin_policies = run_pods_and_policies(manifest, namespace="team-b")
+    everywhere = policies + other_policies + twin_policies
+    assert {p["metadata"]["name"] for p in policies} == {
+        f"{manifest['metadata']['name']}-network",
+        f"{manifest['metadata']['name']}-network-trainer",
+    }
+    sources = {f"run {c}": pod for c, pod in pods.items()}
+    sources |= {f"other run {c}": pod for c, pod in other_run.items()}
+    sources |= {f"team-b twin {c}": pod for c, pod in twin.items()}
+    sources |= {"operator": OPERATOR_POD, "prometheus": PROMETHEUS_POD, "stranger": STRANGER_POD}
+    assert {"trainer", "rollout"} <= set(pods)
+
+    def expected(source: str, target: str, port: int) -> bool:
+        if source == "run trainer":
+            return True
+        if target == "trainer" and source == "run rollout":
+            return True
+        return target == "trainer" and port == TRAINER_METRICS_PORT and source in ("operator", "prometheus")
+
+    for target, target_pod in pods.items():
+        for port in _ports(target):
+            for source, source_pod in sources.items():
+                allowed = ingress_allowed(everywhere, source_pod, target_pod, port)
+                assert allowed is expected(source, target, port), f"{source} → run {target}:{port}"
+    # The policies of the run select none of the other pods: those stay as their own policies say.
+    for pod in [*other_run.values(), *twin.values(), OPERATOR_POD, PROMETHEUS_POD, STRANGER_POD]:
+        assert ingress_allowed(policies, STRANGER_POD, pod, VLLM_PORT)
+
+
+def test_network_policies_follow_the_operator_settings():
+    """Off: no NetworkPolicy and none in status.children. No monitoring namespace: only the operator scrapes. Not in
+    a cluster (no operator namespace): only the monitoring namespace does. Every policy is the run's child."""
+    run = parse_run(teacher())
+    off = render_children(run, network=NetworkSettings(enabled=False))
+    assert not [c for c in off if c["kind"] == "NetworkPolicy"]
+    assert "networkPolicy" not in child_names(run, network=False)
+    pods, policies = run_pods_and_policies(teacher())
+    no_monitoring = [
+        c
+        for c in render_children(
+            run, network=NetworkSettings(operator_namespace="atlas-system", monitoring_namespace=None)
+        )
+        if c["kind"] == "NetworkPolicy"
+    ]
+    assert ingress_allowed(no_monitoring, OPERATOR_POD, pods["trainer"], TRAINER_METRICS_PORT)
+    assert not ingress_allowed(no_monitoring, PROMETHEUS_POD, pods["trainer"], TRAINER_METRICS_PORT)
+    outside = [c for c in render_children(run) if c["kind"] == "NetworkPolicy"]  # NetworkSettings() defaults
+    assert ingress_allowed(outside, PROMETHEUS_POD, pods["trainer"], TRAINER_METRICS_PORT)
+    assert not ingress_allowed(outside, OPERATOR_POD, pods["trainer"], TRAINER_METRICS_PORT)
+    for policy in policies:
+        kubernetes_validate.validate(policy, KUBE_VERSION, strict=True)
+        assert policy["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "atlas-operator"
+        assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress stays open: model hubs, judges, DNS
+
+
+def test_a_run_without_servers_still_isolates_its_trainers():
+    pods, policies = run_pods_and_policies(training(rollout={"replicas": 0}))
+    assert set(pods) == {"trainer"}
+    assert ingress_allowed(policies, pods["trainer"], pods["trainer"], RENDEZVOUS_PORT)
+    assert not ingress_allowed(policies, STRANGER_POD, pods["trainer"], RENDEZVOUS_PORT)
+    assert ingress_allowed(policies, OPERATOR_POD, pods["trainer"], TRAINER_METRICS_PORT)
 
 
 # --------------------------------------------------------------------------- evaluation after training, result

@@ -543,6 +543,13 @@ class Children:
     student: str | None = spec_field("student Deployment and Service (vllm serve; AtlasTeacher, backend PyTorchJob)")
     config_map: str | None = spec_field("ConfigMap with run.yaml, accelerate.yaml, reward.yaml")
     metrics_service: str | None = spec_field("Service in front of the trainer's metrics endpoint (rank 0)")
+    network_policy: str | None = spec_field(
+        "NetworkPolicy: the run's pods accept traffic only from its trainer pods (operator setting network_policy)"
+    )
+    trainer_network_policy: str | None = spec_field(
+        "NetworkPolicy: the trainer pods also accept the rollout server's weight sync, and metrics scrapes from "
+        "the operator and the monitoring namespace"
+    )
 
 
 @dataclass
