@@ -942,6 +942,23 @@ def test_operator_settings_are_checked_at_start_up():
     assert OperatorConfig.from_env({}, progress_interval=2.5).progress_interval == 2.5
 
 
+def test_network_settings_of_the_operator():
+    """ATLAS_NETWORK_POLICY (true/false; anything else refused naming it), ATLAS_MONITORING_NAMESPACE (empty: none),
+    ATLAS_OPERATOR_NAMESPACE (the chart's downward API); flags win."""
+    from atlas_operator.config import OperatorConfig
+
+    default = OperatorConfig.from_env({}).network
+    assert default == NetworkSettings(enabled=True, operator_namespace=None, monitoring_namespace="monitoring")
+    chart = OperatorConfig.from_env(
+        {"ATLAS_NETWORK_POLICY": "false", "ATLAS_MONITORING_NAMESPACE": "", "ATLAS_OPERATOR_NAMESPACE": "atlas-system"}
+    ).network
+    assert chart == NetworkSettings(enabled=False, operator_namespace="atlas-system", monitoring_namespace=None)
+    with pytest.raises(SystemExit, match="ATLAS_NETWORK_POLICY: expected true or false, got 'maybe'"):
+        OperatorConfig.from_env({"ATLAS_NETWORK_POLICY": "maybe"})
+    flags = OperatorConfig.from_env({"ATLAS_NETWORK_POLICY": "true"}, network_policy=False, monitoring_namespace="prom")
+    assert flags.network == NetworkSettings(enabled=False, monitoring_namespace="prom")
+
+
 def test_status_absent_means_absent():
     """A server the spec no longer has leaves status.children, and a KL the trainer no longer exports
     (beta set to 0) leaves status.progress: the merge patch deletes them instead of keeping stale values."""
@@ -1612,6 +1629,37 @@ def test_the_rollout_server_runs_what_trl_runs(rollout, backend):
     assert {"name": "weight-sync", "containerPort": 51216, "protocol": "TCP"} in container["ports"]
     config = yaml.safe_load(config_map_of(objects)["data"]["run.yaml"])["trainer"]
     assert config["vllm_mode"] == "server" and config["vllm_group_port"] == 51216
+
+
+def test_remote_code_is_off_unless_the_run_asks():
+    """trust_remote_code: false in run.yaml (models and tokenizers load without repository code) and no
+    --trust-remote-code on the rollout server, unless spec.training.trustRemoteCode; the CRD says so, with default
+    false; extra.trust_remote_code is refused (one place to set it)."""
+    base = {"perDeviceTrainBatchSize": 4, "numGenerations": 4, "maxSteps": 10}
+    for trusted in (False, True):
+        manifest = training(training={**base, **({"trustRemoteCode": True} if trusted else {})})
+        objects = render_children(parse_run(manifest), Images())
+        assert yaml.safe_load(config_map_of(objects)["data"]["run.yaml"])["trainer"]["trust_remote_code"] is trusted
+        (container,) = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"]
+        expected = trl_rollout_command(
+            manifest["spec"]["model"],
+            port=8000,
+            tensor_parallel_size=2,
+            data_parallel_size=1,
+            gpu_memory_utilization=0.9,
+            trust_remote_code=trusted,
+        )
+        assert container["command"] + container["args"] == expected
+        assert ("--trust-remote-code" in expected) is trusted
+    for kind in ("AtlasTraining", "AtlasTeacher"):
+        field = custom_resource_definition(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][
+            "spec"
+        ]["properties"]["training"]["properties"]["trustRemoteCode"]
+        assert field["default"] is False and "false never runs such code" in field["description"]
+    with pytest.raises(
+        InvalidRun, match="spec.training.extra.trust_remote_code: set it as spec.training.trustRemoteCode"
+    ):
+        parse_run(training(training={**base, "extra": {"trust_remote_code": True}}))
 
 
 def test_no_configuration_renders_the_deprecated_command():

@@ -637,6 +637,8 @@ def rollout_server_command(run: Run) -> list[str]:
     ]
     if rollout.max_model_len is not None:
         command += ["--max-model-len", str(rollout.max_model_len)]
+    if run.spec.training.trust_remote_code:  # off unless the run asks: the server loads the trainer's model
+        command += ["--trust-remote-code"]
     if _version(ROLLOUT_VLLM_VERSION) >= (0, 30, 0):  # TRL adds it for vLLM 0.30.0 and later
         command += ["--enable-scale-out"]
     command += [

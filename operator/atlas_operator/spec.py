@@ -163,6 +163,13 @@ class TrainingSpec:
         trainer_default=True,
         **defaults.LIMITS["step_timeout_seconds"].schema(),
     )
+    trust_remote_code: bool = spec_field(
+        "run Python code shipped in spec.model's repository (a custom architecture) when the trainer loads the "
+        "model and its tokenizer and when the rollout server does (vllm serve --trust-remote-code); false never "
+        "runs such code. The student model, judges and datasets never run repository code (datasets 4+ has no "
+        "loading scripts)",
+        False,
+    )
     extra: dict[str, Any] = spec_field(
         "any other GRPOConfig/SFTConfig field, snake_case, passed to the trainer (its kind and range are "
         "checked when the trainer starts); the fields the operator sets itself (output_dir, run_name, save_*, "
