@@ -64,9 +64,6 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"  # spec.queueName: the Kueue LocalQueue that admits the job
-# The kind of the run (AtlasTraining, AtlasTeacher) on each child and pod: the operator's pod watch finds a pod's
-# run from its labels alone (LABEL_INSTANCE names it), without reading the owner chain.
-RUN_KIND_LABEL = f"{GROUP}/kind"
 # The operator's own pod as the Helm chart labels it (whatever the release or nameOverride): the runs'
 # NetworkPolicies let it read the trainers' metrics.
 OPERATOR_POD_LABELS = {"app.kubernetes.io/part-of": "atlas", LABEL_COMPONENT: "operator"}

@@ -959,6 +959,49 @@ def test_network_settings_of_the_operator():
     assert flags.network == NetworkSettings(enabled=False, monitoring_namespace="prom")
 
 
+def test_a_stuck_pod_is_its_runs_condition_and_event_once():
+    """The pod watch's bookkeeping (Reconciler.pod_changed, pods_condition): a container the kubelet keeps waiting
+    (init containers too) makes PodsStarted False with its reason and message; a pod that starts or goes clears
+    it; only a change asks for a refresh, and only for a run this process has reconciled (its kind is known)."""
+    import kopf
+    from atlas_operator.config import OperatorConfig
+    from atlas_operator.reconcile import Reconciler
+
+    reconciler = Reconciler(FakeKube(), OperatorConfig())
+    labels = {"app.kubernetes.io/instance": "stuck-run", "app.kubernetes.io/managed-by": "atlas-operator"}
+
+    def pod(name, state, init=False):
+        statuses = [{"name": "pytorch", "state": state}]
+        key = "initContainerStatuses" if init else "containerStatuses"
+        return {"metadata": {"name": name, "namespace": "team-a", "labels": labels}, "status": {key: statuses}}
+
+    backoff = {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}}
+    creating = {"waiting": {"reason": "ContainerCreating"}}  # passes by itself: not stuck
+    assert reconciler.pod_changed(pod("stuck-run-master-0", backoff)) is None  # run not reconciled here yet
+    body = training("stuck-run")
+    body["metadata"]["uid"] = "uid-stuck"
+    result = reconciler.reconcile(body, kopf.adopt)
+    (started,) = [c for c in result.conditions if c["type"] == "PodsStarted"]
+    assert (started["status"], started["reason"]) == ("False", "ImagePullBackOff")
+    assert (
+        'pod stuck-run-master-0, container pytorch: ImagePullBackOff: Back-off pulling image "x"' in started["message"]
+    )
+    assert "ImagePullBackOff" in [e.reason for e in result.events if e.type == "Warning"]
+    patch, events = status_update({}, 1, result, "t0")
+    assert "ImagePullBackOff" in [e.reason for e in events]
+    again = reconciler.reconcile(body, kopf.adopt)
+    assert "ImagePullBackOff" not in [e.reason for e in status_update(patch, 1, again, "t1")[1]]  # said once
+    assert reconciler.pod_changed(pod("stuck-run-master-0", backoff)) is None  # no news
+    assert reconciler.pod_changed(pod("stuck-run-worker-0", backoff, init=True)) == ("AtlasTraining", "stuck-run")
+    (started,) = [c for c in reconciler.reconcile(body, kopf.adopt).conditions if c["type"] == "PodsStarted"]
+    assert started["message"].endswith("(1 more pods stuck)")
+    assert reconciler.pod_changed(pod("stuck-run-worker-0", creating)) == ("AtlasTraining", "stuck-run")
+    assert reconciler.pod_changed(pod("stuck-run-master-0", backoff), deleted=True) == ("AtlasTraining", "stuck-run")
+    (started,) = [c for c in reconciler.reconcile(body, kopf.adopt).conditions if c["type"] == "PodsStarted"]
+    assert (started["status"], started["reason"]) == ("True", "NoneStuck")
+    assert not [call for call in reconciler.kube.calls if call[1] in ("pods", "secrets")]  # from labels alone
+
+
 def test_status_absent_means_absent():
     """A server the spec no longer has leaves status.children, and a KL the trainer no longer exports
     (beta set to 0) leaves status.progress: the merge patch deletes them instead of keeping stale values."""

@@ -13,7 +13,7 @@ import time
 
 import kopf
 
-from atlas_contract.names import GROUP, KINDS, LABEL_MANAGED_BY, MANAGED_BY, RUN_KIND_LABEL, VERSION
+from atlas_contract.names import GROUP, KINDS, LABEL_MANAGED_BY, MANAGED_BY, VERSION
 from atlas_operator import config, metrics
 from atlas_operator.kube import ApiError, Kube, Resource
 from atlas_operator.reconcile import Reconciler, RetryLater
@@ -33,7 +33,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.execution.max_workers = CONFIG.workers
     settings.watching.connect_timeout = 30
     # The pod watch asks the API server for the runs' pods only, not every pod of the cluster.
-    settings.watching.label_selectors["v1", "pods"] = f"{LABEL_MANAGED_BY}={MANAGED_BY},{RUN_KIND_LABEL}"
+    settings.watching.label_selectors["v1", "pods"] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
     # A deleted run waits for its timer to exit; check every second, not kopf's default minute.
     settings.background.cancellation_polling = 1
     memo.reconciler = Reconciler(Kube(), CONFIG)
@@ -124,10 +124,10 @@ def job_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_) -
         logger.warning("could not refresh %s %s from its %s: %s", owner["kind"], name, body["kind"], exc)
 
 
-@kopf.on.event("", "v1", "pods", labels={LABEL_MANAGED_BY: MANAGED_BY, RUN_KIND_LABEL: kopf.PRESENT})
+@kopf.on.event("", "v1", "pods", labels={LABEL_MANAGED_BY: MANAGED_BY})
 def pod_changed(body: kopf.Body, event: dict, memo: kopf.Memo, logger: logging.Logger, **_) -> None:
     """A run's pod cannot start (a missing pull Secret, a Secret its env names, a bad image), or no longer: say so on
-    the run now (PodsStarted and an Event). The pod's labels name its run."""
+    the run now (PodsStarted and an Event). The pod's app.kubernetes.io/instance label names its run."""
     changed = memo.reconciler.pod_changed(dict(body), deleted=event.get("type") == "DELETED")
     if changed is not None:
         refresh_run(RUN_RESOURCES[changed[0]], body.metadata.namespace, changed[1], memo, logger)

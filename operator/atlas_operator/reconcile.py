@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from atlas_contract.names import KINDS, LABEL_INSTANCE, RUN_KIND_LABEL, SPEC_HASH_ANNOTATION, ChildNames
+from atlas_contract.names import KINDS, LABEL_INSTANCE, SPEC_HASH_ANNOTATION, ChildNames
 from atlas_contract.results import parse_result_message
 from atlas_contract.rules import find_reward_config
 from atlas_operator import kube
@@ -103,13 +103,18 @@ class Reconciler:
         self._progress: dict[tuple, dict[str, Any]] = {}
         self._result_lock = threading.Lock()
         self._result_reads: dict[tuple, int] = {}  # (namespace, run, run uid, job uid) → pod reads so far
-        # Pods the kubelet cannot start (from the pod watch): (namespace, kind, run) → pod → (reason, message).
+        # Pods the kubelet cannot start (from the pod watch): (namespace, run) → pod → (reason, message); and the
+        # kind of each run reconciled, so a pod's run is known from its app.kubernetes.io/instance label alone.
         self._stuck_lock = threading.Lock()
-        self._stuck: dict[tuple[str, str, str], dict[str, tuple[str, str]]] = {}
+        self._stuck: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+        self._kinds: dict[tuple[str, str], str] = {}
 
     # ------------------------------------------------------------------ entry point
 
     def reconcile(self, body: dict[str, Any], adopt: Callable[[dict, dict], None], scrape: bool = False) -> Result:
+        meta = body.get("metadata") or {}
+        with self._stuck_lock:
+            self._kinds[(meta.get("namespace", "default"), meta.get("name"))] = body.get("kind")
         started_on = _backend_of(body)  # a run keeps the backend it started on when the operator's default changes
         try:
             run = parse_run(body, default_backend=started_on or self.settings.default_backend)
@@ -416,13 +421,13 @@ class Reconciler:
     def pod_changed(self, pod: dict[str, Any], deleted: bool = False) -> tuple[str, str] | None:
         """Note whether a run's pod is stuck before starting (pod_stuck: a missing pull Secret, a Secret its env
         names, a bad image). Returns the run's (kind, name) when that changes what its status should say, else
-        None. The run is known from the pod's labels alone (no API call)."""
+        None (also for a run this process has not reconciled yet: its first reconciliation reads what is noted).
+        The run is known from the pod's labels alone, no API call."""
         meta = pod.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        kind, run_name, pod_name = labels.get(RUN_KIND_LABEL), labels.get(LABEL_INSTANCE), meta.get("name")
-        if kind not in KINDS or not run_name or not pod_name:
+        run_name, pod_name = (meta.get("labels") or {}).get(LABEL_INSTANCE), meta.get("name")
+        if not run_name or not pod_name:
             return None
-        key = (meta.get("namespace", "default"), kind, run_name)
+        key = (meta.get("namespace", "default"), run_name)
         stuck = None if deleted else pod_stuck(pod)
         with self._stuck_lock:
             pods = self._stuck.setdefault(key, {})
@@ -431,12 +436,13 @@ class Reconciler:
                 pods[pod_name] = stuck
             if not pods:
                 del self._stuck[key]
-        return (kind, run_name) if stuck != before else None
+            kind = self._kinds.get(key)
+        return (kind, run_name) if stuck != before and kind in KINDS else None
 
     def pods_condition(self, run: Run) -> dict[str, Any]:
         """PodsStarted: False with the kubelet's reason while a pod of the run cannot start its containers."""
         with self._stuck_lock:
-            stuck = sorted((self._stuck.get((run.namespace, run.kind, run.name)) or {}).items())
+            stuck = sorted((self._stuck.get((run.namespace, run.name)) or {}).items())
         if not stuck:
             return _cond("PodsStarted", True, "NoneStuck", "no pod of the run is kept from starting")
         _, (reason, message) = stuck[0]
@@ -541,7 +547,8 @@ class Reconciler:
             for read in [k for k in self._result_reads if k[:3] == key]:
                 del self._result_reads[read]
         with self._stuck_lock:
-            self._stuck.pop((key[0], body.get("kind"), key[1]), None)
+            self._stuck.pop(key[:2], None)
+            self._kinds.pop(key[:2], None)
 
     def prune(self, run: Run, body: dict[str, Any], result: Result) -> None:
         """Delete what the run had and its spec no longer wants: a server set to 0 replicas (its GPUs are freed),

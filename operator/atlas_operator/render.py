@@ -37,7 +37,6 @@ from atlas_contract.names import (
     REWARD_CONFIG_FILE,
     ROLLOUT_VLLM_VERSION,
     RUN_CONFIG_FILE,
-    RUN_KIND_LABEL,
     SPEC_HASH_ANNOTATION,
     TERMINATION_MESSAGE_PATH,
     TRAINER_METRICS_PORT,
@@ -117,7 +116,6 @@ def labels(run: Run, component: str) -> dict[str, str]:
         LABEL_INSTANCE: run.name,
         LABEL_COMPONENT: component,
         LABEL_MANAGED_BY: MANAGED_BY,
-        RUN_KIND_LABEL: run.kind,
     }
 
 
