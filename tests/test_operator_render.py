@@ -1002,6 +1002,28 @@ def test_a_stuck_pod_is_its_runs_condition_and_event_once():
     assert not [call for call in reconciler.kube.calls if call[1] in ("pods", "secrets")]  # from labels alone
 
 
+def test_a_narrowed_network_policy_is_put_back_exactly():
+    """A key added to a run's NetworkPolicy (a matchLabels entry that selects no pod would leave the run open) is
+    drift: the patch removes it; an unchanged policy is not patched."""
+    import kopf
+    from atlas_operator.config import OperatorConfig
+    from atlas_operator.reconcile import Reconciler
+
+    kube = FakeKube()
+    reconciler = Reconciler(kube, OperatorConfig())
+    body = training("narrowed-run")
+    body["metadata"]["uid"] = "uid-narrowed"
+    reconciler.reconcile(body, kopf.adopt)
+    key = ("networkpolicies", "team-a", "narrowed-run-network")
+    rendered = copy.deepcopy(kube.objects[key]["spec"])
+    kube.objects[key]["spec"]["podSelector"]["matchLabels"]["nothing"] = "selected"
+    kube.objects[key]["spec"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"] = []
+    result = reconciler.reconcile(body, kopf.adopt)
+    assert result.actions.get("NetworkPolicy/narrowed-run-network") == "patched"
+    assert kube.objects[key]["spec"] == rendered
+    assert "NetworkPolicy/narrowed-run-network" not in reconciler.reconcile(body, kopf.adopt).actions
+
+
 def test_status_absent_means_absent():
     """A server the spec no longer has leaves status.children, and a KL the trainer no longer exports
     (beta set to 0) leaves status.progress: the merge patch deletes them instead of keeping stale values."""

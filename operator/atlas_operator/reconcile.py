@@ -599,7 +599,7 @@ class Reconciler:
             (kube.SERVICE, owned.student),
             (kube.SERVICE, owned.metrics),
             (kube.CONFIG_MAP, owned.config_map),
-            (kube.NETWORK_POLICY, owned.network_policy),  # last: the run's pods are gone before their policy
+            (kube.NETWORK_POLICY, owned.network_policy),  # after the workloads whose pods they protect
             (kube.NETWORK_POLICY, owned.trainer_network_policy),
         ]
         uid = body["metadata"].get("uid")
@@ -697,7 +697,19 @@ def _managed_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[st
         stale = {key: None for key in (existing.get("spec") or {}).get("selector") or {} if key not in selector}
         if stale:
             patch["spec"] = {**patch.get("spec", desired["spec"]), "selector": {**selector, **stale}}
+    # A NetworkPolicy is all ours, and a key it does not render narrows it (a matchLabels entry that selects no pod
+    # leaves the run's pods open): any difference is drift, and the patch removes what was added.
+    if desired.get("kind") == "NetworkPolicy" and existing.get("spec") != desired["spec"]:
+        patch["spec"] = _replacing(desired["spec"], existing.get("spec"))
     return patch or None
+
+
+def _replacing(desired: Any, existing: Any) -> Any:
+    """A merge patch that turns ``existing`` into exactly ``desired``: keys ``desired`` lacks are set to null."""
+    if not isinstance(desired, dict) or not isinstance(existing, dict):
+        return desired
+    stale = {key: None for key in existing if key not in desired}
+    return {**stale, **{key: _replacing(value, existing.get(key)) for key, value in desired.items()}}
 
 
 def _contains(actual: Any, wanted: Any) -> bool:
