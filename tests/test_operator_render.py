@@ -32,6 +32,7 @@ from operator_support import (
     jobset_openapi_schema,
     jobset_schema,
     jobset_webhook_problems,
+    label_selector_matches,
     manifest_file,
     openapi_validate,
     pruned_fields,
@@ -1260,6 +1261,42 @@ def test_network_policies_let_only_the_runs_trainers_in(manifest):
     # The policies of the run select none of the other pods: those stay as their own policies say.
     for pod in [*other_run.values(), *twin.values(), OPERATOR_POD, PROMETHEUS_POD, STRANGER_POD]:
         assert ingress_allowed(policies, STRANGER_POD, pod, VLLM_PORT)
+
+
+def test_the_network_policy_evaluator_follows_the_api_semantics():
+    """The evaluator itself (kubernetes.io/docs/concepts/services-networking/network-policies): not isolated without
+    a selecting Ingress policy; an empty ingress list admits nothing; namespaceSelector and podSelector in one peer
+    AND, in two peers OR; podSelector alone means the policy's namespace; named ports and endPort; matchExpressions."""
+
+    def policy(pod_selector, ingress, namespace="a", types=("Ingress",)):
+        return {
+            "metadata": {"namespace": namespace},
+            "spec": {"podSelector": pod_selector, "policyTypes": list(types), "ingress": ingress},
+        }
+
+    target = PodAt("a", {"app": "db"}, {"sql": 5432})
+    web_a, web_b, db_b = PodAt("a", {"app": "web"}), PodAt("b", {"app": "web"}), PodAt("b", {"app": "db"})
+    assert ingress_allowed([], web_b, target, 5432)
+    assert ingress_allowed([policy({}, [], namespace="b")], web_b, target, 5432)  # another namespace's policy
+    assert ingress_allowed([policy({}, [], types=("Egress",))], web_b, target, 5432)
+    assert not ingress_allowed([policy({}, [])], web_a, target, 5432)  # selected, nothing admitted
+    assert ingress_allowed([policy({}, [{}])], web_b, target, 1)  # one empty rule: everyone, every port
+    only_web = [policy({"matchLabels": {"app": "db"}}, [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}])]
+    assert ingress_allowed(only_web, web_a, target, 5432) and not ingress_allowed(only_web, web_b, target, 5432)
+    ns_b = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "b"}}}
+    web = {"podSelector": {"matchLabels": {"app": "web"}}}
+    both = [policy({}, [{"from": [{**ns_b, **web}]}])]
+    either = [policy({}, [{"from": [ns_b, web]}])]
+    assert ingress_allowed(both, web_b, target, 1) and not ingress_allowed(both, db_b, target, 1)
+    assert not ingress_allowed(both, web_a, target, 1)
+    assert ingress_allowed(either, db_b, target, 1) and ingress_allowed(either, web_a, target, 1)
+    ports = [policy({}, [{"ports": [{"port": "sql"}, {"protocol": "TCP", "port": 8000, "endPort": 8010}]}])]
+    assert ingress_allowed(ports, web_b, target, 5432) and ingress_allowed(ports, web_b, target, 8005)
+    assert not ingress_allowed(ports, web_b, target, 8011) and not ingress_allowed(ports, web_b, target, 5432, "UDP")
+    expressions = {"matchExpressions": [{"key": "app", "operator": "In", "values": ["web", "api"]}]}
+    assert ingress_allowed([policy({}, [{"from": [{"podSelector": expressions}]}])], web_a, target, 1)
+    assert not label_selector_matches({"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]}, {"app": "x"})
+    assert label_selector_matches({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["x"]}]}, {})
 
 
 def test_network_policies_follow_the_operator_settings():
