@@ -462,6 +462,16 @@ def test_notes_name_next_commands(helm):
         assert needle in notes, needle
 
 
+def test_notes_say_what_the_network_policies_need(helm):
+    notes = " ".join(_notes(helm).split())
+    assert "<name>-network and <name>-network-trainer" in notes and "namespace monitoring" in notes
+    assert "only with a CNI that enforces NetworkPolicy" in notes and "Pod Security" not in notes
+    off = " ".join(
+        _notes(helm, "--set", "operator.networkPolicy=false", "--set", "podSecurity.namespaces={ml}").split()
+    )
+    assert "NetworkPolicies" not in off and "Pod Security: namespace(s) ml enforce the restricted profile" in off
+
+
 def test_notes_follow_the_default_backend(helm):
     from atlas_operator.reconcile import JOB_CRDS
 
