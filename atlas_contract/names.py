@@ -64,6 +64,12 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"  # spec.queueName: the Kueue LocalQueue that admits the job
+# The operator's own pod as the Helm chart labels it (whatever the release or nameOverride): the runs'
+# NetworkPolicies let it read the trainers' metrics.
+OPERATOR_POD_LABELS = {"app.kubernetes.io/part-of": "atlas", LABEL_COMPONENT: "operator"}
+# Pod Security Standards: the namespace label that enforces a profile, and the profile every rendered pod meets.
+POD_SECURITY_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+POD_SECURITY_LEVEL = "restricted"
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,16 @@ class ChildNames:
         return f"{self.run}-student"
 
     @property
+    def network_policy(self) -> str:
+        """The run's NetworkPolicy: its pods accept traffic only from the run's own trainer pods."""
+        return f"{self.run}-network"
+
+    @property
+    def trainer_network_policy(self) -> str:
+        """What the trainer pods accept besides their peers: the rollout server's weight sync, metrics scrapes."""
+        return f"{self.run}-network-trainer"
+
+    @property
     def jobset(self) -> str:
         """The JobSet of a run on the JobSet backend (it replaces the PyTorchJob and the server Deployments)."""
         return self.run
@@ -110,7 +126,8 @@ class ChildNames:
         return f"{self.run}-master-0"
 
 
-# The longest suffix above must still leave a valid Service name (a DNS label of 63 characters).
+# The longest suffix above must still leave a valid Service name (a DNS label of 63 characters); NetworkPolicy
+# names are DNS subdomains (253), so their longer suffixes do not limit it.
 MAX_RUN_NAME = 63 - max(len(s) for s in ("-config", "-metrics", "-rollout", "-student"))
 
 # JobSet backend: replicated jobs (also the pods' app.kubernetes.io/component) in dependency order.

@@ -75,6 +75,7 @@ CORE_RESOURCES: dict[str, dict[str, Any]] = {
     "v1/secrets": dict(kind="Secret", namespaced=True),
     "v1/persistentvolumeclaims": dict(kind="PersistentVolumeClaim", namespaced=True, subresources=["status"]),
     "apps/v1/deployments": dict(kind="Deployment", namespaced=True, subresources=["status", "scale"]),
+    "networking.k8s.io/v1/networkpolicies": dict(kind="NetworkPolicy", namespaced=True),
     "apiextensions.k8s.io/v1/customresourcedefinitions": dict(
         kind="CustomResourceDefinition", namespaced=False, subresources=["status"]
     ),

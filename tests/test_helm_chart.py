@@ -31,6 +31,7 @@ ALL_ON = [
     "--set", "rbac.scope=namespaced",
     "--set", "watchNamespaces={ml-team,research}",
     "--set", "imagePullSecrets[0].name=regcred",
+    "--set", "podSecurity.namespaces={ml-team}",
 ]  # fmt: skip
 
 
@@ -85,8 +86,22 @@ def test_helm_lint(helm, extra):
         ["--set", "watchNamespaces={Not_A_Namespace}"],
         ["--set", "unknownKey=1"],
         ["--set", "monitoring.podMonitor.enable=true"],  # typo of `enabled`: additionalProperties false
+        ["--set", "operator.networkPolicy=maybe"],
+        ["--set", "operator.monitoringNamespace=Not_A_Namespace"],
+        ["--set", "podSecurity.namespaces={Not_A_Namespace}"],
     ],
-    ids=["rbac-scope", "log-format", "interval", "backend", "namespace-name", "unknown-top-level", "typo-nested"],
+    ids=[
+        "rbac-scope",
+        "log-format",
+        "interval",
+        "backend",
+        "namespace-name",
+        "unknown-top-level",
+        "typo-nested",
+        "network-policy",
+        "monitoring-namespace",
+        "pod-security-namespace",
+    ],
 )
 def test_schema_rejects_bad_values(helm, bad):
     proc = run_helm(helm, "template", RELEASE, str(CHART), *bad)
@@ -213,6 +228,9 @@ def test_operator_env_defaults(default_objs):
     assert env["ATLAS_OPERATOR_METRICS_PORT"] == "8080"
     assert env["ATLAS_LOG_FORMAT"] == "json"
     assert env["ATLAS_DEFAULT_BACKEND"] == "PyTorchJob"
+    assert env["ATLAS_NETWORK_POLICY"] == "true" and env["ATLAS_MONITORING_NAMESPACE"] == "monitoring"
+    (operator_namespace,) = [e for e in c["env"] if e["name"] == "ATLAS_OPERATOR_NAMESPACE"]
+    assert operator_namespace["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     (dep,) = by_kind(default_objs, "Deployment")
     assert "imagePullSecrets" not in dep["spec"]["template"]["spec"]
 
@@ -228,6 +246,8 @@ def test_operator_env_overrides(helm):
         "--set", "operator.defaultBackend=JobSet",
         "--set", "image.tag=9.9.9",
         "--set", "imagePullSecrets[0].name=regcred",
+        "--set", "operator.networkPolicy=false",
+        "--set", "operator.monitoringNamespace=",
     )  # fmt: skip
     dep, c = _operator_container(objs)
     env = _env(c)
@@ -237,6 +257,11 @@ def test_operator_env_overrides(helm):
     assert env["ATLAS_PROGRESS_INTERVAL"] == "30"
     assert env["ATLAS_LOG_FORMAT"] == "plain"
     assert env["ATLAS_DEFAULT_BACKEND"] == "JobSet"
+    assert env["ATLAS_NETWORK_POLICY"] == "false" and env["ATLAS_MONITORING_NAMESPACE"] == ""
+    from atlas_operator.config import OperatorConfig
+
+    network = OperatorConfig.from_env({k: v for k, v in env.items() if v is not None}).network
+    assert network.enabled is False and network.monitoring_namespace is None
     assert c["image"].endswith(":9.9.9")
     assert dep["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
 
@@ -305,7 +330,42 @@ def test_rbac_covers_both_backends_and_reads_pods_only(default_objs):
     managed = ["get", "list", "watch", "create", "patch", "delete"]
     for resource in kube.JOBS.values():
         assert _verbs(role["rules"], resource.group, resource.plural) == managed, resource.kind
-    assert _verbs(role["rules"], "", "pods") == ["get", "list"]
+    assert _verbs(role["rules"], "", "pods") == ["get", "list", "watch"]  # watched: a pod the kubelet cannot start
+    assert _verbs(role["rules"], "networking.k8s.io", "networkpolicies") == ["get", "create", "patch", "delete"]
+
+
+@pytest.mark.parametrize("fixture", ["default_objs", "all_on_objs"])
+def test_no_secret_permission_in_either_scope(fixture, request):
+    """Neither RBAC scope grants anything on Secrets (RBAC cannot grant metadata only: a get reads the data)."""
+    roles = by_kind(request.getfixturevalue(fixture), "ClusterRole") + by_kind(request.getfixturevalue(fixture), "Role")
+    assert roles
+    for role in roles:
+        assert not [r for r in role["rules"] if "secrets" in r["resources"]], role["metadata"]["name"]
+    assert not [r for section in RULES.values() for r in section if "secrets" in r["resources"]]
+
+
+@pytest.mark.parametrize("override", [[], ["--set", "nameOverride=trainer-ops"]], ids=["default", "name-override"])
+def test_the_operator_pod_carries_the_labels_the_runs_network_policies_admit(helm, override):
+    """The runs' NetworkPolicies let the operator pod (OPERATOR_POD_LABELS, in ATLAS_OPERATOR_NAMESPACE) read the
+    trainers' metrics: the chart's pod carries those labels whatever the release or name override."""
+    from atlas_contract.names import OPERATOR_POD_LABELS
+
+    dep, _ = _operator_container(render(helm, *override))
+    assert OPERATOR_POD_LABELS.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_pod_security_namespaces(helm, default_objs):
+    """podSecurity.namespaces: Namespaces made by the release, enforcing the restricted profile, kept on uninstall."""
+    from atlas_contract.names import POD_SECURITY_ENFORCE_LABEL, POD_SECURITY_LEVEL
+
+    assert not by_kind(default_objs, "Namespace")
+    namespaces = by_kind(render(helm, "--set", "podSecurity.namespaces={ml-team,research}"), "Namespace")
+    assert [n["metadata"]["name"] for n in namespaces] == ["ml-team", "research"]
+    for namespace in namespaces:
+        labels = namespace["metadata"]["labels"]
+        assert labels[POD_SECURITY_ENFORCE_LABEL] == POD_SECURITY_LEVEL
+        assert labels["pod-security.kubernetes.io/warn"] == labels["pod-security.kubernetes.io/audit"] == "restricted"
+        assert namespace["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
 
 def test_rendered_rbac_is_the_rules_file(default_objs):
@@ -406,6 +466,16 @@ def test_notes_name_next_commands(helm):
         "kubectl get pytorchjobs,deployments,pods",
     ):
         assert needle in notes, needle
+
+
+def test_notes_say_what_the_network_policies_need(helm):
+    notes = " ".join(_notes(helm).split())
+    assert "<name>-network and <name>-network-trainer" in notes and "namespace monitoring" in notes
+    assert "only with a CNI that enforces NetworkPolicy" in notes and "Pod Security" not in notes
+    off = " ".join(
+        _notes(helm, "--set", "operator.networkPolicy=false", "--set", "podSecurity.namespaces={ml}").split()
+    )
+    assert "NetworkPolicies" not in off and "Pod Security: namespace(s) ml enforce the restricted profile" in off
 
 
 def test_notes_follow_the_default_backend(helm):

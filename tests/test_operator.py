@@ -14,8 +14,10 @@ from atlas_operator.crd import custom_resource_definition
 from conftest import REPO, free_port
 from kube_emulator import JOBSETS, PYTORCHJOBS, TEACHERS, TRAININGS, wait_for
 from operator_support import (
+    NETWORK_POLICIES,
     NS,
     TIMEOUT,
+    OperatorProcess,
     children_of,
     crd_jsonschema,
     openapi_validate,
@@ -74,6 +76,8 @@ def test_create_makes_every_child_owned_by_the_run(cluster):
         "metricsService": "create-run-metrics",
         "rollout": "create-run-rollout",
         "student": "create-run-student",
+        "networkPolicy": "create-run-network",
+        "trainerNetworkPolicy": "create-run-network-trainer",
     }
     assert status["observedGeneration"] == 1
     # What the operator and kopf write survives the CRD's structural schema (nothing would be pruned).
@@ -320,7 +324,28 @@ def test_spec_change_without_checkpoint_volume_is_reported(cluster):
     assert cluster.status(manifest)["phase"] == "Running"
 
 
+def operator_secret_calls(cluster) -> list:
+    return cluster.emu.calls(
+        lambda c: c.resource == "secrets" and (c.user_agent or "").startswith(("atlas-operator/", "kopf/"))
+    )
+
+
+PULL_BACKOFF = {
+    "waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "registry.example/private:1"'}
+}
+PULL_ERROR = {
+    "waiting": {
+        "reason": "ErrImagePull",
+        "message": "failed to pull and unpack image: pull access denied, repository does not exist or may require "
+        "authorization",
+    }
+}
+
+
 def test_missing_references_are_reported_then_picked_up(cluster):
+    """A missing checkpoint PVC holds the run back (Pending, no children). A missing pull Secret is not looked up (the
+    operator has no Secret permission): the kubelet's waiting reason on the run's pod shows as PodsStarted=False and
+    a Warning Event, from the pod watch, and clears once the pod starts."""
     manifest = teacher("prereq-run", checkpoint={"pvc": "missing-ckpt"}, imagePullSecrets=[{"name": "regcred"}])
     cluster.apply(manifest)
     cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending" and s.get("conditions"), "Pending")
@@ -336,26 +361,58 @@ def test_missing_references_are_reported_then_picked_up(cluster):
             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
         },
     )
+    objects = wait_children(cluster, "prereq-run")
+    master = objects["job"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    assert master["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    for state in (PULL_ERROR, PULL_BACKOFF):  # what the kubelet reports, in turn, for a missing pull Secret
+        cluster.kubelet_pod("prereq-run-master-0", master, "pytorch", state)
+        reason = state["waiting"]["reason"]
+        cluster.wait_status(
+            manifest, lambda s, r=reason: cluster.condition(manifest, "PodsStarted").get("reason") == r, reason
+        )
+        started = cluster.condition(manifest, "PodsStarted")
+        assert started["status"] == "False"
+        assert state["waiting"]["message"] in started["message"] and "prereq-run-master-0" in started["message"]
+        assert "spec.imagePullSecrets" in started["message"]  # what to check
+        wait_for(
+            lambda r=reason: any(
+                e["reason"] == r and e["type"] == "Warning" and "prereq-run-master-0" in e["message"]
+                for e in cluster.events("prereq-run")
+            ),
+            timeout=TIMEOUT,
+            what=f"a {reason} Event on the run",
+        )
+    cluster.kubelet_pod("prereq-run-master-0", master, "pytorch", {"running": {"startedAt": "2026-01-01T00:00:00Z"}})
+    cluster.wait_status(
+        manifest, lambda s: cluster.condition(manifest, "PodsStarted").get("status") == "True", "the pod started"
+    )
+    assert cluster.condition(manifest, "PrerequisitesMet")["status"] == "True"
+    assert operator_secret_calls(cluster) == []  # never looked up: the operator holds no Secret permission
+    core.delete_namespaced_pod("prereq-run-master-0", NS)
+
+
+def test_a_missing_env_secret_shows_as_the_kubelet_reports_it(cluster):
+    """spec.env naming a Secret that is not there: CreateContainerConfigError on the trainer pod, and the run says so
+    until the pod goes."""
+    manifest = training(
+        "envsecret-run", env=[{"name": "K", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k"}}}]
+    )
+    cluster.apply(manifest)
+    objects = wait_children(cluster, "envsecret-run", teacher_run=False)
+    template = objects["job"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    config_error = {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "nope" not found'}}
+    cluster.kubelet_pod("envsecret-run-master-0", template, "pytorch", config_error)
     cluster.wait_status(
         manifest,
-        lambda s: cluster.condition(manifest, "PrerequisitesMet").get("reason") == "ImagePullSecretMissing",
-        "the pull secret reported next",
+        lambda s: cluster.condition(manifest, "PodsStarted").get("reason") == "CreateContainerConfigError",
+        "CreateContainerConfigError",
     )
-    core.create_namespaced_secret(NS, {"metadata": {"name": "regcred"}, "type": "Opaque", "data": {"k": "dmFsdWU="}})
-    wait_children(cluster, "prereq-run")
+    assert 'secret "nope" not found' in cluster.condition(manifest, "PodsStarted")["message"]
+    kubernetes.client.CoreV1Api(cluster.api_client).delete_namespaced_pod("envsecret-run-master-0", NS)
     cluster.wait_status(
-        manifest, lambda s: cluster.condition(manifest, "PrerequisitesMet").get("status") == "True", "prerequisites met"
+        manifest, lambda s: cluster.condition(manifest, "PodsStarted").get("status") == "True", "the pod gone"
     )
-    # The operator only checks that the Secret exists: single GETs of that one Secret, each asking for its
-    # metadata only (PartialObjectMetadata first in Accept); never a list or a watch of Secrets.
-    operator_calls = cluster.emu.calls(
-        lambda c: c.resource == "secrets" and (c.user_agent or "").startswith(("atlas-operator/", "kopf/"))
-    )
-    assert operator_calls, "the operator never looked the pull secret up"
-    for call in operator_calls:
-        assert (call.method, call.verb, call.path) == ("GET", "get", f"/api/v1/namespaces/{NS}/secrets/regcred")
-        assert (call.accept or "").split(",")[0] == "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
-    assert any(c.status == 404 for c in operator_calls) and operator_calls[-1].status == 200
+    assert operator_secret_calls(cluster) == []
 
 
 def test_deleting_the_run_leaves_nothing(cluster):
@@ -601,10 +658,14 @@ def test_the_pod_executor_reports_pods_as_kubeflow_and_the_kubelet_do(tmp_path):
             executor.stop()
 
 
-def _rbac_rules(*sections: str) -> set[tuple[str, str, str]]:
+def _rules_file() -> dict:
     import yaml
 
-    rules = yaml.safe_load((REPO / "charts/atlas-operator/files/rbac-rules.yaml").read_text())
+    return yaml.safe_load((REPO / "charts/atlas-operator/files/rbac-rules.yaml").read_text())
+
+
+def _rbac_rules(*sections: str) -> set[tuple[str, str, str]]:
+    rules = _rules_file()
     return {
         (group, resource, verb)
         for scope in sections
@@ -653,7 +714,6 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
                 "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
             },
         )
-        core.create_namespaced_secret(NS, {"metadata": {"name": "regcred"}, "type": "Opaque"})
         core.create_namespaced_config_map(NS, {"metadata": {"name": "judges"}, "data": {"reward.yaml": "judges: []"}})
         manifest = teacher(
             "rbac-run",
@@ -662,7 +722,27 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
             reward={"configMapRef": {"name": "judges"}},
         )
         cluster.apply(manifest)
-        wait_children(cluster, "rbac-run")
+        objects = wait_children(cluster, "rbac-run")
+        # The pull Secret is missing: the kubelet says so on the pod, the run shows it (pods: list, watch).
+        master = objects["job"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+        cluster.kubelet_pod("rbac-run-master-0", master, "pytorch", PULL_BACKOFF)
+        cluster.wait_status(
+            manifest,
+            lambda s: cluster.condition(manifest, "PodsStarted").get("reason") == "ImagePullBackOff",
+            "the pull failure on the run",
+        )
+        core.delete_namespaced_pod("rbac-run-master-0", NS)
+        # A drifted NetworkPolicy is patched back (networkpolicies: patch).
+        networking = kubernetes.client.NetworkingV1Api(cluster.api_client)
+        networking.patch_namespaced_network_policy("rbac-run-network", NS, {"spec": {"ingress": [{}]}})
+        wait_for(
+            lambda: (
+                cluster.emu.get(NETWORK_POLICIES, NS, "rbac-run-network")["spec"]["ingress"]
+                == objects["network"]["spec"]["ingress"]
+            ),
+            timeout=TIMEOUT,
+            what="a drifted NetworkPolicy patched back",
+        )
         cluster.set_job_conditions("rbac-run", "Created", "Running")
         cluster.wait_status(manifest, lambda s: s.get("phase") == "Running", "Running")
         cluster.patch_spec(manifest, {"suspend": True})  # patches the job and the servers
@@ -701,7 +781,9 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
             cluster.delete_run(run)
             wait_for(lambda r=run: cluster.run(r) is None, timeout=TIMEOUT, what="the run deleted")
         used = permissions_used(cluster.emu)
+        assert operator_secret_calls(cluster) == []
     granted = _rbac_rules("namespaced", "cluster")  # rbac.scope: cluster
+    assert not [r for r in _rules_file()["namespaced"] + _rules_file()["cluster"] if "secrets" in r["resources"]]
     assert used - granted == set(), "calls the chart's RBAC does not allow"
     assert granted - used == set(), "permissions the operator never uses"
 
@@ -725,6 +807,34 @@ def test_watching_one_namespace_leaves_the_others_alone(tmp_path):
     granted = _rbac_rules("namespaced", "cluster", "namespacedScopeCluster")  # rbac.scope: namespaced
     assert used - granted == set(), "calls the namespaced RBAC does not allow"
     assert ("", "namespaces", "watch") in used
+
+
+def test_network_policies_go_when_the_setting_is_turned_off(tmp_path):
+    """ATLAS_NETWORK_POLICY=false (chart: operator.networkPolicy): an operator restarted with it deletes the
+    NetworkPolicies its runs had and drops them from status.children; the rest of the run stays."""
+    with own_cluster(tmp_path) as cluster:
+        manifest = training("netoff-run")
+        cluster.apply(manifest)
+        wait_children(cluster, "netoff-run", teacher_run=False)
+        cluster.wait_status(manifest, lambda s: "networkPolicy" in (s.get("children") or {}), "policies in children")
+        cluster.operator.stop()
+        cluster.operator = OperatorProcess(
+            tmp_path / "kubeconfig",
+            tmp_path / "operator-off.log",
+            env={"ATLAS_NETWORK_POLICY": "false"},
+        ).start()
+        status = cluster.wait_status(
+            manifest, lambda s: "networkPolicy" not in (s.get("children") or {}), "policies dropped from children"
+        )
+        assert "trainerNetworkPolicy" not in status["children"] and status["children"]["pytorchJob"] == "netoff-run"
+        for name in ("netoff-run-network", "netoff-run-network-trainer"):
+            wait_for(lambda n=name: cluster.emu.get(NETWORK_POLICIES, NS, n) is None, timeout=TIMEOUT, what=name)
+        assert cluster.emu.get(PYTORCHJOBS, NS, "netoff-run") is not None
+        wait_for(
+            lambda: any(e["reason"] == "NetworkPolicyOff" for e in cluster.events("netoff-run")),
+            timeout=TIMEOUT,
+            what="a NetworkPolicyOff Event",
+        )
 
 
 def test_run_phase_follows_its_job_without_waiting_for_the_timer(tmp_path):

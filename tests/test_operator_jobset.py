@@ -238,6 +238,8 @@ def test_a_jobset_run_is_one_jobset_beside_its_config_map_and_metrics_service(cl
         "jobSet": "js-create",
         "configMap": "js-create-config",
         "metricsService": "js-create-metrics",
+        "networkPolicy": "js-create-network",
+        "trainerNetworkPolicy": "js-create-network-trainer",
     }
     assert status["phase"] == "Pending"
     # The servers are the JobSet's replicated jobs: no Deployment, server Service or PyTorchJob, ever.
@@ -500,6 +502,8 @@ def test_switching_the_backend_to_jobset_replaces_the_pytorchjob_and_servers(clu
         "jobSet": "js-switch",
         "configMap": "js-switch-config",
         "metricsService": "js-switch-metrics",
+        "networkPolicy": "js-switch-network",
+        "trainerNetworkPolicy": "js-switch-network-trainer",
     }
     changed = wait_for(
         lambda: [e for e in cluster.events("js-switch") if e["reason"] == "BackendChanged"],
@@ -527,7 +531,15 @@ def test_switching_the_backend_to_jobset_replaces_the_pytorchjob_and_servers(clu
         what="a BackendChanged event for the JobSet",
     )
     status = cluster.wait_status(manifest, lambda s: "pytorchJob" in (s.get("children") or {}), "the PyTorchJob")
-    assert set(status["children"]) == {"pytorchJob", "configMap", "metricsService", "rollout", "student"}
+    assert set(status["children"]) == {
+        "pytorchJob",
+        "configMap",
+        "metricsService",
+        "rollout",
+        "student",
+        "networkPolicy",
+        "trainerNetworkPolicy",
+    }
     assert cluster.emu.get("v1/services", NS, "js-switch-metrics")["spec"]["selector"] == {
         "app.kubernetes.io/instance": "js-switch",
         "app.kubernetes.io/component": "trainer",
@@ -611,7 +623,13 @@ def test_the_operators_default_backend_applies_to_runs_that_name_none(tmp_path):
             cluster.apply(manifest)
         wait_jobset(cluster, "default-js")
         status = cluster.wait_status(unset, lambda s: s.get("children"), "status.children")
-        assert set(status["children"]) == {"jobSet", "configMap", "metricsService"}
+        assert set(status["children"]) == {
+            "jobSet",
+            "configMap",
+            "metricsService",
+            "networkPolicy",
+            "trainerNetworkPolicy",
+        }
         assert "backend" not in cluster.run(unset)["spec"]  # a setting of the operator, not written into the run
         assert cluster.emu.get(PYTORCHJOBS, NS, "default-js") is None
         wait_children(cluster, "pinned-pt", teacher_run=False)  # spec.backend wins over the default

@@ -11,30 +11,55 @@ import kubernetes_validate
 import pytest
 import yaml
 from atlas_operator.crd import custom_resource_definition
-from atlas_operator.render import Images, checkpoint_warning, render_children, run_config
+from atlas_operator.render import (
+    Images,
+    NetworkSettings,
+    checkpoint_warning,
+    child_names,
+    has_student_server,
+    render_children,
+    run_config,
+)
 from atlas_operator.spec import InvalidRun, TrainingSpec, parse_run
 from atlas_operator.status import Result, job_phase, merge_conditions, parse_progress, status_update
 from conftest import PYTHON, REPO, python_env
 from kube_emulator import wait_for
 from operator_support import (
     KUBE_VERSION,
+    PodAt,
     crd_jsonschema,
+    ingress_allowed,
     jobset_openapi_schema,
     jobset_schema,
     jobset_webhook_problems,
+    label_selector_matches,
     manifest_file,
     openapi_validate,
     pruned_fields,
     pytorchjob_schema,
     pytorchjob_webhook_problems,
+    restricted_profile_problems,
     teacher,
     training,
     with_spec,
 )
 
-from atlas_contract.names import JOBSET_REPLICATED_JOBS, max_jobset_run_name
+from atlas_contract.names import (
+    JOBSET_REPLICATED_JOBS,
+    OPERATOR_POD_LABELS,
+    RENDEZVOUS_PORT,
+    TRAINER_METRICS_PORT,
+    VLLM_PORT,
+    WEIGHT_SYNC_PORT,
+    max_jobset_run_name,
+)
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+POLICIES = ["NetworkPolicy", "NetworkPolicy"]  # <name>-network, <name>-network-trainer: applied first
+
+
+def config_map_of(objects):
+    return next(o for o in objects if o["kind"] == "ConfigMap")
 
 
 def children(manifest):
@@ -247,7 +272,7 @@ def test_backend_queue_name_and_max_restarts_fields():
     assert parse_run(teacher(backend="PyTorchJob")).spec.backend == "PyTorchJob"
     on_jobset = parse_run(teacher(backend="JobSet"))  # rendered now: one JobSet instead of a PyTorchJob
     assert on_jobset.backend == "JobSet"
-    assert [c["kind"] for c in render_children(on_jobset)] == ["ConfigMap", "Service", "JobSet"]
+    assert [c["kind"] for c in render_children(on_jobset)] == [*POLICIES, "ConfigMap", "Service", "JobSet"]
     assert parse_run(teacher()).backend == "PyTorchJob"  # unset, and no operator default: PyTorchJob
     with pytest.raises(InvalidRun, match="spec.backend"):
         parse_run(teacher(backend="Deployment"))
@@ -356,8 +381,10 @@ def test_rendered_jobset_matches_the_crd_and_the_webhook(manifest):
     assert jobset_webhook_problems(js) == []
     assert js["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and js["metadata"]["name"] == name
 
-    # Only the ConfigMap and the metrics Service beside it: no Deployments, no server Services.
+    # Only the NetworkPolicies, the ConfigMap and the metrics Service beside it: no Deployments, no server Services.
     assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("NetworkPolicy", f"{name}-network"),
+        ("NetworkPolicy", f"{name}-network-trainer"),
         ("ConfigMap", f"{name}-config"),
         ("Service", f"{name}-metrics"),
         ("JobSet", name),
@@ -431,7 +458,7 @@ def test_rendered_jobset_matches_the_crd_and_the_webhook(manifest):
     assert env["PET_NPROC_PER_NODE"]["value"] == str(max(spec["resources"]["gpusPerNode"], 1))
     assert int(env["MASTER_PORT"]["value"]) in [p["containerPort"] for p in container["ports"]]
 
-    config = yaml.safe_load(objects[0]["data"]["run.yaml"])
+    config = yaml.safe_load(config_map_of(objects)["data"]["run.yaml"])
     if "rollout" in servers:
         assert config["trainer"]["vllm_server_base_url"] == f"http://{name}-rollout-0-0.{name}:8000"
     else:
@@ -450,13 +477,14 @@ def test_rendered_jobset_matches_the_crd_and_the_webhook(manifest):
     assert js["spec"]["suspend"] is bool(queue or spec.get("suspend"))
 
     # Metrics from rank 0 only: the trainer pod of completion index 0 (the Job controller labels it so).
-    selector = objects[1]["spec"]["selector"]
+    metrics = next(o for o in objects if o["kind"] == "Service")
+    selector = metrics["spec"]["selector"]
     trainer_pod = {**pod_of(trainer)["metadata"]["labels"], COMPLETION_INDEX: "0"}
     assert selects(selector, trainer_pod)
     assert not selects(selector, {**trainer_pod, COMPLETION_INDEX: "1"})
     for server in servers:
         assert not selects(selector, {**pod_of(rjobs[server])["metadata"]["labels"], COMPLETION_INDEX: "0"})
-    assert objects[1]["spec"]["ports"][0]["targetPort"] in [p["name"] for p in container["ports"]]
+    assert metrics["spec"]["ports"][0]["targetPort"] in [p["name"] for p in container["ports"]]
 
 
 def test_jobset_pods_are_the_pytorchjob_backends_pods():
@@ -526,12 +554,14 @@ def test_jobset_is_owned_by_the_run_like_the_pytorchjob():
         return kube, result
 
     kube, result = reconciled(teacher(), "JobSet")
-    assert {plural for plural, _, _ in kube.objects} == {"configmaps", "services", "jobsets"}
+    assert {plural for plural, _, _ in kube.objects} == {"networkpolicies", "configmaps", "services", "jobsets"}
     assert [name for plural, _, name in kube.objects if plural == "services"] == ["teacher-run-metrics"]
     assert result.children == {
         "jobSet": "teacher-run",
         "configMap": "teacher-run-config",
         "metricsService": "teacher-run-metrics",
+        "networkPolicy": "teacher-run-network",
+        "trainerNetworkPolicy": "teacher-run-network-trainer",
     }
     js = kube.objects[("jobsets", "team-a", "teacher-run")]
     assert js["metadata"]["ownerReferences"] == [
@@ -566,7 +596,11 @@ def test_atlas_render_default_backend(tmp_path):
             env=python_env(**env),
         )
         assert proc.returncode == 0, proc.stderr
-        return [(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(proc.stdout) if d["kind"] != "ConfigMap"]
+        return [
+            (d["kind"], d["metadata"]["name"])
+            for d in yaml.safe_load_all(proc.stdout)
+            if d["kind"] not in ("ConfigMap", "NetworkPolicy")
+        ]
 
     pinned = [
         ("Service", "pinned-run-rollout"),
@@ -663,7 +697,7 @@ def test_jobset_example():
     run = parse_run(document, default_backend="PyTorchJob")
     assert run.backend == "JobSet" and checkpoint_warning(run) is None
     objects = render_children(run)
-    assert [o["kind"] for o in objects] == ["ConfigMap", "Service", "JobSet"]
+    assert [o["kind"] for o in objects] == [*POLICIES, "ConfigMap", "Service", "JobSet"]
     js = objects[-1]
     assert js["spec"]["failurePolicy"]["maxRestarts"] == 3 and js["spec"]["suspend"] is False
     assert QUEUE_LABEL not in js["metadata"]["labels"]
@@ -776,7 +810,7 @@ def test_atlas_render_cli(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     kinds = [d["kind"] for d in yaml.safe_load_all(proc.stdout)]
-    assert kinds == ["ConfigMap", "Service", "Service", "Service", "Deployment", "Deployment", "PyTorchJob"]
+    assert kinds == [*POLICIES, "ConfigMap", "Service", "Service", "Service", "Deployment", "Deployment", "PyTorchJob"]
     assert "warning" not in proc.stderr  # checkpoints on a shared PVC
     unshared = manifest_file(tmp_path, teacher())
     proc = subprocess.run(
@@ -909,6 +943,88 @@ def test_operator_settings_are_checked_at_start_up():
     assert OperatorConfig.from_env({}, progress_interval=2.5).progress_interval == 2.5
 
 
+def test_network_settings_of_the_operator():
+    """ATLAS_NETWORK_POLICY (true/false; anything else refused naming it), ATLAS_MONITORING_NAMESPACE (empty: none),
+    ATLAS_OPERATOR_NAMESPACE (the chart's downward API); flags win."""
+    from atlas_operator.config import OperatorConfig
+
+    default = OperatorConfig.from_env({}).network
+    assert default == NetworkSettings(enabled=True, operator_namespace=None, monitoring_namespace="monitoring")
+    chart = OperatorConfig.from_env(
+        {"ATLAS_NETWORK_POLICY": "false", "ATLAS_MONITORING_NAMESPACE": "", "ATLAS_OPERATOR_NAMESPACE": "atlas-system"}
+    ).network
+    assert chart == NetworkSettings(enabled=False, operator_namespace="atlas-system", monitoring_namespace=None)
+    with pytest.raises(SystemExit, match="ATLAS_NETWORK_POLICY: expected true or false, got 'maybe'"):
+        OperatorConfig.from_env({"ATLAS_NETWORK_POLICY": "maybe"})
+    flags = OperatorConfig.from_env({"ATLAS_NETWORK_POLICY": "true"}, network_policy=False, monitoring_namespace="prom")
+    assert flags.network == NetworkSettings(enabled=False, monitoring_namespace="prom")
+
+
+def test_a_stuck_pod_is_its_runs_condition_and_event_once():
+    """The pod watch's bookkeeping (Reconciler.pod_changed, pods_condition): a container the kubelet keeps waiting
+    (init containers too) makes PodsStarted False with its reason and message; a pod that starts or goes clears
+    it; only a change asks for a refresh, and only for a run this process has reconciled (its kind is known)."""
+    import kopf
+    from atlas_operator.config import OperatorConfig
+    from atlas_operator.reconcile import Reconciler
+
+    reconciler = Reconciler(FakeKube(), OperatorConfig())
+    labels = {"app.kubernetes.io/instance": "stuck-run", "app.kubernetes.io/managed-by": "atlas-operator"}
+
+    def pod(name, state, init=False):
+        statuses = [{"name": "pytorch", "state": state}]
+        key = "initContainerStatuses" if init else "containerStatuses"
+        return {"metadata": {"name": name, "namespace": "team-a", "labels": labels}, "status": {key: statuses}}
+
+    backoff = {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}}
+    creating = {"waiting": {"reason": "ContainerCreating"}}  # passes by itself: not stuck
+    assert reconciler.pod_changed(pod("stuck-run-master-0", backoff)) is None  # run not reconciled here yet
+    body = training("stuck-run")
+    body["metadata"]["uid"] = "uid-stuck"
+    result = reconciler.reconcile(body, kopf.adopt)
+    (started,) = [c for c in result.conditions if c["type"] == "PodsStarted"]
+    assert (started["status"], started["reason"]) == ("False", "ImagePullBackOff")
+    assert (
+        'pod stuck-run-master-0, container pytorch: ImagePullBackOff: Back-off pulling image "x"' in started["message"]
+    )
+    assert "ImagePullBackOff" in [e.reason for e in result.events if e.type == "Warning"]
+    patch, events = status_update({}, 1, result, "t0")
+    assert "ImagePullBackOff" in [e.reason for e in events]
+    again = reconciler.reconcile(body, kopf.adopt)
+    assert "ImagePullBackOff" not in [e.reason for e in status_update(patch, 1, again, "t1")[1]]  # said once
+    assert reconciler.pod_changed(pod("stuck-run-master-0", backoff)) is None  # no news
+    assert reconciler.pod_changed(pod("stuck-run-worker-0", backoff, init=True)) == ("AtlasTraining", "stuck-run")
+    (started,) = [c for c in reconciler.reconcile(body, kopf.adopt).conditions if c["type"] == "PodsStarted"]
+    assert started["message"].endswith("(1 more pods stuck)")
+    assert reconciler.pod_changed(pod("stuck-run-worker-0", creating)) == ("AtlasTraining", "stuck-run")
+    assert reconciler.pod_changed(pod("stuck-run-master-0", backoff), deleted=True) == ("AtlasTraining", "stuck-run")
+    (started,) = [c for c in reconciler.reconcile(body, kopf.adopt).conditions if c["type"] == "PodsStarted"]
+    assert (started["status"], started["reason"]) == ("True", "NoneStuck")
+    assert not [call for call in reconciler.kube.calls if call[1] in ("pods", "secrets")]  # from labels alone
+
+
+def test_a_narrowed_network_policy_is_put_back_exactly():
+    """A key added to a run's NetworkPolicy (a matchLabels entry that selects no pod would leave the run open) is
+    drift: the patch removes it; an unchanged policy is not patched."""
+    import kopf
+    from atlas_operator.config import OperatorConfig
+    from atlas_operator.reconcile import Reconciler
+
+    kube = FakeKube()
+    reconciler = Reconciler(kube, OperatorConfig())
+    body = training("narrowed-run")
+    body["metadata"]["uid"] = "uid-narrowed"
+    reconciler.reconcile(body, kopf.adopt)
+    key = ("networkpolicies", "team-a", "narrowed-run-network")
+    rendered = copy.deepcopy(kube.objects[key]["spec"])
+    kube.objects[key]["spec"]["podSelector"]["matchLabels"]["nothing"] = "selected"
+    kube.objects[key]["spec"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"] = []
+    result = reconciler.reconcile(body, kopf.adopt)
+    assert result.actions.get("NetworkPolicy/narrowed-run-network") == "patched"
+    assert kube.objects[key]["spec"] == rendered
+    assert "NetworkPolicy/narrowed-run-network" not in reconciler.reconcile(body, kopf.adopt).actions
+
+
 def test_status_absent_means_absent():
     """A server the spec no longer has leaves status.children, and a KL the trainer no longer exports
     (beta set to 0) leaves status.progress: the merge patch deletes them instead of keeping stale values."""
@@ -971,19 +1087,9 @@ def test_trainer_scrape_is_bounded_in_time_and_size():
         server.server_close()
 
 
-RESTRICTED_VOLUMES = {
-    "configMap",
-    "csi",
-    "downwardAPI",
-    "emptyDir",
-    "ephemeral",
-    "persistentVolumeClaim",
-    "projected",
-    "secret",
-}
-
-
 def _pod_templates(obj):
+    """Every pod template of a rendered child: the PyTorchJob's Master and Worker, a Deployment's, each JobSet
+    replicated job's."""
     if obj["kind"] == "PyTorchJob":
         return [r["template"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
     if obj["kind"] == "Deployment":
@@ -993,35 +1099,238 @@ def _pod_templates(obj):
     return []
 
 
+BOTH_KINDS_AND_BACKENDS = {
+    "training": training(),
+    "training-jobset": training(backend="JobSet", checkpoint={"pvc": "ckpt"}),
+    "teacher": teacher(checkpoint={"pvc": "ckpt"}, reward={"configMapRef": {"name": "judges"}}),
+    "teacher-jobset": teacher(backend="JobSet", queueName="q", reward={"configMapRef": {"name": "judges"}}),
+}
+
+
 @pytest.mark.parametrize(
     "manifest",
-    [
-        training(),
-        teacher(checkpoint={"pvc": "ckpt"}, reward={"configMapRef": {"name": "judges"}}),
-        teacher(backend="JobSet", queueName="q", reward={"configMapRef": {"name": "judges"}}),
-        *[yaml.safe_load(p.read_text()) for p in EXAMPLES],
-    ],
-    ids=["training", "teacher", "teacher-jobset", *[p.name for p in EXAMPLES]],
+    [*BOTH_KINDS_AND_BACKENDS.values(), *[yaml.safe_load(p.read_text()) for p in EXAMPLES]],
+    ids=[*BOTH_KINDS_AND_BACKENDS, *[p.name for p in EXAMPLES]],
 )
 def test_every_pod_meets_the_restricted_pod_security_profile_and_holds_no_api_token(manifest):
-    """Pod Security Standards, restricted profile (kubernetes.io/docs/concepts/security/pod-security-standards),
-    checked rule by rule on every pod template rendered; and no pod mounts a ServiceAccount token."""
-    templates = [t for obj in render_children(parse_run(manifest)) for t in _pod_templates(obj)]
-    assert templates
-    for template in templates:
-        pod = template["spec"]
-        assert pod["automountServiceAccountToken"] is False
-        assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC", "hostUsers"))
-        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"].get("runAsUser", 1) != 0
-        assert pod["securityContext"]["seccompProfile"]["type"] in ("RuntimeDefault", "Localhost")
-        for volume in pod["volumes"]:
-            assert set(volume) - {"name"} <= RESTRICTED_VOLUMES, volume
-        for container in pod["containers"] + pod.get("initContainers", []):
-            context = container["securityContext"]
-            assert context["allowPrivilegeEscalation"] is False and not context.get("privileged")
-            assert context["capabilities"]["drop"] == ["ALL"] and not context["capabilities"].get("add")
-            assert not any(p.get("hostPort") for p in container.get("ports", []))
-    assert parse_run(with_spec(training(), automountServiceAccountToken=True)).spec.automount_service_account_token
+    """Pod Security Standards, restricted profile (every control, tests/operator_support.restricted_profile_problems)
+    on every pod template rendered: trainer (Master, Worker, the JobSet's trainer job), rollout and student servers
+    (Deployments, the JobSet's server jobs); and no pod mounts a ServiceAccount token."""
+    run = parse_run(manifest)
+    templates = {
+        (obj["kind"], obj["metadata"]["name"], i): t
+        for obj in render_children(run)
+        for i, t in enumerate(_pod_templates(obj))
+    }
+    components = {t["metadata"]["labels"]["app.kubernetes.io/component"] for t in templates.values()}
+    servers = {"rollout": bool(run.spec.rollout.replicas), "student": has_student_server(run)}
+    assert components == {"trainer", *[server for server, present in servers.items() if present]}
+    for where, template in templates.items():
+        assert restricted_profile_problems(template["spec"]) == [], where
+        assert template["spec"]["automountServiceAccountToken"] is False, where
+
+
+def test_the_restricted_profile_check_finds_each_violation():
+    """The checker is not vacuous: each control, broken on its own in a rendered trainer pod, is reported."""
+    (job,) = [o for o in render_children(parse_run(training())) if o["kind"] == "PyTorchJob"]
+    good = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert restricted_profile_problems(good) == []
+
+    def broken(change):
+        pod = copy.deepcopy(good)
+        change(pod, pod["containers"][0]["securityContext"])
+        return restricted_profile_problems(pod)
+
+    violations = {
+        "hostNetwork": lambda pod, c: pod.update(hostNetwork=True),
+        "hostPID": lambda pod, c: pod.update(hostPID=True),
+        "hostIPC": lambda pod, c: pod.update(hostIPC=True),
+        "hostPath": lambda pod, c: pod["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
+        "hostPort": lambda pod, c: pod["containers"][0]["ports"][0].update(hostPort=80),
+        "privileged": lambda pod, c: c.update(privileged=True),
+        "allowPrivilegeEscalation": lambda pod, c: c.update(allowPrivilegeEscalation=True),
+        "runAsNonRoot": lambda pod, c: pod["securityContext"].pop("runAsNonRoot"),
+        "runAsUser": lambda pod, c: c.update(runAsUser=0),
+        "seccompProfile": lambda pod, c: pod["securityContext"].pop("seccompProfile"),
+        "capabilities.drop": lambda pod, c: c.update(capabilities={"drop": ["NET_RAW"]}),
+        "capabilities.add": lambda pod, c: c["capabilities"].update(add=["SYS_ADMIN"]),
+        "volume type": lambda pod, c: pod["volumes"].append({"name": "n", "nfs": {"server": "x", "path": "/"}}),
+    }
+    for control, change in violations.items():
+        assert broken(change), control
+    assert broken(lambda pod, c: c["capabilities"].update(add=["NET_BIND_SERVICE"])) == []  # the one allowed
+
+
+def test_a_service_account_token_only_when_asked_for():
+    """automountServiceAccountToken false on every pod unless the run names its ServiceAccount and asks for the
+    token (spec.serviceAccountName, spec.automountServiceAccountToken)."""
+    asked = with_spec(teacher(), serviceAccountName="api-caller", automountServiceAccountToken=True)
+    for obj in render_children(parse_run(asked)):
+        for template in _pod_templates(obj):
+            assert template["spec"]["serviceAccountName"] == "api-caller"
+            assert template["spec"]["automountServiceAccountToken"] is True
+    named_only = with_spec(teacher(), serviceAccountName="api-caller")
+    for obj in render_children(parse_run(named_only)):
+        for template in _pod_templates(obj):
+            assert template["spec"]["automountServiceAccountToken"] is False
+
+
+# --------------------------------------------------------------------------- NetworkPolicies
+
+NETWORK = NetworkSettings(operator_namespace="atlas-system", monitoring_namespace="monitoring")
+# The operator pod as the chart labels it (tests/test_helm_chart.py checks the chart against OPERATOR_POD_LABELS).
+OPERATOR_POD = PodAt("atlas-system", {**OPERATOR_POD_LABELS, "app.kubernetes.io/name": "atlas-operator"})
+PROMETHEUS_POD = PodAt("monitoring", {"app.kubernetes.io/name": "prometheus"})
+STRANGER_POD = PodAt("team-a", {"app": "notebook"})
+NCCL_PORT = 40123  # NCCL's data and bootstrap sockets listen on ephemeral ports
+
+
+def _controller_labels(obj: dict, component: str) -> dict[str, str]:
+    """Labels the workload's controller adds to the pods it makes (none of our selectors rely on them)."""
+    if obj["kind"] == "PyTorchJob":
+        return {
+            "training.kubeflow.org/job-name": obj["metadata"]["name"],
+            "training.kubeflow.org/replica-type": "master",
+        }
+    if obj["kind"] == "JobSet":
+        return {
+            "jobset.sigs.k8s.io/jobset-name": obj["metadata"]["name"],
+            "jobset.sigs.k8s.io/replicatedjob-name": component,
+            "batch.kubernetes.io/job-completion-index": "0",
+        }
+    return {"pod-template-hash": "5d8f7c9b6"}
+
+
+def run_pods_and_policies(manifest: dict, namespace: str | None = None) -> tuple[dict[str, PodAt], list[dict]]:
+    """A run's pods as its controllers make them (component → pod: labels, named ports) and its NetworkPolicies."""
+    manifest = copy.deepcopy(manifest)
+    if namespace:
+        manifest["metadata"]["namespace"] = namespace
+    children = render_children(parse_run(manifest), Images(), network=NETWORK)
+    pods = {}
+    for obj in children:
+        for template in _pod_templates(obj):
+            component = template["metadata"]["labels"]["app.kubernetes.io/component"]
+            labels = {**template["metadata"]["labels"], **_controller_labels(obj, component)}
+            ports = {p["name"]: p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+            pods[component] = PodAt(manifest["metadata"]["namespace"], labels, ports)
+    return pods, [c for c in children if c["kind"] == "NetworkPolicy"]
+
+
+def _ports(component: str) -> list[int]:
+    if component == "trainer":
+        return [RENDEZVOUS_PORT, TRAINER_METRICS_PORT, NCCL_PORT]
+    return [VLLM_PORT, NCCL_PORT] + ([WEIGHT_SYNC_PORT] if component == "rollout" else [])
+
+
+@pytest.mark.parametrize("manifest", list(BOTH_KINDS_AND_BACKENDS.values()), ids=list(BOTH_KINDS_AND_BACKENDS))
+def test_network_policies_let_only_the_runs_trainers_in(manifest):
+    """Each rendered NetworkPolicy evaluated against the run's pods (tests/operator_support.ingress_allowed): its
+    servers and trainers accept only its own trainers (rendezvous, collectives, HTTP, weight sync); its trainers also
+    accept its rollout server (NCCL connects both ways) and, on the metrics port only, the operator and the
+    monitoring namespace. Another run's pods, a pod of another namespace with the very same labels, and any other
+    pod are refused."""
+    pods, policies = run_pods_and_policies(manifest)
+    other_run, other_policies = run_pods_and_policies(
+        {**manifest, "metadata": {**manifest["metadata"], "name": "other-run"}}
+    )
+    twin, twin_policies = run_pods_and_policies(manifest, namespace="team-b")
+    everywhere = policies + other_policies + twin_policies
+    assert {p["metadata"]["name"] for p in policies} == {
+        f"{manifest['metadata']['name']}-network",
+        f"{manifest['metadata']['name']}-network-trainer",
+    }
+    sources = {f"run {c}": pod for c, pod in pods.items()}
+    sources |= {f"other run {c}": pod for c, pod in other_run.items()}
+    sources |= {f"team-b twin {c}": pod for c, pod in twin.items()}
+    sources |= {"operator": OPERATOR_POD, "prometheus": PROMETHEUS_POD, "stranger": STRANGER_POD}
+    assert {"trainer", "rollout"} <= set(pods)
+
+    def expected(source: str, target: str, port: int) -> bool:
+        if source == "run trainer":
+            return True
+        if target == "trainer" and source == "run rollout":
+            return True
+        return target == "trainer" and port == TRAINER_METRICS_PORT and source in ("operator", "prometheus")
+
+    for target, target_pod in pods.items():
+        for port in _ports(target):
+            for source, source_pod in sources.items():
+                allowed = ingress_allowed(everywhere, source_pod, target_pod, port)
+                assert allowed is expected(source, target, port), f"{source} → run {target}:{port}"
+    # The policies of the run select none of the other pods: those stay as their own policies say.
+    for pod in [*other_run.values(), *twin.values(), OPERATOR_POD, PROMETHEUS_POD, STRANGER_POD]:
+        assert ingress_allowed(policies, STRANGER_POD, pod, VLLM_PORT)
+
+
+def test_the_network_policy_evaluator_follows_the_api_semantics():
+    """The evaluator itself (kubernetes.io/docs/concepts/services-networking/network-policies): not isolated without
+    a selecting Ingress policy; an empty ingress list admits nothing; namespaceSelector and podSelector in one peer
+    AND, in two peers OR; podSelector alone means the policy's namespace; named ports and endPort; matchExpressions."""
+
+    def policy(pod_selector, ingress, namespace="a", types=("Ingress",)):
+        return {
+            "metadata": {"namespace": namespace},
+            "spec": {"podSelector": pod_selector, "policyTypes": list(types), "ingress": ingress},
+        }
+
+    target = PodAt("a", {"app": "db"}, {"sql": 5432})
+    web_a, web_b, db_b = PodAt("a", {"app": "web"}), PodAt("b", {"app": "web"}), PodAt("b", {"app": "db"})
+    assert ingress_allowed([], web_b, target, 5432)
+    assert ingress_allowed([policy({}, [], namespace="b")], web_b, target, 5432)  # another namespace's policy
+    assert ingress_allowed([policy({}, [], types=("Egress",))], web_b, target, 5432)
+    assert not ingress_allowed([policy({}, [])], web_a, target, 5432)  # selected, nothing admitted
+    assert ingress_allowed([policy({}, [{}])], web_b, target, 1)  # one empty rule: everyone, every port
+    only_web = [policy({"matchLabels": {"app": "db"}}, [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}])]
+    assert ingress_allowed(only_web, web_a, target, 5432) and not ingress_allowed(only_web, web_b, target, 5432)
+    ns_b = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "b"}}}
+    web = {"podSelector": {"matchLabels": {"app": "web"}}}
+    both = [policy({}, [{"from": [{**ns_b, **web}]}])]
+    either = [policy({}, [{"from": [ns_b, web]}])]
+    assert ingress_allowed(both, web_b, target, 1) and not ingress_allowed(both, db_b, target, 1)
+    assert not ingress_allowed(both, web_a, target, 1)
+    assert ingress_allowed(either, db_b, target, 1) and ingress_allowed(either, web_a, target, 1)
+    ports = [policy({}, [{"ports": [{"port": "sql"}, {"protocol": "TCP", "port": 8000, "endPort": 8010}]}])]
+    assert ingress_allowed(ports, web_b, target, 5432) and ingress_allowed(ports, web_b, target, 8005)
+    assert not ingress_allowed(ports, web_b, target, 8011) and not ingress_allowed(ports, web_b, target, 5432, "UDP")
+    expressions = {"matchExpressions": [{"key": "app", "operator": "In", "values": ["web", "api"]}]}
+    assert ingress_allowed([policy({}, [{"from": [{"podSelector": expressions}]}])], web_a, target, 1)
+    assert not label_selector_matches({"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]}, {"app": "x"})
+    assert label_selector_matches({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["x"]}]}, {})
+
+
+def test_network_policies_follow_the_operator_settings():
+    """Off: no NetworkPolicy and none in status.children. No monitoring namespace: only the operator scrapes. Not in
+    a cluster (no operator namespace): only the monitoring namespace does. Every policy is the run's child."""
+    run = parse_run(teacher())
+    off = render_children(run, network=NetworkSettings(enabled=False))
+    assert not [c for c in off if c["kind"] == "NetworkPolicy"]
+    assert "networkPolicy" not in child_names(run, network=False)
+    pods, policies = run_pods_and_policies(teacher())
+    no_monitoring = [
+        c
+        for c in render_children(
+            run, network=NetworkSettings(operator_namespace="atlas-system", monitoring_namespace=None)
+        )
+        if c["kind"] == "NetworkPolicy"
+    ]
+    assert ingress_allowed(no_monitoring, OPERATOR_POD, pods["trainer"], TRAINER_METRICS_PORT)
+    assert not ingress_allowed(no_monitoring, PROMETHEUS_POD, pods["trainer"], TRAINER_METRICS_PORT)
+    outside = [c for c in render_children(run) if c["kind"] == "NetworkPolicy"]  # NetworkSettings() defaults
+    assert ingress_allowed(outside, PROMETHEUS_POD, pods["trainer"], TRAINER_METRICS_PORT)
+    assert not ingress_allowed(outside, OPERATOR_POD, pods["trainer"], TRAINER_METRICS_PORT)
+    for policy in policies:
+        kubernetes_validate.validate(policy, KUBE_VERSION, strict=True)
+        assert policy["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "atlas-operator"
+        assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress stays open: model hubs, judges, DNS
+
+
+def test_a_run_without_servers_still_isolates_its_trainers():
+    pods, policies = run_pods_and_policies(training(rollout={"replicas": 0}))
+    assert set(pods) == {"trainer"}
+    assert ingress_allowed(policies, pods["trainer"], pods["trainer"], RENDEZVOUS_PORT)
+    assert not ingress_allowed(policies, STRANGER_POD, pods["trainer"], RENDEZVOUS_PORT)
+    assert ingress_allowed(policies, OPERATOR_POD, pods["trainer"], TRAINER_METRICS_PORT)
 
 
 # --------------------------------------------------------------------------- evaluation after training, result
@@ -1159,9 +1468,6 @@ class FakeKube:
 
     def exists(self, resource, namespace, name):
         return self.get(resource, namespace, name) is not None
-
-    def secret_exists(self, namespace, name):
-        return True
 
     def create(self, obj):
         from atlas_operator import kube
@@ -1423,8 +1729,39 @@ def test_the_rollout_server_runs_what_trl_runs(rollout, backend):
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"]["path"] == "/health"
     assert {"name": "weight-sync", "containerPort": 51216, "protocol": "TCP"} in container["ports"]
-    config = yaml.safe_load(objects[0]["data"]["run.yaml"])["trainer"]
+    config = yaml.safe_load(config_map_of(objects)["data"]["run.yaml"])["trainer"]
     assert config["vllm_mode"] == "server" and config["vllm_group_port"] == 51216
+
+
+def test_remote_code_is_off_unless_the_run_asks():
+    """trust_remote_code: false in run.yaml (models and tokenizers load without repository code) and no
+    --trust-remote-code on the rollout server, unless spec.training.trustRemoteCode; the CRD says so, with default
+    false; extra.trust_remote_code is refused (one place to set it)."""
+    base = {"perDeviceTrainBatchSize": 4, "numGenerations": 4, "maxSteps": 10}
+    for trusted in (False, True):
+        manifest = training(training={**base, **({"trustRemoteCode": True} if trusted else {})})
+        objects = render_children(parse_run(manifest), Images())
+        assert yaml.safe_load(config_map_of(objects)["data"]["run.yaml"])["trainer"]["trust_remote_code"] is trusted
+        (container,) = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"]
+        expected = trl_rollout_command(
+            manifest["spec"]["model"],
+            port=8000,
+            tensor_parallel_size=2,
+            data_parallel_size=1,
+            gpu_memory_utilization=0.9,
+            trust_remote_code=trusted,
+        )
+        assert container["command"] + container["args"] == expected
+        assert ("--trust-remote-code" in expected) is trusted
+    for kind in ("AtlasTraining", "AtlasTeacher"):
+        field = custom_resource_definition(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][
+            "spec"
+        ]["properties"]["training"]["properties"]["trustRemoteCode"]
+        assert field["default"] is False and "false never runs such code" in field["description"]
+    with pytest.raises(
+        InvalidRun, match="spec.training.extra.trust_remote_code: set it as spec.training.trustRemoteCode"
+    ):
+        parse_run(training(training={**base, "extra": {"trust_remote_code": True}}))
 
 
 def test_no_configuration_renders_the_deprecated_command():
@@ -1473,7 +1810,7 @@ def test_colocate_renders_vllm_inside_the_trainer_and_no_server():
             assert jobset_webhook_problems(js) == []
         else:
             openapi_validate(next(o for o in objects if o["kind"] == "PyTorchJob"), pytorchjob_schema())
-        config = yaml.safe_load(objects[0]["data"]["run.yaml"])["trainer"]
+        config = yaml.safe_load(config_map_of(objects)["data"]["run.yaml"])["trainer"]
         assert {k: v for k, v in config.items() if k.startswith(("vllm", "use_vllm"))} == {
             "use_vllm": True,
             "vllm_mode": "colocate",

@@ -66,7 +66,9 @@ def render_main(argv: list[str] | None = None) -> int:
     images = settings.images
     try:
         runs = parse_file(args.file, args.namespace, settings.default_backend)
-        documents = [child for run in runs for child in render_children(run, images, reward_yaml(run))]
+        documents = [
+            child for run in runs for child in render_children(run, images, reward_yaml(run), settings.network)
+        ]
     except InvalidRun as invalid:
         for problem in invalid.problems:
             print(f"error: {problem}", file=sys.stderr)
@@ -181,6 +183,16 @@ def operator_main(argv: list[str] | None = None) -> int:
         help="backend of a run without spec.backend ($ATLAS_DEFAULT_BACKEND, default PyTorchJob)",
     )
     parser.add_argument(
+        "--network-policy",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a NetworkPolicy per run ($ATLAS_NETWORK_POLICY, default true; needs a CNI that enforces it)",
+    )
+    parser.add_argument(
+        "--monitoring-namespace",
+        help="namespace whose pods may scrape trainer metrics ($ATLAS_MONITORING_NAMESPACE, default monitoring)",
+    )
+    parser.add_argument(
         "--log-format", choices=("json", "plain", "full"), default=os.environ.get("ATLAS_LOG_FORMAT", "plain")
     )
     args, kopf_args = parser.parse_known_args(argv)
@@ -194,6 +206,8 @@ def operator_main(argv: list[str] | None = None) -> int:
         metrics_port=args.metrics_port,
         metrics_url_template=args.metrics_url_template,
         default_backend=args.default_backend,
+        network_policy=args.network_policy,
+        monitoring_namespace=args.monitoring_namespace,
     )
     config.configure(settings)  # what the handlers module reads when kopf imports it
     namespaces = settings.watch_namespaces

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from atlas_contract.names import BACKENDS, OPERATOR_METRICS_PORT, TRAINER_METRICS_PORT
-from atlas_operator.render import Images
+from atlas_operator.render import Images, NetworkSettings
 
 # Environment variable of each setting (the chart's deployment.yaml sets them).
 ENV = {
@@ -22,7 +22,13 @@ ENV = {
     "retry_delay": "ATLAS_RETRY_DELAY",
     "workers": "ATLAS_WORKERS",
     "default_backend": "ATLAS_DEFAULT_BACKEND",
+    "network_policy": "ATLAS_NETWORK_POLICY",
+    "monitoring_namespace": "ATLAS_MONITORING_NAMESPACE",
+    "operator_namespace": "ATLAS_OPERATOR_NAMESPACE",
 }
+# Settings where an empty value means "none" rather than "unset".
+_EMPTY_MEANS_NONE = ("watch_namespaces", "monitoring_namespace")
+_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,21 @@ class OperatorConfig:
     crd_cache_s: float = 60.0
     # spec.backend of a run that leaves it unset (PyTorchJob or JobSet).
     default_backend: str = "PyTorchJob"
+    # A NetworkPolicy per run (its pods accept only its trainers; metrics also the operator and the monitoring
+    # namespace). Enforced only by a CNI that implements NetworkPolicy (Calico, Cilium, ...).
+    network_policy: bool = True
+    # Namespace whose pods may scrape the trainers' metrics port (Prometheus); empty = none.
+    monitoring_namespace: str = "monitoring"
+    # The operator's own namespace (the chart sets it from the downward API); empty = not in a cluster.
+    operator_namespace: str = ""
+
+    @property
+    def network(self) -> NetworkSettings:
+        return NetworkSettings(
+            enabled=self.network_policy,
+            operator_namespace=self.operator_namespace or None,
+            monitoring_namespace=self.monitoring_namespace or None,
+        )
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> OperatorConfig:
@@ -62,7 +83,7 @@ class OperatorConfig:
             raw = overrides.get(name)
             if raw is None:
                 raw = env.get(variable)
-            if raw is None or (raw == "" and name != "watch_namespaces"):
+            if raw is None or (raw == "" and name not in _EMPTY_MEANS_NONE):
                 continue
             try:
                 values[name] = _convert(name, raw, defaults)
@@ -105,8 +126,14 @@ def _convert(name: str, raw: Any, defaults: OperatorConfig) -> Any:
     if name == "watch_namespaces":
         items = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
         return tuple(n.strip() for n in items if n.strip())
-    if name in ("trainer_image", "rollout_image", "default_backend"):
-        return str(raw)
+    if name in ("trainer_image", "rollout_image", "default_backend", "monitoring_namespace", "operator_namespace"):
+        return str(raw).strip()
+    if name == "network_policy":
+        if isinstance(raw, bool):
+            return raw
+        if str(raw).strip().lower() not in _BOOLEANS:
+            raise ValueError(f"expected true or false, got {raw!r}")
+        return _BOOLEANS[str(raw).strip().lower()]
     return type(getattr(defaults, name))(raw)
 
 

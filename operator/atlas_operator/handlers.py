@@ -32,6 +32,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = CONFIG.workers
     settings.watching.connect_timeout = 30
+    # The pod watch asks the API server for the runs' pods only, not every pod of the cluster.
+    settings.watching.label_selectors["v1", "pods"] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
     # A deleted run waits for its timer to exit; check every second, not kopf's default minute.
     settings.background.cancellation_polling = 1
     memo.reconciler = Reconciler(Kube(), CONFIG)
@@ -121,3 +123,26 @@ def job_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_) -
             kube.patch(resource, body.metadata.namespace, name, {"status": patch}, subresource="status")
     except (ApiError, RetryLater) as exc:  # the run's timer catches up
         logger.warning("could not refresh %s %s from its %s: %s", owner["kind"], name, body["kind"], exc)
+
+
+@kopf.on.event("", "v1", "pods", labels={LABEL_MANAGED_BY: MANAGED_BY})
+def pod_changed(body: kopf.Body, event: dict, memo: kopf.Memo, logger: logging.Logger, **_) -> None:
+    """A run's pod cannot start (a missing pull Secret, a Secret its env names, a bad image), or no longer: say so on
+    the run now (PodsStarted and an Event). The pod's app.kubernetes.io/instance label names its run."""
+    changed = memo.reconciler.pod_changed(dict(body), deleted=event.get("type") == "DELETED")
+    if changed is not None:
+        refresh_run(RUN_RESOURCES[changed[0]], body.metadata.namespace, changed[1], memo, logger)
+
+
+def refresh_run(resource: Resource, namespace: str, name: str, memo: kopf.Memo, logger: logging.Logger) -> None:
+    """Reconcile one run outside its own handlers (something it owns moved) and write its status."""
+    kube = memo.reconciler.kube
+    try:
+        run = kube.get(resource, namespace, name)
+        if run is None or run["metadata"].get("deletionTimestamp"):
+            return
+        patch = refresh(kopf.Body(run), memo, scrape=False)
+        if patch:
+            kube.patch(resource, namespace, name, {"status": patch}, subresource="status")
+    except (ApiError, RetryLater) as exc:  # the run's timer catches up
+        logger.warning("could not refresh %s %s/%s: %s", resource.kind, namespace, name, exc)

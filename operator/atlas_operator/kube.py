@@ -29,15 +29,15 @@ class Resource:
 CONFIG_MAP = Resource("", "v1", "configmaps", "ConfigMap")
 SERVICE = Resource("", "v1", "services", "Service")
 PVC = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
-SECRET = Resource("", "v1", "secrets", "Secret")
 DEPLOYMENT = Resource("apps", "v1", "deployments", "Deployment")
 PYTORCH_JOB = Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
 JOBSET = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
-# Read only: the finished rank-0 pod's termination message (the run's result); a JobSet's pods by label.
+NETWORK_POLICY = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
+# Read only: the finished rank-0 pod's termination message (the run's result); a JobSet's pods by label. (kopf also
+# watches the runs' pods, for a container the kubelet cannot start.)
 POD = Resource("", "v1", "pods", "Pod")
 USER_AGENT = "atlas-operator/0.1.0"
-METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
-RESOURCES = {r.kind: r for r in (CONFIG_MAP, SERVICE, DEPLOYMENT, PYTORCH_JOB, JOBSET)}
+RESOURCES = {r.kind: r for r in (CONFIG_MAP, SERVICE, DEPLOYMENT, PYTORCH_JOB, JOBSET, NETWORK_POLICY)}
 JOBS = {"PyTorchJob": PYTORCH_JOB, "JobSet": JOBSET}  # spec.backend → the workload that runs the trainer
 
 
@@ -133,16 +133,6 @@ class Kube:
 
     def exists(self, resource: Resource, namespace: str, name: str) -> bool:
         return self.get(resource, namespace, name) is not None
-
-    def secret_exists(self, namespace: str, name: str) -> bool:
-        """Asks for the Secret's metadata only: its data never reaches the operator."""
-        try:
-            self._call("GET", SECRET.path(namespace, name), accept=METADATA_ONLY)
-            return True
-        except ApiError as exc:
-            if exc.not_found:
-                return False
-            raise
 
     def serves(self, resource: Resource) -> bool:
         """Whether the API server serves ``resource`` (discovery: is its CRD installed?)."""

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from atlas_contract.names import KINDS, SPEC_HASH_ANNOTATION, ChildNames
+from atlas_contract.names import KINDS, LABEL_INSTANCE, SPEC_HASH_ANNOTATION, ChildNames
 from atlas_contract.results import parse_result_message
 from atlas_contract.rules import find_reward_config
 from atlas_operator import kube
@@ -43,6 +43,7 @@ from atlas_operator.status import (
     job_state,
     job_suspended,
     parse_progress,
+    pod_stuck,
     servers_waiting,
     termination_message,
     training_reason,
@@ -77,6 +78,8 @@ OWNED_BY_KEY = {
     "jobSet": (kube.JOBSET,),
     "rollout": (kube.DEPLOYMENT, kube.SERVICE),
     "student": (kube.DEPLOYMENT, kube.SERVICE),
+    "networkPolicy": (kube.NETWORK_POLICY,),  # operator setting network_policy turned off
+    "trainerNetworkPolicy": (kube.NETWORK_POLICY,),
 }
 
 
@@ -100,10 +103,18 @@ class Reconciler:
         self._progress: dict[tuple, dict[str, Any]] = {}
         self._result_lock = threading.Lock()
         self._result_reads: dict[tuple, int] = {}  # (namespace, run, run uid, job uid) → pod reads so far
+        # Pods the kubelet cannot start (from the pod watch): (namespace, run) → pod → (reason, message); and the
+        # kind of each run reconciled, so a pod's run is known from its app.kubernetes.io/instance label alone.
+        self._stuck_lock = threading.Lock()
+        self._stuck: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+        self._kinds: dict[tuple[str, str], str] = {}
 
     # ------------------------------------------------------------------ entry point
 
     def reconcile(self, body: dict[str, Any], adopt: Callable[[dict, dict], None], scrape: bool = False) -> Result:
+        meta = body.get("metadata") or {}
+        with self._stuck_lock:
+            self._kinds[(meta.get("namespace", "default"), meta.get("name"))] = body.get("kind")
         started_on = _backend_of(body)  # a run keeps the backend it started on when the operator's default changes
         try:
             run = parse_run(body, default_backend=started_on or self.settings.default_backend)
@@ -139,11 +150,12 @@ class Reconciler:
             return Result("Pending", conditions, events=[*events, Event("Warning", reason, message)])
         conditions.append(_cond("PrerequisitesMet", True, "Found", f"{run.backend} CRD and referenced objects exist"))
 
-        result = Result("Pending", conditions, children=child_names(run), events=events)
+        network = self.settings.network
+        result = Result("Pending", conditions, children=child_names(run, network.enabled), events=events)
         self.prune(run, body, result)  # first: a replaced job never runs beside its successor
         job = None
         rejected = []
-        for child in render_children(run, self.settings.images, reward_yaml(run)):
+        for child in render_children(run, self.settings.images, reward_yaml(run), network):
             adopt(child, body)
             try:
                 observed, action = self.apply(run, child, result)
@@ -177,6 +189,10 @@ class Reconciler:
         if not any(c["type"] == "SpecApplied" for c in conditions):
             conditions.append(_cond("SpecApplied", True, "UpToDate", "the running job matches the spec"))
         conditions.append(self.rollout_condition(run, job))
+        started = self.pods_condition(run)
+        conditions.append(started)
+        if started["status"] == "False":  # posted once per (reason, message): status_update skips what it said
+            result.events.append(Event("Warning", started["reason"], started["message"]))
 
         result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name))
         if job is not None and job["kind"] == "JobSet":
@@ -249,11 +265,6 @@ class Reconciler:
             return "CheckpointPVCMissing", (
                 f"spec.checkpoint.pvc: PersistentVolumeClaim '{pvc}' does not exist in namespace {run.namespace}"
             )
-        for ref in run.spec.image_pull_secrets:
-            if not self.kube.secret_exists(run.namespace, ref.name):
-                return "ImagePullSecretMissing", (
-                    f"spec.imagePullSecrets: Secret '{ref.name}' does not exist in namespace {run.namespace}"
-                )
         if run.spec.reward.config_map_ref:
             ref = run.spec.reward.config_map_ref
             if not self.kube.exists(kube.CONFIG_MAP, run.namespace, ref.name):
@@ -407,6 +418,37 @@ class Reconciler:
             return _cond("RolloutReady", False, "Waiting", "; ".join(waiting))
         return _cond("RolloutReady", True, "Ready", f"{', '.join(servers)} ready")
 
+    def pod_changed(self, pod: dict[str, Any], deleted: bool = False) -> tuple[str, str] | None:
+        """Note whether a run's pod is stuck before starting (pod_stuck: a missing pull Secret, a Secret its env
+        names, a bad image). Returns the run's (kind, name) when that changes what its status should say, else
+        None (also for a run this process has not reconciled yet: its first reconciliation reads what is noted).
+        The run is known from the pod's labels alone, no API call."""
+        meta = pod.get("metadata") or {}
+        run_name, pod_name = (meta.get("labels") or {}).get(LABEL_INSTANCE), meta.get("name")
+        if not run_name or not pod_name:
+            return None
+        key = (meta.get("namespace", "default"), run_name)
+        stuck = None if deleted else pod_stuck(pod)
+        with self._stuck_lock:
+            pods = self._stuck.setdefault(key, {})
+            before = pods.pop(pod_name, None)
+            if stuck is not None:
+                pods[pod_name] = stuck
+            if not pods:
+                del self._stuck[key]
+            kind = self._kinds.get(key)
+        return (kind, run_name) if stuck != before and kind in KINDS else None
+
+    def pods_condition(self, run: Run) -> dict[str, Any]:
+        """PodsStarted: False with the kubelet's reason while a pod of the run cannot start its containers."""
+        with self._stuck_lock:
+            stuck = sorted((self._stuck.get((run.namespace, run.name)) or {}).items())
+        if not stuck:
+            return _cond("PodsStarted", True, "NoneStuck", "no pod of the run is kept from starting")
+        _, (reason, message) = stuck[0]
+        more = f" ({len(stuck) - 1} more pods stuck)" if len(stuck) > 1 else ""
+        return _cond("PodsStarted", False, reason, message + more)
+
     def read_result(self, run: Run, job: dict[str, Any]) -> dict[str, Any] | None:
         """``.status.result`` from the succeeded job's rank-0 pod (the PyTorchJob's Master, the JobSet trainer's
         index 0): its trainer container's termination message (atlas_contract.results), or None. A pod that is
@@ -504,6 +546,9 @@ class Reconciler:
         with self._result_lock:
             for read in [k for k in self._result_reads if k[:3] == key]:
                 del self._result_reads[read]
+        with self._stuck_lock:
+            self._stuck.pop(key[:2], None)
+            self._kinds.pop(key[:2], None)
 
     def prune(self, run: Run, body: dict[str, Any], result: Result) -> None:
         """Delete what the run had and its spec no longer wants: a server set to 0 replicas (its GPUs are freed),
@@ -523,7 +568,9 @@ class Reconciler:
                     continue
                 child = f"{resource.kind}/{name}"
                 result.actions[child] = "deleted"
-                if key in ("pytorchJob", "jobSet") or on_jobset(run):
+                if resource is kube.NETWORK_POLICY:
+                    reason, why = "NetworkPolicyOff", "the operator's network policy setting is off"
+                elif key in ("pytorchJob", "jobSet") or on_jobset(run):
                     reason, why = "BackendChanged", f"spec.backend is {run.backend} now"
                 else:
                     reason, why = "ServerRemoved", "no longer in the spec"
@@ -552,6 +599,8 @@ class Reconciler:
             (kube.SERVICE, owned.student),
             (kube.SERVICE, owned.metrics),
             (kube.CONFIG_MAP, owned.config_map),
+            (kube.NETWORK_POLICY, owned.network_policy),  # after the workloads whose pods they protect
+            (kube.NETWORK_POLICY, owned.trainer_network_policy),
         ]
         uid = body["metadata"].get("uid")
         for resource, child in targets:
@@ -648,7 +697,19 @@ def _managed_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[st
         stale = {key: None for key in (existing.get("spec") or {}).get("selector") or {} if key not in selector}
         if stale:
             patch["spec"] = {**patch.get("spec", desired["spec"]), "selector": {**selector, **stale}}
+    # A NetworkPolicy is all ours, and a key it does not render narrows it (a matchLabels entry that selects no pod
+    # leaves the run's pods open): any difference is drift, and the patch removes what was added.
+    if desired.get("kind") == "NetworkPolicy" and existing.get("spec") != desired["spec"]:
+        patch["spec"] = _replacing(desired["spec"], existing.get("spec"))
     return patch or None
+
+
+def _replacing(desired: Any, existing: Any) -> Any:
+    """A merge patch that turns ``existing`` into exactly ``desired``: keys ``desired`` lacks are set to null."""
+    if not isinstance(desired, dict) or not isinstance(existing, dict):
+        return desired
+    stale = {key: None for key in existing if key not in desired}
+    return {**stale, **{key: _replacing(value, existing.get(key)) for key, value in desired.items()}}
 
 
 def _contains(actual: Any, wanted: Any) -> bool:

@@ -31,6 +31,7 @@ from atlas_contract.names import (
     LABEL_MANAGED_BY,
     LABEL_NAME,
     MANAGED_BY,
+    OPERATOR_POD_LABELS,
     QUEUE_NAME_LABEL,
     RENDEZVOUS_PORT,
     REWARD_CONFIG_FILE,
@@ -68,6 +69,17 @@ class Images:
     rollout: str = "ghcr.io/arc-computer/atlas-trainer:0.1.0"  # the trainer image carries vLLM
 
 
+@dataclass(frozen=True)
+class NetworkSettings:
+    """Operator-wide: whether runs get NetworkPolicies, and who may read the trainers' metrics besides the run."""
+
+    enabled: bool = True
+    # The operator's namespace (its pod, labelled OPERATOR_POD_LABELS, scrapes the trainers); None: not in a cluster.
+    operator_namespace: str | None = None
+    # Every pod of this namespace may scrape the trainers' metrics port (Prometheus); None: no namespace.
+    monitoring_namespace: str | None = "monitoring"
+
+
 def has_student_server(run: Run) -> bool:
     return isinstance(run.spec, AtlasTeacherSpec) and bool(run.spec.student and run.spec.student.rollout.replicas)
 
@@ -81,12 +93,16 @@ def trainer_container(run: Run) -> str:
     return JOBSET_TRAINER_CONTAINER if on_jobset(run) else TRAINER_CONTAINER
 
 
-def child_names(run: Run) -> dict[str, str]:
-    """status.children: the names of what the run owns (rollout/student only when they exist)."""
+def child_names(run: Run, network: bool = True) -> dict[str, str]:
+    """status.children: the names of what the run owns (rollout/student only when they exist, the NetworkPolicies
+    when ``network``)."""
     owned = ChildNames(run.name)
+    policies = (
+        {"networkPolicy": owned.network_policy, "trainerNetworkPolicy": owned.trainer_network_policy} if network else {}
+    )
     if on_jobset(run):  # the servers are replicated jobs of the JobSet, not objects of their own
-        return {"jobSet": owned.jobset, "configMap": owned.config_map, "metricsService": owned.metrics}
-    names = {"pytorchJob": owned.job, "configMap": owned.config_map, "metricsService": owned.metrics}
+        return {"jobSet": owned.jobset, "configMap": owned.config_map, "metricsService": owned.metrics, **policies}
+    names = {"pytorchJob": owned.job, "configMap": owned.config_map, "metricsService": owned.metrics, **policies}
     if run.spec.rollout.replicas:
         names["rollout"] = owned.rollout
     if has_student_server(run):
@@ -619,6 +635,8 @@ def rollout_server_command(run: Run) -> list[str]:
     ]
     if rollout.max_model_len is not None:
         command += ["--max-model-len", str(rollout.max_model_len)]
+    if run.spec.training.trust_remote_code:  # off unless the run asks: the server loads the trainer's model
+        command += ["--trust-remote-code"]
     if _version(ROLLOUT_VLLM_VERSION) >= (0, 30, 0):  # TRL adds it for vLLM 0.30.0 and later
         command += ["--enable-scale-out"]
     command += [
@@ -787,14 +805,75 @@ def metrics_service(run: Run) -> dict[str, Any]:
     return service(run, ChildNames(run.name).metrics, "trainer", [("metrics", TRAINER_METRICS_PORT)], selector)
 
 
-def render_children(run: Run, images: Images | None = None, reward_yaml: str | None = None) -> list[dict[str, Any]]:
-    """Every child of ``run``, in apply order."""
+# --------------------------------------------------------------------------- NetworkPolicies
+
+
+def _run_pods(run: Run, component: str | None = None) -> dict[str, Any]:
+    """A selector of the run's pods (of one component): the managed-by label keeps another app's pods that share
+    app.kubernetes.io/instance (a Helm release of the same name) out. Both backends' pods carry these labels."""
+    selected = {LABEL_INSTANCE: run.name, LABEL_MANAGED_BY: MANAGED_BY}
+    if component:
+        selected[LABEL_COMPONENT] = component
+    return {"matchLabels": selected}
+
+
+def _namespace(name: str) -> dict[str, Any]:
+    return {"matchLabels": {"kubernetes.io/metadata.name": name}}  # set on every namespace by the API server
+
+
+def _ingress_policy(run: Run, name: str, pods: dict[str, Any], rules: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(run, name, "trainer"),
+        # Ingress only: trainers and servers still reach model hubs, judges and DNS.
+        "spec": {"podSelector": pods, "policyTypes": ["Ingress"], "ingress": rules},
+    }
+
+
+def network_policies(run: Run, network: NetworkSettings) -> list[dict[str, Any]]:
+    """``<name>-network``: every pod of the run accepts traffic only from the run's trainer pods (their rendezvous
+    and collectives, and their calls to the servers: HTTP and the weight-sync NCCL group). ``<name>-network-trainer``:
+    the trainer pods also accept the rollout server's side of that NCCL group (NCCL connects both ways, on ports of
+    its own choosing) and, on the metrics port only, the operator and the monitoring namespace. Needs a CNI that
+    enforces NetworkPolicy; kubelet probes come from the node, which such CNIs allow."""
+    if not network.enabled:
+        return []
+    owned = ChildNames(run.name)
+    trainer_rules = []
+    if run.spec.rollout.replicas:  # a rollout server
+        trainer_rules.append({"from": [{"podSelector": _run_pods(run, "rollout")}]})
+    scrapers = []
+    if network.operator_namespace:
+        scrapers.append(
+            {
+                "namespaceSelector": _namespace(network.operator_namespace),
+                "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)},
+            }
+        )
+    if network.monitoring_namespace:
+        scrapers.append({"namespaceSelector": _namespace(network.monitoring_namespace)})
+    if scrapers:
+        trainer_rules.append({"from": scrapers, "ports": [{"protocol": "TCP", "port": TRAINER_METRICS_PORT}]})
+    return [
+        _ingress_policy(
+            run, owned.network_policy, _run_pods(run), [{"from": [{"podSelector": _run_pods(run, "trainer")}]}]
+        ),
+        _ingress_policy(run, owned.trainer_network_policy, _run_pods(run, "trainer"), trainer_rules),
+    ]
+
+
+def render_children(
+    run: Run, images: Images | None = None, reward_yaml: str | None = None, network: NetworkSettings | None = None
+) -> list[dict[str, Any]]:
+    """Every child of ``run``, in apply order: the NetworkPolicies first, so no pod of the run is ever unprotected."""
     images = images or Images()
     config = config_map(run, reward_yaml)
+    policies = network_policies(run, network or NetworkSettings())
     if on_jobset(run):
-        return [config, metrics_service(run), jobset(run, images, config)]
+        return [*policies, config, metrics_service(run), jobset(run, images, config)]
     owned = ChildNames(run.name)
-    children = [config]
+    children = [*policies, config]
     if run.spec.rollout.replicas:
         children.append(
             service(run, owned.rollout, "rollout", [("http", VLLM_PORT), ("weight-sync", WEIGHT_SYNC_PORT)])

@@ -163,6 +163,13 @@ class TrainingSpec:
         trainer_default=True,
         **defaults.LIMITS["step_timeout_seconds"].schema(),
     )
+    trust_remote_code: bool = spec_field(
+        "run Python code shipped in spec.model's repository (a custom architecture) when the trainer loads the "
+        "model and its tokenizer and when the rollout server does (vllm serve --trust-remote-code); false never "
+        "runs such code. The student model, judges and datasets never run repository code (datasets 4+ has no "
+        "loading scripts)",
+        False,
+    )
     extra: dict[str, Any] = spec_field(
         "any other GRPOConfig/SFTConfig field, snake_case, passed to the trainer (its kind and range are "
         "checked when the trainer starts); the fields the operator sets itself (output_dir, run_name, save_*, "
@@ -543,6 +550,13 @@ class Children:
     student: str | None = spec_field("student Deployment and Service (vllm serve; AtlasTeacher, backend PyTorchJob)")
     config_map: str | None = spec_field("ConfigMap with run.yaml, accelerate.yaml, reward.yaml")
     metrics_service: str | None = spec_field("Service in front of the trainer's metrics endpoint (rank 0)")
+    network_policy: str | None = spec_field(
+        "NetworkPolicy: the run's pods accept traffic only from its trainer pods (operator setting network_policy)"
+    )
+    trainer_network_policy: str | None = spec_field(
+        "NetworkPolicy: the trainer pods also accept the rollout server's weight sync, and metrics scrapes from "
+        "the operator and the monitoring namespace"
+    )
 
 
 @dataclass

@@ -27,6 +27,18 @@ JOB_PHASES = {
 }
 FINISHED = ("Succeeded", "Failed")
 
+# Waiting reasons the kubelet gives a container that will not start until someone fixes the run or its namespace
+# (the operator holds no Secret permission: a missing pull Secret or env Secret shows up here), with what to check.
+_PULL_HINT = "check the image name and spec.imagePullSecrets (each Secret must exist in the run's namespace)"
+STUCK_REASONS = {
+    "ErrImagePull": _PULL_HINT,
+    "ImagePullBackOff": _PULL_HINT,
+    "InvalidImageName": "check spec.image and the rollout images",
+    "ErrImageNeverPull": _PULL_HINT,
+    "CreateContainerConfigError": "check that the Secrets and ConfigMaps spec.env names exist, with those keys",
+    "CreateContainerError": "check spec.env and the image",
+}
+
 
 @dataclass
 class Event:
@@ -257,6 +269,20 @@ def transition_message(result: Result) -> str:
             return by_type[blocking]["message"]
     training = by_type.get("Training")
     return training["message"] if training else result.phase
+
+
+def pod_stuck(pod: dict[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) for the first container of ``pod`` (init containers first) that the kubelet keeps waiting
+    for one of STUCK_REASONS, in the kubelet's words plus what to check; None when there is none."""
+    status = pod.get("status") or {}
+    name = (pod.get("metadata") or {}).get("name")
+    for entry in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = ((entry or {}).get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason in STUCK_REASONS:
+            said = waiting.get("message") or reason
+            return reason, f"pod {name}, container {entry.get('name')}: {reason}: {said}; {STUCK_REASONS[reason]}"
+    return None
 
 
 def termination_message(pod: dict[str, Any] | None, container: str) -> str | None:
