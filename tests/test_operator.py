@@ -684,6 +684,9 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
         other = training("rbac-training")
         cluster.apply(other)
         cluster.wait_status(other, lambda s: s.get("phase") == "Pending", "the AtlasTraining reconciled")
+        wait_children(cluster, "rbac-training", teacher_run=False)
+        cluster.set_job_conditions("rbac-training", "Created", "Running")  # a job event reads its run (get)
+        cluster.wait_status(other, lambda s: s.get("phase") == "Running", "the AtlasTraining Running")
         gang = jobset_life(cluster)
         for run in (manifest, other, gang):
             cluster.delete_run(run)
