@@ -11,7 +11,14 @@ For each size (``--runs 100,1000``: each with a fresh emulator and operator) the
   the operator's API requests per second beyond its open watches, scrapes per second, its CPU (cores) and peak RSS.
 
 The operator runs in its own process; the emulator and the fake trainers run in this one, each on its own thread,
-and their CPU is measured per thread, so the table shows what the operator costs apart from what the emulator does.
+and their CPU is measured per thread (and this whole process's: the emulator, the client creating the runs, the
+watcher timing them), so the table shows what the operator costs apart from what the emulator does. On a small
+machine they share the cores: a busy emulator delays the watch events the operator waits for.
+
+Where the time went before (issue #18): from b34ee9b to 685cb42 create → children p95 doubled. Profiled with
+py-spy (--gil, 100 runs): the bench had moved from ATLAS_PROGRESS_INTERVAL=15 to 2, so every run's timer ran a full
+reconciliation (every child read again) during the creation burst, a third of the operator's CPU there; and
+parse_run resolved its dataclasses' type hints on every call (13 %; the spec had grown), now cached.
 
 Targets (PASS/FAIL): 100 runs p95 < 1 s; 1,000 runs p95 < 3 s with all children present; writes per settled run
 <= children + 3; idle at the largest size: < 5 API requests/s beyond open watches, scrapes/s <= runs / interval,
@@ -188,7 +195,11 @@ def bench(runs: int, interval: float, settle: float, window: float) -> dict:
             )
             watcher = threading.Thread(target=watch_children, daemon=True)
             watcher.start()
-            cpu0 = {"operator": cpu_seconds(operator_stat), "emulator": cpu_seconds(emulator_stat)}
+            cpu0 = {
+                "operator": cpu_seconds(operator_stat),
+                "emulator": cpu_seconds(emulator_stat),
+                "bench": cpu_seconds("/proc/self/stat"),
+            }
             started = time.monotonic()
             for name in names:
                 created_at[name] = time.monotonic()
@@ -214,6 +225,7 @@ def bench(runs: int, interval: float, settle: float, window: float) -> dict:
             figures["busy_cpu"] = {
                 "operator": cpu_seconds(operator_stat) - cpu0["operator"],
                 "emulator": cpu_seconds(emulator_stat) - cpu0["emulator"],
+                "bench": cpu_seconds("/proc/self/stat") - cpu0["bench"],
                 "seconds": busy_s,
             }
             figures["writes"], figures["sample"] = writes_per_run(emu, names)
@@ -322,6 +334,7 @@ def main() -> int:
                 f"(in {f['busy_cpu']['seconds']:.0f} s)"
             ),
         ),
+        ("busy CPU s: whole bench process", lambda f: f"{f['busy_cpu']['bench']:.1f}"),
         (
             "API writes per settled run (med/max)",
             lambda f: f"{statistics.median(f['writes']):.0f} / {max(f['writes'])}",

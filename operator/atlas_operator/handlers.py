@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import logging
 import random
 import threading
@@ -30,6 +31,8 @@ RUN_RESOURCES = {kind: Resource(GROUP, VERSION, plural, kind) for kind, plural i
 CHILD_RESOURCES = (kube.CONFIG_MAP, kube.SERVICE, kube.DEPLOYMENT, kube.PYTORCH_JOB, kube.JOBSET)
 CHILD_PLURALS = {resource.plural for resource in CHILD_RESOURCES}
 MANAGED = {LABEL_MANAGED_BY: MANAGED_BY}
+STUCK_AFTER = 3  # timer intervals a run may wait for its create/update handler before its timer reconciles it
+GC_THRESHOLD = 20_000  # allocations between young-generation collections (Python's default: 700)
 
 
 @kopf.on.startup()
@@ -49,6 +52,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, atlas_childr
     logging.getLogger("kopf.objects").addFilter(_QuietChildEvents())
     # A deleted run waits for its timer to exit; check every second, not kopf's default minute.
     settings.background.cancellation_polling = 1
+    # Thousands of watched objects live in the indices: the collector's full passes over them, at its default pace,
+    # were a good share of a busy operator's CPU. Objects made at start-up are left out of them; passes are rarer.
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, 20, 20)
     memo.runs = atlas_runs
     memo.reconciler = Reconciler(
         Kube(watched=_held_by(atlas_children), watched_plurals=frozenset(CHILD_PLURALS)), CONFIG
@@ -175,7 +182,7 @@ for _plural in KINDS.values():
         if body.metadata.get("deletionTimestamp"):
             return
         status = dict(body.get("status") or {})
-        if needs_retry(status, body.metadata.get("generation")):
+        if needs_retry(status, body.metadata.get("generation"), _stuck(status, body, memo)):
             await asyncio.to_thread(_reconcile, body, patch, memo)
             status = {**status, **patch.get("status", {})}
         if status.get("phase") == "Running":
@@ -196,12 +203,28 @@ for _plural in KINDS.values():
         logger.info("deleted %s", ", ".join(deleted) or "nothing (no children left)")
 
 
-def needs_retry(status: dict, generation: int | None) -> bool:
-    """Whether a run's status leaves something that only a retry brings: not reconciled at this generation, a
-    prerequisite missing (a PVC, a Secret, a CRD created later), a child the API server rejected, or a succeeded
-    job whose result is not read yet (bounded by MAX_RESULT_READS)."""
-    if not status.get("phase") or status.get("observedGeneration") != generation:
-        return True
+def _unreconciled(status: dict, generation: int | None) -> bool:
+    return not status.get("phase") or status.get("observedGeneration") != generation
+
+
+def _stuck(status: dict, body: kopf.Body, memo: kopf.Memo) -> bool:
+    """Whether the run has waited for its create/update handler for STUCK_AFTER intervals (the run's own memo
+    keeps since when): kopf's handling of it waits for an event that will not come."""
+    if not _unreconciled(status, body.metadata.get("generation")):
+        memo.pop("unreconciled_since", None)
+        return False
+    since = memo.setdefault("unreconciled_since", time.monotonic())
+    return time.monotonic() - since >= STUCK_AFTER * CONFIG.progress_interval
+
+
+def needs_retry(status: dict, generation: int | None, stuck: bool = False) -> bool:
+    """Whether a run's status leaves something that only a retry brings: a prerequisite missing (a PVC, a Secret, a
+    CRD created later), a child the API server rejected, or a succeeded job whose result is not read yet (bounded by
+    MAX_RESULT_READS). A run not reconciled at its generation yet is its create/update handler's (kopf retries
+    those; a timer reconciling it too would only race them), unless that has not happened for a while (``stuck``):
+    then the reconciliation's status write is the event kopf waits for."""
+    if _unreconciled(status, generation):
+        return stuck
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
     if conditions.get("PrerequisitesMet") == "False" or conditions.get("ChildrenReady") == "False":
         return True
