@@ -276,11 +276,3 @@ def termination_message(pod: dict[str, Any] | None, container: str) -> str | Non
             message = terminated.get("message") if isinstance(terminated, dict) else None
             return message if isinstance(message, str) else None
     return None
-
-
-def job_has_news(job: dict[str, Any], run_status: dict[str, Any] | None) -> bool:
-    """Whether a job says something its run's status does not show yet (its Training condition)."""
-    if not job.get("status"):
-        return False
-    training = next((c for c in (run_status or {}).get("conditions") or [] if c["type"] == "Training"), {})
-    return training_reason(job) != (training.get("reason"), training.get("message"))
