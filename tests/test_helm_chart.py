@@ -331,7 +331,7 @@ def test_rbac_covers_both_backends_and_reads_pods_only(default_objs):
     for resource in kube.JOBS.values():
         assert _verbs(role["rules"], resource.group, resource.plural) == managed, resource.kind
     assert _verbs(role["rules"], "", "pods") == ["get", "list", "watch"]  # watched: a pod the kubelet cannot start
-    assert _verbs(role["rules"], "networking.k8s.io", "networkpolicies") == ["get", "create", "patch", "delete"]
+    assert _verbs(role["rules"], "networking.k8s.io", "networkpolicies") == managed  # watched like every child
 
 
 @pytest.mark.parametrize("fixture", ["default_objs", "all_on_objs"])

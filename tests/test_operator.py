@@ -743,6 +743,13 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
             timeout=TIMEOUT,
             what="a drifted NetworkPolicy patched back",
         )
+        # A deleted one is made again; the watch no longer shows what the operator wrote, so it asks (get).
+        networking.delete_namespaced_network_policy("rbac-run-network-trainer", NS)
+        wait_for(
+            lambda: cluster.emu.get(NETWORK_POLICIES, NS, "rbac-run-network-trainer"),
+            timeout=TIMEOUT,
+            what="a deleted NetworkPolicy made again",
+        )
         cluster.set_job_conditions("rbac-run", "Created", "Running")
         cluster.wait_status(manifest, lambda s: s.get("phase") == "Running", "Running")
         cluster.patch_spec(manifest, {"suspend": True})  # patches the job and the servers
@@ -776,6 +783,9 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
         other = training("rbac-training")
         cluster.apply(other)
         cluster.wait_status(other, lambda s: s.get("phase") == "Pending", "the AtlasTraining reconciled")
+        wait_children(cluster, "rbac-training", teacher_run=False)
+        cluster.set_job_conditions("rbac-training", "Created", "Running")  # a job event reads its run (get)
+        cluster.wait_status(other, lambda s: s.get("phase") == "Running", "the AtlasTraining Running")
         gang = jobset_life(cluster)
         for run in (manifest, other, gang):
             cluster.delete_run(run)

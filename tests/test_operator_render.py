@@ -1459,7 +1459,7 @@ class FakeKube:
     def serves(self, resource):
         return True
 
-    def get(self, resource, namespace, name):
+    def get(self, resource, namespace, name, absent_unless_watched=False):
         self.calls.append(("get", resource.plural, name))
         if (resource.plural, namespace, name) in self.errors:
             raise self.errors[(resource.plural, namespace, name)]

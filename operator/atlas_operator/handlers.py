@@ -7,24 +7,36 @@ decides what to write, and settings come from one :class:`~atlas_operator.config
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import gc
 import logging
+import random
+import threading
 import time
 
 import kopf
 
 from atlas_contract.names import GROUP, KINDS, LABEL_MANAGED_BY, MANAGED_BY, VERSION
-from atlas_operator import config, metrics
+from atlas_operator import config, kube, metrics
 from atlas_operator.kube import ApiError, Kube, Resource
 from atlas_operator.reconcile import Reconciler, RetryLater
-from atlas_operator.status import job_has_news, now, status_update
+from atlas_operator.status import now, progress_patch, status_update
 
 CONFIG = config.current()
 RUN_RESOURCES = {kind: Resource(GROUP, VERSION, plural, kind) for kind, plural in KINDS.items()}
+# What the operator creates for a run, watched (server-side: only objects labelled as the operator's): each one's
+# latest state is held in the ``atlas_children`` index, so a reconciliation reads none of them from the API server,
+# and a change someone else makes (a deletion, a drift, a job's or a Deployment's status) reconciles its run at once.
+CHILD_RESOURCES = (kube.CONFIG_MAP, kube.SERVICE, kube.DEPLOYMENT, kube.PYTORCH_JOB, kube.JOBSET, kube.NETWORK_POLICY)
+CHILD_PLURALS = {resource.plural for resource in CHILD_RESOURCES}
+MANAGED = {LABEL_MANAGED_BY: MANAGED_BY}
+STUCK_AFTER = 3  # timer intervals a run may wait for its create/update handler before its timer reconciles it
+GC_THRESHOLD = 20_000  # allocations between young-generation collections (Python's default: 700)
 
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, atlas_children, atlas_runs, **_) -> None:
     # kopf's bookkeeping lives in status (one write per reconciliation instead of status + annotations).
     settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.lastHandledConfiguration")
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
@@ -32,11 +44,23 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = CONFIG.workers
     settings.watching.connect_timeout = 30
-    # The pod watch asks the API server for the runs' pods only, not every pod of the cluster.
-    settings.watching.label_selectors["v1", "pods"] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+    # Children and the runs' pods are watched through a label selector: the API server sends only the operator's
+    # own objects, not every pod of the cluster.
+    settings.watching.label_selectors[lambda resource: resource.plural in CHILD_PLURALS | {"pods"}] = (
+        f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+    )
+    # Each child event would log a line (most are the echoes of the operator's own writes): not worth its CPU.
+    logging.getLogger("kopf.objects").addFilter(_QuietChildEvents())
     # A deleted run waits for its timer to exit; check every second, not kopf's default minute.
     settings.background.cancellation_polling = 1
-    memo.reconciler = Reconciler(Kube(), CONFIG)
+    # Thousands of watched objects live in the indices: the collector's full passes over them, at its default pace,
+    # were a good share of a busy operator's CPU. Objects made at start-up are left out of them; passes are rarer.
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, 20, 20)
+    memo.runs = atlas_runs
+    memo.reconciler = Reconciler(
+        Kube(watched=_held_by(atlas_children), watched_plurals=frozenset(CHILD_PLURALS)), CONFIG
+    )
     metrics.initialize_series()
     memo.phases = metrics.RunPhases()
     memo.metrics_server = await metrics.serve(CONFIG.metrics_host, CONFIG.metrics_port) if CONFIG.metrics_port else None
@@ -48,35 +72,101 @@ async def cleanup(memo: kopf.Memo, **_) -> None:
         await memo.metrics_server.cleanup()
 
 
-def refresh(body: kopf.Body, memo: kopf.Memo, scrape: bool) -> dict:
-    """One reconciliation of a run (counted and timed): posts its Events, returns the status patch."""
-    kind, started = body["kind"], time.perf_counter()
+class _QuietChildEvents(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            isinstance(record.msg, str) and record.msg.startswith(("Handler 'child_changed'", "Handler 'pod_changed'"))
+        )
+
+
+def _held_by(index: kopf.Index):
+    """A :data:`kube.Lookup` over an index of (plural, namespace, name) → object."""
+
+    def lookup(resource: Resource, namespace: str, name: str) -> dict | None:
+        store = index.get((resource.plural, namespace, name))
+        return next(iter(store), None) if store else None
+
+    return lookup
+
+
+# ---------------------------------------------------------------------------------------------- indices
+
+
+async def _index_child(body: kopf.Body, resource: kopf.Resource, **_) -> dict:
+    return {(resource.plural, body.metadata.namespace, body.metadata.name): dict(body)}
+
+
+for _child in CHILD_RESOURCES:
+    kopf.index(_child.group, _child.version, _child.plural, labels=MANAGED, id="atlas_children")(_index_child)
+
+
+async def _index_run(body: kopf.Body, **_) -> dict:
+    return {(body["kind"], body.metadata.namespace, body.metadata.name): dict(body)}
+
+
+for _plural in KINDS.values():
+    kopf.index(GROUP, VERSION, _plural, id="atlas_runs")(_index_run)
+
+
+# ---------------------------------------------------------------------------------------------- reconciling
+
+_locks_lock = threading.Lock()
+_run_locks: dict[tuple, threading.Lock] = {}
+
+
+def _run_lock(kind: str, namespace: str, name: str) -> threading.Lock:
+    """A run's reconciliations (its handlers, its timer, its children's events) one at a time: two at once would
+    both see a child missing and both create it."""
+    with _locks_lock:
+        return _run_locks.setdefault((kind, namespace, name), threading.Lock())
+
+
+def evaluate(body: dict, memo: kopf.Memo) -> tuple[dict, list]:
+    """One reconciliation of a run (counted and timed): the status patch and the Events to post."""
+    kind, meta = body["kind"], body["metadata"]
+    with _run_lock(kind, meta.get("namespace"), meta["name"]):  # one reconciliation of a run at a time
+        started = time.perf_counter()
+        return _evaluate(body, memo, started)
+
+
+def _evaluate(body: dict, memo: kopf.Memo, started: float) -> tuple[dict, list]:
+    kind = body["kind"]
     try:
-        result = memo.reconciler.reconcile(copy.deepcopy(dict(body)), kopf.adopt, scrape=scrape)
+        result = memo.reconciler.reconcile(copy.deepcopy(dict(body)), kopf.adopt)
     except Exception:
         metrics.RECONCILE_TOTAL.labels(kind, "error").inc()
         raise
     finally:
         metrics.RECONCILE_DURATION.labels(kind).observe(time.perf_counter() - started)
     metrics.RECONCILE_TOTAL.labels(kind, "success").inc()
+    meta = body["metadata"]
     if result.watchdog_restarts:
-        metrics.WATCHDOG_RESTARTS.labels(kind, body.metadata.namespace, body.metadata.name).inc(
-            result.watchdog_restarts
-        )
-    memo.phases.set(kind, body.metadata.namespace, body.metadata.name, result.phase)
-    patch, events = status_update(dict(body.get("status") or {}), body.metadata.get("generation"), result, now())
+        metrics.WATCHDOG_RESTARTS.labels(kind, meta.get("namespace"), meta["name"]).inc(result.watchdog_restarts)
+    memo.phases.set(kind, meta.get("namespace"), meta["name"], result.phase)
+    return status_update(dict(body.get("status") or {}), meta.get("generation"), result, now())
+
+
+def refresh(body: kopf.Body, memo: kopf.Memo) -> dict:
+    """One reconciliation of a run: posts its Events, returns the status patch."""
+    patch, events = evaluate(body, memo)
     for event in events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     return patch
 
 
-def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, scrape: bool) -> None:
+def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
     if body.metadata.get("deletionTimestamp"):
         return  # being deleted: recreating children now would race the delete handler
     try:
-        patch.status.update(refresh(body, memo, scrape))
+        patch.status.update(refresh(body, memo))
     except (ApiError, RetryLater) as exc:
         raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
+
+
+def _first_tick(**_) -> float:
+    """Each run's timer starts at its own point of the interval: a thousand runs created (or resumed) together do
+    not all refresh in the same second."""
+    return CONFIG.progress_interval * (0.5 + random.random())
 
 
 for _plural in KINDS.values():
@@ -86,12 +176,22 @@ for _plural in KINDS.values():
     @kopf.on.update(GROUP, VERSION, _plural)
     def reconcile_run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_) -> None:
         """Make the children match the spec (idempotent: compare, then create or patch)."""
-        _reconcile(body, patch, memo, scrape=False)
+        _reconcile(body, patch, memo)
 
-    @kopf.timer(GROUP, VERSION, _plural, interval=CONFIG.progress_interval, initial_delay=CONFIG.progress_interval)
-    def observe_run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_) -> None:
-        """Periodically: recreate deleted children, follow the PyTorchJob, mirror the trainer's metrics."""
-        _reconcile(body, patch, memo, scrape=True)
+    @kopf.timer(GROUP, VERSION, _plural, interval=CONFIG.progress_interval, initial_delay=_first_tick)
+    async def observe_run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_) -> None:
+        """Periodically: mirror a Running trainer's metrics; retry what no watch event will bring (a missing
+        prerequisite, a rejected child, a result not read yet). A settled run costs no API call here: its
+        children and its job are watched."""
+        if body.metadata.get("deletionTimestamp"):
+            return
+        status = dict(body.get("status") or {})
+        if needs_retry(status, body.metadata.get("generation"), _stuck(status, body, memo)):
+            await asyncio.to_thread(_reconcile, body, patch, memo)
+            status = {**status, **patch.get("status", {})}
+        if status.get("phase") == "Running":
+            progress = await memo.reconciler.scrape(dict(body.metadata))
+            patch.status.update(progress_patch(status, progress, now()))
 
     @kopf.on.delete(GROUP, VERSION, _plural)
     def delete_run(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_) -> None:
@@ -101,48 +201,97 @@ for _plural in KINDS.values():
         except ApiError as exc:
             raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
         memo.reconciler.forget(dict(body))
+        with _locks_lock:
+            _run_locks.pop((body["kind"], body.metadata.namespace, body.metadata.name), None)
         memo.phases.set(body["kind"], body.metadata.namespace, body.metadata.name, None)
         logger.info("deleted %s", ", ".join(deleted) or "nothing (no children left)")
 
 
-@kopf.on.event("kubeflow.org", "v1", "pytorchjobs", labels={LABEL_MANAGED_BY: MANAGED_BY})
-@kopf.on.event("jobset.x-k8s.io", "v1alpha2", "jobsets", labels={LABEL_MANAGED_BY: MANAGED_BY})
-def job_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_) -> None:
-    """A run's job (PyTorchJob, JobSet) moved: reconcile its run now rather than at the next timer tick."""
-    owner = memo.reconciler.owning_run(body)
+def _unreconciled(status: dict, generation: int | None) -> bool:
+    return not status.get("phase") or status.get("observedGeneration") != generation
+
+
+def _stuck(status: dict, body: kopf.Body, memo: kopf.Memo) -> bool:
+    """Whether the run has waited for its create/update handler for STUCK_AFTER intervals (the run's own memo
+    keeps since when): kopf's handling of it waits for an event that will not come."""
+    if not _unreconciled(status, body.metadata.get("generation")):
+        memo.pop("unreconciled_since", None)
+        return False
+    since = memo.setdefault("unreconciled_since", time.monotonic())
+    return time.monotonic() - since >= STUCK_AFTER * CONFIG.progress_interval
+
+
+def needs_retry(status: dict, generation: int | None, stuck: bool = False) -> bool:
+    """Whether a run's status leaves something that only a retry brings: a prerequisite missing (a PVC, a CRD created
+    later), a child the API server rejected, or a succeeded job whose result is not read yet (bounded by
+    MAX_RESULT_READS). A run not reconciled at its generation yet is its create/update handler's (kopf retries
+    those; a timer reconciling it too would only race them), unless that has not happened for a while (``stuck``):
+    then the reconciliation's status write is the event kopf waits for."""
+    if _unreconciled(status, generation):
+        return stuck
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    if conditions.get("PrerequisitesMet") == "False" or conditions.get("ChildrenReady") == "False":
+        return True
+    return status["phase"] == "Succeeded" and not status.get("result")
+
+
+# ---------------------------------------------------------------------------------------------- child events
+
+
+async def child_changed(body: kopf.Body, type: str | None, resource: kopf.Resource, memo: kopf.Memo, logger, **_):
+    """A child changed, and not by the operator's own last write (a job's or a Deployment's status, a deletion, a
+    drift): reconcile its run now rather than at the next timer tick. Async: the echoes of the operator's own writes
+    (most events) are dropped on the event loop, without a trip through the handlers' threads."""
+    if type is None:
+        return  # the initial listing: the resume handlers reconcile every run
+    reconciler = memo.reconciler
+    if reconciler.kube.own_write(kube.RESOURCES_BY_PLURAL[resource.plural], dict(body), deleted=type == "DELETED"):
+        return  # the echo of our own create, patch or delete
+    owner = reconciler.owning_run(body)
     if owner is None:
         return
-    resource, name = RUN_RESOURCES[owner["kind"]], owner["name"]
-    kube = memo.reconciler.kube
+    held = next(iter(memo.runs.get((owner["kind"], body.metadata.namespace, owner["name"])) or ()), None)
+    if held is None or held["metadata"].get("deletionTimestamp"):
+        return
+    await asyncio.to_thread(refresh_from_child, held, dict(body), memo, logger)
+
+
+for _child in CHILD_RESOURCES:
+    kopf.on.event(_child.group, _child.version, _child.plural, labels=MANAGED, id="child_changed")(child_changed)
+
+
+def refresh_from_child(held: dict, child: dict, memo: kopf.Memo, logger) -> None:
+    """Reconcile the run a child belongs to, from the run the watch holds; the run is read from the API server only
+    when there is something to write, so the status compared is current."""
+    reconciler = memo.reconciler
+    kind, namespace, name = held["kind"], held["metadata"]["namespace"], held["metadata"]["name"]
     try:
-        run = kube.get(resource, body.metadata.namespace, name)
-        if run is None or run["metadata"].get("deletionTimestamp") or not job_has_news(dict(body), run.get("status")):
+        patch, events = evaluate(held, memo)
+        if not patch and not events:
             return
-        patch = refresh(kopf.Body(run), memo, scrape=False)
-        if patch:
-            kube.patch(resource, body.metadata.namespace, name, {"status": patch}, subresource="status")
-    except (ApiError, RetryLater) as exc:  # the run's timer catches up
-        logger.warning("could not refresh %s %s from its %s: %s", owner["kind"], name, body["kind"], exc)
-
-
-@kopf.on.event("", "v1", "pods", labels={LABEL_MANAGED_BY: MANAGED_BY})
-def pod_changed(body: kopf.Body, event: dict, memo: kopf.Memo, logger: logging.Logger, **_) -> None:
-    """A run's pod cannot start (a missing pull Secret, a Secret its env names, a bad image), or no longer: say so on
-    the run now (PodsStarted and an Event). The pod's app.kubernetes.io/instance label names its run."""
-    changed = memo.reconciler.pod_changed(dict(body), deleted=event.get("type") == "DELETED")
-    if changed is not None:
-        refresh_run(RUN_RESOURCES[changed[0]], body.metadata.namespace, changed[1], memo, logger)
-
-
-def refresh_run(resource: Resource, namespace: str, name: str, memo: kopf.Memo, logger: logging.Logger) -> None:
-    """Reconcile one run outside its own handlers (something it owns moved) and write its status."""
-    kube = memo.reconciler.kube
-    try:
-        run = kube.get(resource, namespace, name)
+        run = reconciler.kube.get_fresh(RUN_RESOURCES[kind], namespace, name)
         if run is None or run["metadata"].get("deletionTimestamp"):
             return
-        patch = refresh(kopf.Body(run), memo, scrape=False)
+        if run["metadata"].get("resourceVersion") != held["metadata"].get("resourceVersion"):
+            patch, events = evaluate(run, memo)  # the watch was behind: compare with the run as it is
+        for event in events:
+            kopf.event(run, type=event.type, reason=event.reason, message=event.message)
         if patch:
-            kube.patch(resource, namespace, name, {"status": patch}, subresource="status")
+            reconciler.kube.patch(RUN_RESOURCES[kind], namespace, name, {"status": patch}, subresource="status")
     except (ApiError, RetryLater) as exc:  # the run's timer catches up
-        logger.warning("could not refresh %s %s/%s: %s", resource.kind, namespace, name, exc)
+        logger.warning("could not refresh %s %s from its %s: %s", kind, name, child["kind"], exc)
+
+
+@kopf.on.event("", "v1", "pods", labels=MANAGED)
+async def pod_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, logger, **_) -> None:
+    """A run's pod cannot start (a missing pull Secret, a Secret its env names, a bad image), or no longer: say so on
+    the run now (PodsStarted and an Event). The pod's app.kubernetes.io/instance label names its run; only a change
+    of that state costs a reconciliation."""
+    changed = memo.reconciler.pod_changed(dict(body), deleted=type == "DELETED")
+    if changed is None:
+        return
+    kind, name = changed
+    held = next(iter(memo.runs.get((kind, body.metadata.namespace, name)) or ()), None)
+    if held is None or held["metadata"].get("deletionTimestamp"):
+        return
+    await asyncio.to_thread(refresh_from_child, held, dict(body), memo, logger)

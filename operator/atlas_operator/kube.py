@@ -3,8 +3,12 @@ exactly these). Plain dicts in and out, through the official client's transport 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
+import threading
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +41,9 @@ NETWORK_POLICY = Resource("networking.k8s.io", "v1", "networkpolicies", "Network
 # watches the runs' pods, for a container the kubelet cannot start.)
 POD = Resource("", "v1", "pods", "Pod")
 USER_AGENT = "atlas-operator/0.1.0"
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 RESOURCES = {r.kind: r for r in (CONFIG_MAP, SERVICE, DEPLOYMENT, PYTORCH_JOB, JOBSET, NETWORK_POLICY)}
+RESOURCES_BY_PLURAL = {r.plural: r for r in RESOURCES.values()}
 JOBS = {"PyTorchJob": PYTORCH_JOB, "JobSet": JOBSET}  # spec.backend → the workload that runs the trainer
 
 
@@ -67,15 +73,91 @@ class ApiError(Exception):
         return self.status in (400, 403, 422)
 
 
-class Kube:
-    """Thin synchronous client (kopf runs sync handlers in its thread pool)."""
+# An object the operator holds from a watch: (resource, namespace, name) -> the object, or None when the watch has
+# not shown it (absent, or not seen yet).
+Lookup = Callable[[Resource, str, str], "dict[str, Any] | None"]
 
-    def __init__(self, api_client=None, timeout: float = 30.0):
+
+CONNECTIONS = 32  # pooled API connections (at least the handler threads: OperatorConfig.workers defaults to 16)
+PENDING = "pending"  # a write in flight (see Kube._writing)
+
+
+class Kube:
+    """Thin synchronous client (kopf runs sync handlers in its thread pool).
+
+    ``watched`` (optional) answers :meth:`get` for the resources the operator watches, from what the watch holds, so
+    a settled run costs no read: an object the watch has not shown yet, or one this client wrote since (the watch is
+    behind), is read from the API server as before."""
+
+    def __init__(
+        self,
+        api_client=None,
+        timeout: float = 30.0,
+        watched: Lookup | None = None,
+        watched_plurals: frozenset[str] = frozenset(),
+    ):
         if api_client is None:
             api_client = default_api_client()
         api_client.user_agent = USER_AGENT  # tells the operator's calls apart in audit logs
         self.api = api_client
         self.timeout = timeout
+        self.watched = watched
+        self.watched_plurals = watched_plurals  # resources whose every object the watch shows
+        self._lock = threading.Lock()
+        # (plural, namespace, name) -> resourceVersion of this client's last write: newer than the watch's copy until
+        # the watch shows it; also tells a watch event that echoes our own write from someone else's change.
+        self._written: dict[tuple[str, str, str], str] = {}
+
+    def _remember(self, resource: Resource, obj: Any) -> None:
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        if not meta or not meta.get("name"):
+            return
+        with self._lock:
+            self._written[(resource.plural, meta.get("namespace", ""), meta["name"])] = str(
+                meta.get("resourceVersion", "")
+            )
+
+    @contextlib.contextmanager
+    def _writing(self, resource: Resource, namespace: str, name: str):
+        """While a write is in flight its watch event may come before its answer: it is ours (PENDING)."""
+        key = (resource.plural, namespace, name)
+        with self._lock:
+            before = self._written.get(key)
+            self._written[key] = PENDING
+        try:
+            yield
+        except BaseException:
+            with self._lock:
+                if self._written.get(key) == PENDING:
+                    if before is None:
+                        self._written.pop(key, None)
+                    else:
+                        self._written[key] = before
+            raise
+
+    def own_write(self, resource: Resource, obj: dict[str, Any], deleted: bool = False) -> bool:
+        """Whether ``obj`` (from a watch event) is exactly what this client's last write of it returned, or, when it
+        is gone (``deleted``), whether this client deleted it."""
+        meta = obj.get("metadata") or {}
+        with self._lock:
+            written = self._written.get((resource.plural, meta.get("namespace", ""), meta.get("name")))
+        if deleted:
+            return written == ""
+        return written == PENDING or (written is not None and written == str(meta.get("resourceVersion", "")))
+
+    def _from_watch(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.watched is None:
+            return None
+        held = self.watched(resource, namespace, name)
+        if held is None:
+            return None
+        with self._lock:
+            written = self._written.get((resource.plural, namespace, name))
+        if written is not None and not _not_older(
+            str((held.get("metadata") or {}).get("resourceVersion", "")), written
+        ):
+            return None  # the watch has not shown our last write yet
+        return copy.deepcopy(held)
 
     def _call(
         self,
@@ -98,7 +180,22 @@ class Kube:
             raise ApiError(response.status, reason or response.reason or "", message or str(data[:200]), method, path)
         return payload
 
-    def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(
+        self, resource: Resource, namespace: str, name: str, absent_unless_watched: bool = False
+    ) -> dict[str, Any] | None:
+        """The object, from the watch's copy when it is current; ``absent_unless_watched``: an object the watch does
+        not show and this client never wrote is taken as absent without asking (for a create that handles a 409)."""
+        held = self._from_watch(resource, namespace, name)
+        if held is not None:
+            return held
+        if absent_unless_watched and self.watched is not None and resource.plural in self.watched_plurals:
+            with self._lock:
+                if (resource.plural, namespace, name) not in self._written:
+                    return None
+        return self.get_fresh(resource, namespace, name)
+
+    def get_fresh(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object as the API server has it now (not the watch's copy)."""
         try:
             return self._call("GET", resource.path(namespace, name))
         except ApiError as exc:
@@ -112,17 +209,26 @@ class Kube:
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         resource = resource_of(obj)
-        return self._call("POST", resource.path(obj["metadata"]["namespace"]), obj)
+        meta = obj["metadata"]
+        with self._writing(resource, meta["namespace"], meta["name"]):
+            created = self._call("POST", resource.path(meta["namespace"]), obj)
+        self._remember(resource, created)
+        return created
 
     def patch(
         self, resource: Resource, namespace: str, name: str, patch: dict[str, Any], subresource: str | None = None
     ) -> dict[str, Any]:
-        return self._call(
-            "PATCH", resource.path(namespace, name, subresource), patch, content_type="application/merge-patch+json"
-        )
+        with self._writing(resource, namespace, name):
+            patched = self._call(
+                "PATCH", resource.path(namespace, name, subresource), patch, content_type="application/merge-patch+json"
+            )
+        self._remember(resource, patched)
+        return patched
 
     def delete(self, resource: Resource, namespace: str, name: str) -> bool:
         """True when something was deleted; a missing object is not an error."""
+        with self._lock:  # until it is made again, the watch's copy may be the deleted object: read it
+            self._written[(resource.plural, namespace, name)] = ""
         try:
             self._call("DELETE", resource.path(namespace, name), {"propagationPolicy": "Background"})
             return True
@@ -145,6 +251,14 @@ class Kube:
         return any(r.get("name") == resource.plural for r in document.get("resources") or [])
 
 
+def _not_older(held: str, written: str) -> bool:
+    """Whether the watch's copy (resourceVersion ``held``) includes our write (``written``). resourceVersions are
+    opaque in the API's contract but etcd revisions in practice: compared as numbers when both are, else equal only."""
+    if held.isdigit() and written.isdigit():
+        return int(held) >= int(written)
+    return held == written
+
+
 def _json(data: bytes) -> Any:
     try:
         return json.loads(data) if data else {}
@@ -156,8 +270,12 @@ def default_api_client():
     """In-cluster service account, else $KUBECONFIG / ~/.kube/config (what kopf logs in with too)."""
     from kubernetes import client, config
 
+    configuration = client.Configuration()
     try:
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
+        config.load_kube_config(client_configuration=configuration)
+    # One pooled connection per handler thread (the default, 5 per CPU, is fewer than the threads: a busy operator
+    # would drop and reopen connections).
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, CONNECTIONS)
+    return client.ApiClient(configuration)

@@ -44,25 +44,27 @@ class RunPhases:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str, str], str] = {}
+        self._counts: dict[tuple[str, str], int] = {}
         for kind in KINDS:
             for phase in PHASES:
                 RUNS.labels(kind, phase).set(0)
 
     def set(self, kind: str, namespace: str, name: str, phase: str | None) -> None:
-        with self._lock:
-            before = self._phases.get((kind, namespace, name))
-            if before is not None and before != phase:
+        with self._lock:  # only the phases left and entered are recounted: O(1) per reconciliation
+            key = (kind, namespace, name)
+            before = self._phases.pop(key, None)
+            if phase is not None:
+                self._phases[key] = phase
+            if before == phase:
+                return
+            if before is not None:
                 RUN_PHASE.remove(kind, namespace, name, before)
-            if phase is None:
-                self._phases.pop((kind, namespace, name), None)
-            else:
-                self._phases[(kind, namespace, name)] = phase
+            if phase is not None:
                 RUN_PHASE.labels(kind, namespace, name, phase).set(1)
-            counts = {(k, p): 0 for k in KINDS for p in PHASES}
-            for (k, _, _), p in self._phases.items():
-                counts[(k, p)] = counts.get((k, p), 0) + 1
-            for (k, p), n in counts.items():
-                RUNS.labels(k, p).set(n)
+            for changed, delta in ((before, -1), (phase, 1)):
+                if changed is not None:
+                    self._counts[(kind, changed)] = self._counts.get((kind, changed), 0) + delta
+                    RUNS.labels(kind, changed).set(self._counts[(kind, changed)])
 
 
 def exported_metric_names() -> set[str]:

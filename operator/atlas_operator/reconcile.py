@@ -9,6 +9,7 @@ comes back.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import http.client
 import logging
@@ -16,7 +17,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from atlas_contract.names import KINDS, LABEL_INSTANCE, SPEC_HASH_ANNOTATION, ChildNames
@@ -96,11 +97,8 @@ class Reconciler:
         self.kube = client
         self.settings = settings or OperatorConfig()
         self._crd_seen_at: dict[str, float] = {}  # job kind → when its CRD was last seen served
-        # Trainer scrapes: their own small pool, one in flight per run, results cached by run.
-        self._scraper = ThreadPoolExecutor(max_workers=4, thread_name_prefix="atlas-scrape")
-        self._scrape_lock = threading.Lock()
-        self._scrapes: dict[tuple, Future] = {}
-        self._progress: dict[tuple, dict[str, Any]] = {}
+        # Trainer scrapes: their own small pool (each run's timer awaits its own, so one in flight per run).
+        self._scraper = ThreadPoolExecutor(max_workers=8, thread_name_prefix="atlas-scrape")
         self._result_lock = threading.Lock()
         self._result_reads: dict[tuple, int] = {}  # (namespace, run, run uid, job uid) → pod reads so far
         # Pods the kubelet cannot start (from the pod watch): (namespace, run) → pod → (reason, message); and the
@@ -111,7 +109,7 @@ class Reconciler:
 
     # ------------------------------------------------------------------ entry point
 
-    def reconcile(self, body: dict[str, Any], adopt: Callable[[dict, dict], None], scrape: bool = False) -> Result:
+    def reconcile(self, body: dict[str, Any], adopt: Callable[[dict, dict], None]) -> Result:
         meta = body.get("metadata") or {}
         with self._stuck_lock:
             self._kinds[(meta.get("namespace", "default"), meta.get("name"))] = body.get("kind")
@@ -155,6 +153,7 @@ class Reconciler:
         self.prune(run, body, result)  # first: a replaced job never runs beside its successor
         job = None
         rejected = []
+        observed_servers: dict[str, dict[str, Any] | None] = {}  # Deployment name → as applied
         for child in render_children(run, self.settings.images, reward_yaml(run), network):
             adopt(child, body)
             try:
@@ -172,6 +171,8 @@ class Reconciler:
                 result.actions[f"{child['kind']}/{child['metadata']['name']}"] = action
             if child["kind"] in kube.JOBS:
                 job = observed
+            elif child["kind"] == "Deployment":
+                observed_servers[child["metadata"]["name"]] = observed
         if result.actions:  # the log says what changed; the condition stays put (no status write per pass)
             log.info(
                 "%s %s/%s: %s",
@@ -188,7 +189,7 @@ class Reconciler:
             conditions.append(_cond("ChildrenReady", True, "Applied", "all children exist and match the spec"))
         if not any(c["type"] == "SpecApplied" for c in conditions):
             conditions.append(_cond("SpecApplied", True, "UpToDate", "the running job matches the spec"))
-        conditions.append(self.rollout_condition(run, job))
+        conditions.append(self.rollout_condition(run, job, observed_servers))
         started = self.pods_condition(run)
         conditions.append(started)
         if started["status"] == "False":  # posted once per (reason, message): status_update skips what it said
@@ -220,8 +221,6 @@ class Reconciler:
                 result.result = self.read_result(run, job)
         elif job is not None:
             result.result_stale = True  # a job made again (spec change) has not reported yet
-        if scrape and job is not None and result.phase == "Running":  # a finished job's pods serve nothing
-            result.progress = self.scrape_progress(run)
         return result
 
     def invalid(self, body: dict[str, Any], message: str) -> Result:
@@ -288,7 +287,9 @@ class Reconciler:
         """Create, patch or (job) recreate one child; returns (the object as observed, action)."""
         resource = kube.resource_of(desired)
         name = desired["metadata"]["name"]
-        existing = self.kube.get(resource, run.namespace, name)
+        # Not in the watch and never written here: absent (a create that meets one made meanwhile gets a 409 and
+        # compares with it), so a new run's children cost no read.
+        existing = self.kube.get(resource, run.namespace, name, absent_unless_watched=True)
         is_job = desired["kind"] in kube.JOBS
         if existing is None:
             if is_job and run.spec.queue_name and run.spec.suspend:
@@ -392,8 +393,12 @@ class Reconciler:
 
     # ------------------------------------------------------------------ observing
 
-    def rollout_condition(self, run: Run, job: dict[str, Any] | None) -> dict[str, Any]:
-        """Whether the servers are Ready: their Deployments, or the JobSet's server replicated jobs."""
+    def rollout_condition(
+        self, run: Run, job: dict[str, Any] | None, observed: dict[str, dict[str, Any] | None] | None = None
+    ) -> dict[str, Any]:
+        """Whether the servers are Ready: their Deployments (``observed``: as just applied, else read), or the
+        JobSet's server replicated jobs."""
+        observed = observed or {}
         if on_jobset(run):  # the JobSet's server replicated jobs
             servers = ["rollout"] * bool(run.spec.rollout.replicas) + ["student"] * has_student_server(run)
         else:
@@ -409,7 +414,9 @@ class Reconciler:
         else:
             waiting = []
             for name in servers:
-                deployment = self.kube.get(kube.DEPLOYMENT, run.namespace, name) or {}
+                deployment = (
+                    observed[name] if name in observed else self.kube.get(kube.DEPLOYMENT, run.namespace, name)
+                ) or {}
                 wanted = (deployment.get("spec") or {}).get("replicas", 0)
                 ready = (deployment.get("status") or {}).get("readyReplicas", 0) or 0
                 if ready < wanted:
@@ -506,43 +513,34 @@ class Reconciler:
                 return pod
         return None
 
-    def metrics_url(self, run: Run) -> str:
+    def metrics_url(self, name: str, namespace: str) -> str:
         return self.settings.metrics_url_template.format(
-            name=run.name,
-            namespace=run.namespace,
-            service=ChildNames(run.name).metrics,
+            name=name,
+            namespace=namespace,
+            service=ChildNames(name).metrics,
             port=self.settings.trainer_metrics_port,
         )
 
-    def scrape_progress(self, run: Run) -> dict[str, Any] | None:
-        """The trainer's step/reward/kl as last read, or None before the first answer. Reading happens off
-        the reconcile path, one scrape in flight per run, each bounded in time and size: a trainer that
-        trickles or floods its endpoint delays only its own progress, never another run's reconcile."""
-        key = (run.namespace, run.name, run.uid)
-        with self._scrape_lock:
-            pending = self._scrapes.get(key)
-            if pending is None or pending.done():
-                self._scrapes[key] = self._scraper.submit(self._scrape, key, self.metrics_url(run), run)
-            return self._progress.get(key)
-
-    def _scrape(self, key: tuple, url: str, run: Run) -> None:
+    async def scrape(self, meta: dict[str, Any]) -> dict[str, Any] | None:
+        """The Running trainer's step/reward/kl from its /metrics, or None when it does not answer (not up, too
+        slow or big, not metrics). Each read is bounded in time and size and runs in the scrapers' own small pool,
+        so a trainer that trickles or floods its endpoint delays only its own run's timer."""
+        name, namespace = meta["name"], meta.get("namespace", "default")
+        url = self.metrics_url(name, namespace)
+        loop = asyncio.get_running_loop()
         try:
-            text = fetch_text(url, self.settings.scrape_timeout_s, MAX_METRICS_BYTES)
-            progress = parse_progress(text, run.name, run.namespace) or None
-        except (OSError, ValueError, http.client.HTTPException) as exc:  # not up, too slow or big, not metrics
-            log.debug("metrics of %s/%s not readable at %s: %s", run.namespace, run.name, url, exc)
-            return
-        if progress is not None:
-            with self._scrape_lock:
-                self._progress[key] = progress
+            text = await loop.run_in_executor(
+                self._scraper, fetch_text, url, self.settings.scrape_timeout_s, MAX_METRICS_BYTES
+            )
+            return parse_progress(text, name, namespace) or None
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            log.debug("metrics of %s/%s not readable at %s: %s", namespace, name, url, exc)
+            return None
 
     def forget(self, body: dict[str, Any]) -> None:
         """Drop what is cached for a deleted run."""
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", "default"), meta.get("name"), meta.get("uid"))
-        with self._scrape_lock:
-            self._progress.pop(key, None)
-            self._scrapes.pop(key, None)
         with self._result_lock:
             for read in [k for k in self._result_reads if k[:3] == key]:
                 del self._result_reads[read]

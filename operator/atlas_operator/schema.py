@@ -9,6 +9,7 @@ the API's are camelCase (``per_device_train_batch_size`` ↔ ``perDeviceTrainBat
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -101,8 +102,15 @@ def _unwrap_optional(annotation: Any) -> Any:
     return annotation
 
 
+@functools.cache
 def _type_hints(cls: type) -> dict[str, Any]:
+    """The resolved annotations of a spec dataclass, once per class (resolving them is most of a parse's time)."""
     return typing.get_type_hints(cls)
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[dataclasses.Field, ...]:
+    return dataclasses.fields(cls)
 
 
 # --------------------------------------------------------------------------- schema
@@ -191,7 +199,7 @@ def parse(cls: type, data: Any, path: str, problems: list[str]) -> Any:
         problems.append(f"{path}: expected an object, got {_shown(data)}")
         data = {}
     hints = _type_hints(cls)
-    fields = {camel(f.name): f for f in dataclasses.fields(cls)}
+    fields = {camel(f.name): f for f in _fields(cls)}
     for key in data:
         if key not in fields:
             problems.append(f"{path}.{key}: unknown field (known: {', '.join(fields)})")

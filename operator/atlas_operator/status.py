@@ -234,10 +234,7 @@ def status_update(old: dict[str, Any], generation: int | None, result: Result, a
         new["restarts"] = result.restarts
     for cond in new["conditions"]:
         cond["observedGeneration"] = generation
-    if result.progress is not None:
-        progress = {k: v for k, v in (old.get("progress") or {}).items() if k != "updatedAt"}
-        if progress != result.progress:
-            new["progress"] = {**result.progress, "updatedAt": at}
+    new.update(progress_patch(old, result.progress, at))
     if result.result is not None:
         new["result"] = result.result
     elif result.result_stale:
@@ -259,6 +256,17 @@ def status_update(old: dict[str, Any], generation: int | None, result: Result, a
         if (event.reason, event.message) not in said and not carried:
             events.append(event)
     return patch, events
+
+
+def progress_patch(old: dict[str, Any], progress: dict[str, Any] | None, at: str) -> dict[str, Any]:
+    """``{"progress": …}`` when the trainer's ``progress`` differs from the status's (``updatedAt`` is when it last
+    changed; a key no longer reported is removed), else nothing: a run whose numbers stand still costs no write."""
+    if progress is None:
+        return {}
+    before = old.get("progress") or {}
+    if {k: v for k, v in before.items() if k != "updatedAt"} == progress:
+        return {}
+    return {"progress": {**{k: None for k in before if k not in progress}, **progress, "updatedAt": at}}
 
 
 def transition_message(result: Result) -> str:
@@ -294,11 +302,3 @@ def termination_message(pod: dict[str, Any] | None, container: str) -> str | Non
             message = terminated.get("message") if isinstance(terminated, dict) else None
             return message if isinstance(message, str) else None
     return None
-
-
-def job_has_news(job: dict[str, Any], run_status: dict[str, Any] | None) -> bool:
-    """Whether a job says something its run's status does not show yet (its Training condition)."""
-    if not job.get("status"):
-        return False
-    training = next((c for c in (run_status or {}).get("conditions") or [] if c["type"] == "Training"), {})
-    return training_reason(job) != (training.get("reason"), training.get("message"))
