@@ -47,7 +47,7 @@ import kmock  # noqa: E402
 import kubernetes  # noqa: E402
 from conftest import free_port, python_env  # noqa: E402
 from kube_emulator import PYTORCHJOBS, EmulatorThread, write_kubeconfig  # noqa: E402
-from operator_support import training  # noqa: E402
+from operator_support import NETWORK_POLICIES, training  # noqa: E402
 
 from atlas_contract.names import ChildNames  # noqa: E402
 
@@ -59,6 +59,8 @@ CHILDREN = (  # (resource, atlas_contract.names.ChildNames attribute)
     ("v1/services", "metrics"),
     ("apps/v1/deployments", "rollout"),
     (PYTORCHJOBS, "job"),
+    (NETWORK_POLICIES, "network_policy"),  # on by default (operator.networkPolicy)
+    (NETWORK_POLICIES, "trainer_network_policy"),
 )
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -322,7 +324,7 @@ def main() -> int:
 
     children = len(CHILDREN)
     rows = [
-        ("runs (AtlasTraining, 5 children each)", lambda f: f"{f['runs']}"),
+        (f"runs (AtlasTraining, {children} children each)", lambda f: f"{f['runs']}"),
         ("all children present", lambda f: f"{f['present']}/{f['runs']} in {f['all_ready_s']:.1f} s"),
         ("create -> children p50", lambda f: f"{f['p50']:.2f} s"),
         ("create -> children p95", lambda f: f"{f['p95']:.2f} s"),

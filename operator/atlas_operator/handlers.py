@@ -261,19 +261,17 @@ for _child in CHILD_RESOURCES:
 
 
 def refresh_from_child(held: dict, child: dict, memo: kopf.Memo, logger) -> None:
-    """Reconcile the run a child belongs to, from the run the watch holds; the run is read from the API server only
-    when there is something to write, so the status compared is current."""
+    """Reconcile the run a child (or pod) belongs to. The run is read from the API server first: the copy the watch
+    holds can be behind a spec change, and reconciling it would write the old spec back to the children (a resumed
+    run's job suspended again) until the run's own update handler undid it. Only events that are not the echo of
+    the operator's own writes get here, so a settled run costs nothing."""
     reconciler = memo.reconciler
     kind, namespace, name = held["kind"], held["metadata"]["namespace"], held["metadata"]["name"]
     try:
-        patch, events = evaluate(held, memo)
-        if not patch and not events:
-            return
         run = reconciler.kube.get_fresh(RUN_RESOURCES[kind], namespace, name)
         if run is None or run["metadata"].get("deletionTimestamp"):
             return
-        if run["metadata"].get("resourceVersion") != held["metadata"].get("resourceVersion"):
-            patch, events = evaluate(run, memo)  # the watch was behind: compare with the run as it is
+        patch, events = evaluate(run, memo)
         for event in events:
             kopf.event(run, type=event.type, reason=event.reason, message=event.message)
         if patch:
