@@ -61,8 +61,8 @@ def teacher_run() -> dict:
     manifest = yaml.safe_load((REPO / "examples/local-teacher.yaml").read_text())
     manifest["metadata"] = {"name": TEACHER, "namespace": NS}
     manifest["spec"]["resources"]["nodes"] = 1  # rank 0 alone serves metrics: one process is enough here
-    manifest["spec"]["training"]["maxSteps"] = 8
-    manifest["spec"]["checkpoint"]["saveSteps"] = 8
+    manifest["spec"]["training"]["maxSteps"] = 6
+    manifest["spec"]["checkpoint"]["saveSteps"] = 6
     return manifest
 
 
@@ -79,7 +79,7 @@ def rim_run(judge_url: str) -> dict:
             {"name": "ATLAS_JUDGE_LARGE_URL", "value": judge_url},
         ],
         training={
-            "maxSteps": 10,
+            "maxSteps": 6,
             "perDeviceTrainBatchSize": 4,
             "numGenerations": 4,
             "maxCompletionLength": 16,
@@ -88,7 +88,7 @@ def rim_run(judge_url: str) -> dict:
             "loggingSteps": 1,
             "gradientCheckpointing": False,
         },
-        checkpoint={"path": "/checkpoints", "saveSteps": 10},
+        checkpoint={"path": "/checkpoints", "saveSteps": 6},
     )
 
 
