@@ -57,6 +57,29 @@ def training(name: str = "grpo-run", **spec: Any) -> dict[str, Any]:
     }
 
 
+def tiny_training(name: str, **spec: Any) -> dict[str, Any]:
+    """An AtlasTraining that really trains here: the tiny model on CPU, one node, no servers, a few steps."""
+    manifest = training(
+        name,
+        model="builtin://tiny-llama",
+        resources={"nodes": 1, "gpusPerNode": 0},
+        rollout={"replicas": 0},
+        deepspeed="zero1",
+        training={
+            "maxSteps": 6,
+            "perDeviceTrainBatchSize": 4,
+            "numGenerations": 4,
+            "maxCompletionLength": 16,
+            "learningRate": 3e-4,
+            "loggingSteps": 1,
+            "gradientCheckpointing": False,
+        },
+        checkpoint={"path": "/checkpoints", "saveSteps": 3},
+    )
+    manifest["spec"].update(spec)
+    return manifest
+
+
 def teacher(name: str = "teacher-run", **spec: Any) -> dict[str, Any]:
     manifest = training(name, **spec)
     manifest["kind"] = "AtlasTeacher"
@@ -385,6 +408,11 @@ class Cluster:
         self.api_client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
         self.custom = kubernetes.client.CustomObjectsApi(self.api_client)
         self.created: list[dict] = []
+
+    def restart_operator(self, log: Path, **env: str) -> None:
+        """Stop the operator and start it again on the same cluster with ``env`` (a changed operator setting)."""
+        self.operator.stop()
+        self.operator = OperatorProcess(Path(self.operator.env["KUBECONFIG"]), log, env=env).start()
 
     # kubectl-like writes
     def apply(self, manifest: dict) -> dict:

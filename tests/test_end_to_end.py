@@ -20,7 +20,7 @@ import pytest
 import yaml
 from conftest import REPO, free_port
 from kube_emulator import PYTORCHJOBS, wait_for
-from operator_support import NS, TIMEOUT, kueue_admit, own_cluster, training
+from operator_support import NS, TIMEOUT, kueue_admit, own_cluster, tiny_training
 from pod_executor import JobSetExecutor, PodExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -97,28 +97,6 @@ def wait_phase(cluster, manifest, phases, executor):
 
 def metrics_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def tiny_training(name: str, **spec) -> dict:
-    manifest = training(
-        name,
-        model="builtin://tiny-llama",
-        resources={"nodes": 1, "gpusPerNode": 0},
-        rollout={"replicas": 0},
-        deepspeed="zero1",
-        training={
-            "maxSteps": 6,
-            "perDeviceTrainBatchSize": 4,
-            "numGenerations": 4,
-            "maxCompletionLength": 16,
-            "learningRate": 3e-4,
-            "loggingSteps": 1,
-            "gradientCheckpointing": False,
-        },
-        checkpoint={"path": "/checkpoints", "saveSteps": 3},
-    )
-    manifest["spec"].update(spec)
-    return manifest
 
 
 def test_a_teacher_run_trains_and_reports_progress(local_cluster):

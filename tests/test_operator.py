@@ -17,7 +17,6 @@ from operator_support import (
     NETWORK_POLICIES,
     NS,
     TIMEOUT,
-    OperatorProcess,
     children_of,
     crd_jsonschema,
     openapi_validate,
@@ -827,12 +826,7 @@ def test_network_policies_go_when_the_setting_is_turned_off(tmp_path):
         cluster.apply(manifest)
         wait_children(cluster, "netoff-run", teacher_run=False)
         cluster.wait_status(manifest, lambda s: "networkPolicy" in (s.get("children") or {}), "policies in children")
-        cluster.operator.stop()
-        cluster.operator = OperatorProcess(
-            tmp_path / "kubeconfig",
-            tmp_path / "operator-off.log",
-            env={"ATLAS_NETWORK_POLICY": "false"},
-        ).start()
+        cluster.restart_operator(tmp_path / "operator-off.log", ATLAS_NETWORK_POLICY="false")
         status = cluster.wait_status(
             manifest, lambda s: "networkPolicy" not in (s.get("children") or {}), "policies dropped from children"
         )

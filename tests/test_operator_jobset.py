@@ -681,17 +681,13 @@ def test_a_running_run_without_a_checkpoint_volume_keeps_its_backend(cluster):
 def test_a_run_keeps_its_backend_when_the_operators_default_changes(tmp_path):
     """The default applies to runs when they are made: an operator restarted with ATLAS_DEFAULT_BACKEND=JobSet
     leaves a run that started on PyTorchJob there (moving it would restart its training), and new runs get JobSet."""
-    from operator_support import OperatorProcess
 
     with own_cluster(tmp_path) as cluster:
         old = training("before-change")
         cluster.apply(old)
         wait_children(cluster, "before-change", teacher_run=False)
         cluster.wait_status(old, lambda s: "pytorchJob" in (s.get("children") or {}), "children: the PyTorchJob")
-        cluster.operator.stop()
-        cluster.operator = OperatorProcess(
-            cluster.operator.env["KUBECONFIG"], tmp_path / "operator-2.log", env={"ATLAS_DEFAULT_BACKEND": "JobSet"}
-        ).start()
+        cluster.restart_operator(tmp_path / "operator-2.log", ATLAS_DEFAULT_BACKEND="JobSet")
         new = training("after-change")
         cluster.apply(new)
         wait_jobset(cluster, "after-change")

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from conftest import REPO, free_port
 from kube_emulator import wait_for
-from operator_support import NS, own_cluster, training
+from operator_support import NS, own_cluster, tiny_training
 from pod_executor import PodExecutor
 from prometheus_server import MISSING, Prometheus, binaries, finite_points, grafana_expr, grafana_interval
 
@@ -61,35 +61,23 @@ def teacher_run() -> dict:
     manifest = yaml.safe_load((REPO / "examples/local-teacher.yaml").read_text())
     manifest["metadata"] = {"name": TEACHER, "namespace": NS}
     manifest["spec"]["resources"]["nodes"] = 1  # rank 0 alone serves metrics: one process is enough here
-    manifest["spec"]["training"]["maxSteps"] = 6
-    manifest["spec"]["checkpoint"]["saveSteps"] = 6
+    # Long enough for several scrapes while it steps (rate() needs two samples in its window).
+    manifest["spec"]["training"]["maxSteps"] = 10
+    manifest["spec"]["checkpoint"]["saveSteps"] = 10
     return manifest
 
 
 def rim_run(judge_url: str) -> dict:
-    return training(
+    run = tiny_training(
         RIM_RUN,
-        model="builtin://tiny-llama",
-        resources={"nodes": 1, "gpusPerNode": 0},
-        rollout={"replicas": 0},
-        deepspeed="zero1",
         reward={"config": "interpretation_offline"},
         env=[
             {"name": "ATLAS_JUDGE_SMALL_URL", "value": judge_url},
             {"name": "ATLAS_JUDGE_LARGE_URL", "value": judge_url},
         ],
-        training={
-            "maxSteps": 6,
-            "perDeviceTrainBatchSize": 4,
-            "numGenerations": 4,
-            "maxCompletionLength": 16,
-            "learningRate": 3e-4,
-            "beta": 0.04,
-            "loggingSteps": 1,
-            "gradientCheckpointing": False,
-        },
-        checkpoint={"path": "/checkpoints", "saveSteps": 6},
     )
+    run["spec"]["training"]["beta"] = 0.04  # the KL panel
+    return run
 
 
 def render_rules(path: Path) -> Path:
