@@ -97,7 +97,6 @@ class Observed:
     windows: dict[str, tuple[float, float]]
     endpoint_text: dict[str, str]
     stalled_alert: dict | None
-    stall_started: float
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +152,6 @@ def observed(tmp_path_factory, tiny_model_dir):
                         wait_for(lambda: trainer_step(metrics_port) >= 2, timeout=RUN_TIMEOUT, what="two steps")
                         capture_endpoints(found, cluster, metrics_port)
                         hang.set()
-                        found.stall_started = time.time()
                         found.stalled_alert = wait_alert_firing(prometheus, "AtlasRunStalled", RIM_RUN, timeout=90)
                         release.set()
                         wait_finished(cluster, manifest)
