@@ -41,7 +41,6 @@ NETWORK_POLICY = Resource("networking.k8s.io", "v1", "networkpolicies", "Network
 # watches the runs' pods, for a container the kubelet cannot start.)
 POD = Resource("", "v1", "pods", "Pod")
 USER_AGENT = "atlas-operator/0.1.0"
-METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 RESOURCES = {r.kind: r for r in (CONFIG_MAP, SERVICE, DEPLOYMENT, PYTORCH_JOB, JOBSET, NETWORK_POLICY)}
 RESOURCES_BY_PLURAL = {r.plural: r for r in RESOURCES.values()}
 JOBS = {"PyTorchJob": PYTORCH_JOB, "JobSet": JOBSET}  # spec.backend → the workload that runs the trainer
