@@ -208,6 +208,7 @@ def bench(runs: int, interval: float, settle: float, window: float) -> dict:
                 api.create_namespaced_custom_object(
                     "atlas.arc.computer", "v1alpha1", NS, "atlastrainings", training(name, checkpoint={"pvc": "ckpt"})
                 )
+            figures["created_s"] = time.monotonic() - started
             wait(lambda: len(ready_at) == len(names), 300)
             stop.set()
             figures["all_ready_s"] = time.monotonic() - started
@@ -215,6 +216,11 @@ def bench(runs: int, interval: float, settle: float, window: float) -> dict:
             figures["present"] = len(latencies)
             figures["p50"], figures["p95"] = statistics.median(latencies), percentile(latencies, 0.95)
             figures["max"] = max(latencies)
+            tenth = max(1, len(names) // 10)  # latency by order of creation: does the operator keep up?
+            figures["deciles"] = [
+                statistics.median(ready_at[n] - created_at[n] for n in names[i : i + tenth] if n in ready_at)
+                for i in range(0, len(names), tenth)
+            ]
             # Settled: no write for `settle` seconds.
             mark, last = 0, time.monotonic()
             while time.monotonic() - last < settle:
@@ -326,6 +332,7 @@ def main() -> int:
     rows = [
         (f"runs (AtlasTraining, {children} children each)", lambda f: f"{f['runs']}"),
         ("all children present", lambda f: f"{f['present']}/{f['runs']} in {f['all_ready_s']:.1f} s"),
+        ("runs created (the bench's client) in", lambda f: f"{f['created_s']:.1f} s"),
         ("create -> children p50", lambda f: f"{f['p50']:.2f} s"),
         ("create -> children p95", lambda f: f"{f['p95']:.2f} s"),
         ("create -> children max", lambda f: f"{f['max']:.2f} s"),
@@ -335,6 +342,10 @@ def main() -> int:
                 f"{f['busy_cpu']['operator']:.1f} / {f['busy_cpu']['emulator']:.1f} "
                 f"(in {f['busy_cpu']['seconds']:.0f} s)"
             ),
+        ),
+        (
+            "median by creation tenth (1st/5th/10th)",
+            lambda f: " / ".join(f"{f['deciles'][i]:.2f}" for i in (0, len(f["deciles"]) // 2 - 1, -1)),
         ),
         ("busy CPU s: whole bench process", lambda f: f"{f['busy_cpu']['bench']:.1f}"),
         (

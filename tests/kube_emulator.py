@@ -12,11 +12,13 @@ What this module adds on top (in :class:`AtlasKubeEmulator`, a subclass):
 * 422 (not 500) for a failing JSON-patch ``test`` op, as kopf expects;
 * a fix for kmock's crash on ``/api/v1/namespaces[/name]`` (patched into kmock's path parser);
 * fault injection (:meth:`AtlasKubeEmulator.fail_next`) that fails BEFORE any state change;
-* ``labelSelector`` on lists (equality- and set-based, as ``kubectl get -l`` sends them; 400 when malformed);
+* ``labelSelector`` on lists and watches (equality- and set-based, as ``kubectl get -l`` sends them; 400 when
+  malformed);
 * a request log as plain records (:meth:`AtlasKubeEmulator.calls`, ``writes``, ``verbs``).
 
-Not emulated: garbage collection by ownerReferences, field selectors, label selectors on watches, watch
-``resourceVersion``/timeouts (every watch replays all objects as ADDED), admission/validation.
+Not emulated: garbage collection by ownerReferences, field selectors, the DELETED event a labelSelector watch gets
+when an object's labels stop matching, watch ``resourceVersion``/timeouts (every watch replays all objects as ADDED),
+admission/validation.
 
 Usage (synchronous test; the emulator runs in its own thread with its own event loop, so the
 synchronous ``kubernetes`` client, kopf's ``KopfRunner`` thread and subprocesses can all reach it)::
@@ -425,11 +427,20 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
         changed after the ``resourceVersion`` the client asks from (kopf passes its list's)."""
         since = request.params.get("resourceVersion")
         since = int(since) if since and since.isdigit() else None
+        selector = request.params.get("labelSelector")
+        try:
+            selects = label_selector(selector) if selector else None
+        except ValueError as exc:
+            raise kmock.KubernetesError(status=400, reason="BadRequest", message=str(exc)) from exc
         async for item in super()._serve_watch(request):
-            if since is not None and isinstance(item, dict) and item.get("type") == "ADDED":
-                version = str(item["object"].get("metadata", {}).get("resourceVersion", ""))
-                if version.isdigit() and int(version) <= since:
-                    continue
+            if isinstance(item, dict) and isinstance(item.get("object"), dict):
+                meta = item["object"].get("metadata") or {}
+                if since is not None and item.get("type") == "ADDED":
+                    version = str(meta.get("resourceVersion", ""))
+                    if version.isdigit() and int(version) <= since:
+                        continue
+                if selects is not None and not selects(meta.get("labels") or {}):
+                    continue  # the API server sends a watch only what its labelSelector selects
             yield item
 
     async def _serve_list(self, request: kmock.Request) -> Any:

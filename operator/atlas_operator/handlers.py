@@ -19,24 +19,26 @@ import kopf
 
 from atlas_contract.names import GROUP, KINDS, LABEL_MANAGED_BY, MANAGED_BY, VERSION
 from atlas_operator import config, kube, metrics
+from atlas_operator.informer import Informer
 from atlas_operator.kube import ApiError, Kube, Resource
 from atlas_operator.reconcile import Reconciler, RetryLater
 from atlas_operator.status import now, progress_patch, status_update
 
+log = logging.getLogger("atlas_operator")
 CONFIG = config.current()
 RUN_RESOURCES = {kind: Resource(GROUP, VERSION, plural, kind) for kind, plural in KINDS.items()}
-# What the operator creates for a run, watched (server-side: only objects labelled as the operator's): each one's
-# latest state is held in the ``atlas_children`` index, so a reconciliation reads none of them from the API server,
-# and a change someone else makes (a deletion, a drift, a job's or a Deployment's status) reconciles its run at once.
+# What the operator creates for a run, watched (server-side: only objects labelled as the operator's) by the
+# informer: each one's latest state is held, so a reconciliation reads none of them from the API server, and a change
+# someone else makes (a deletion, a drift, a job's or a Deployment's status) reconciles its run at once. The runs'
+# pods are followed too (not held): a container the kubelet cannot start.
 CHILD_RESOURCES = (kube.CONFIG_MAP, kube.SERVICE, kube.DEPLOYMENT, kube.PYTORCH_JOB, kube.JOBSET, kube.NETWORK_POLICY)
-CHILD_PLURALS = {resource.plural for resource in CHILD_RESOURCES}
-MANAGED = {LABEL_MANAGED_BY: MANAGED_BY}
+WATCHED_PLURALS = {resource.plural for resource in (*CHILD_RESOURCES, kube.POD)}
 STUCK_AFTER = 3  # timer intervals a run may wait for its create/update handler before its timer reconciles it
 GC_THRESHOLD = 20_000  # allocations between young-generation collections (Python's default: 700)
 
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, atlas_children, atlas_runs, **_) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     # kopf's bookkeeping lives in status (one write per reconciliation instead of status + annotations).
     settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.lastHandledConfiguration")
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
@@ -46,21 +48,25 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, atlas_childr
     settings.watching.connect_timeout = 30
     # Children and the runs' pods are watched through a label selector: the API server sends only the operator's
     # own objects, not every pod of the cluster.
-    settings.watching.label_selectors[lambda resource: resource.plural in CHILD_PLURALS | {"pods"}] = (
+    settings.watching.label_selectors[lambda resource: resource.plural in WATCHED_PLURALS] = (
         f"{LABEL_MANAGED_BY}={MANAGED_BY}"
     )
-    # Each child event would log a line (most are the echoes of the operator's own writes): not worth its CPU.
-    logging.getLogger("kopf.objects").addFilter(_QuietChildEvents())
     # A deleted run waits for its timer to exit; check every second, not kopf's default minute.
     settings.background.cancellation_polling = 1
     # Thousands of watched objects live in the indices: the collector's full passes over them, at its default pace,
     # were a good share of a busy operator's CPU. Objects made at start-up are left out of them; passes are rarer.
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 20, 20)
-    memo.runs = atlas_runs
-    memo.reconciler = Reconciler(
-        Kube(watched=_held_by(atlas_children), watched_plurals=frozenset(CHILD_PLURALS)), CONFIG
+    memo.refreshing = set()  # runs whose refresh for a child's change is queued, not started yet
+    memo.tasks = set()
+    memo.informer = Informer(
+        CHILD_RESOURCES,
+        followed=(kube.POD,),
+        namespaces=CONFIG.watch_namespaces,
+        on_change=lambda type_, resource, obj: child_changed(type_, resource, obj, memo),
     )
+    memo.reconciler = Reconciler(Kube(watched=memo.informer.get, synced=memo.informer.synced), CONFIG)
+    memo.informer.start(settings)
     metrics.initialize_series()
     memo.phases = metrics.RunPhases()
     memo.metrics_server = await metrics.serve(CONFIG.metrics_host, CONFIG.metrics_port) if CONFIG.metrics_port else None
@@ -68,44 +74,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, atlas_childr
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_) -> None:
+    if memo.get("informer"):
+        await memo.informer.stop()
     if memo.get("metrics_server"):
         await memo.metrics_server.cleanup()
-
-
-class _QuietChildEvents(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (
-            isinstance(record.msg, str) and record.msg.startswith(("Handler 'child_changed'", "Handler 'pod_changed'"))
-        )
-
-
-def _held_by(index: kopf.Index):
-    """A :data:`kube.Lookup` over an index of (plural, namespace, name) → object."""
-
-    def lookup(resource: Resource, namespace: str, name: str) -> dict | None:
-        store = index.get((resource.plural, namespace, name))
-        return next(iter(store), None) if store else None
-
-    return lookup
-
-
-# ---------------------------------------------------------------------------------------------- indices
-
-
-async def _index_child(body: kopf.Body, resource: kopf.Resource, **_) -> dict:
-    return {(resource.plural, body.metadata.namespace, body.metadata.name): dict(body)}
-
-
-for _child in CHILD_RESOURCES:
-    kopf.index(_child.group, _child.version, _child.plural, labels=MANAGED, id="atlas_children")(_index_child)
-
-
-async def _index_run(body: kopf.Body, **_) -> dict:
-    return {(body["kind"], body.metadata.namespace, body.metadata.name): dict(body)}
-
-
-for _plural in KINDS.values():
-    kopf.index(GROUP, VERSION, _plural, id="atlas_runs")(_index_run)
 
 
 # ---------------------------------------------------------------------------------------------- reconciling
@@ -150,7 +122,7 @@ def refresh(body: kopf.Body, memo: kopf.Memo) -> dict:
     """One reconciliation of a run: posts its Events, returns the status patch."""
     patch, events = evaluate(body, memo)
     for event in events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        memo.reconciler.kube.post_event(body, event.type, event.reason, event.message)
     return patch
 
 
@@ -238,58 +210,50 @@ def needs_retry(status: dict, generation: int | None, stuck: bool = False) -> bo
 # ---------------------------------------------------------------------------------------------- child events
 
 
-async def child_changed(body: kopf.Body, type: str | None, resource: kopf.Resource, memo: kopf.Memo, logger, **_):
+def child_changed(type_: str, resource: Resource, obj: dict, memo: kopf.Memo) -> None:
     """A child changed, and not by the operator's own last write (a job's or a Deployment's status, a deletion, a
-    drift): reconcile its run now rather than at the next timer tick. Async: the echoes of the operator's own writes
-    (most events) are dropped on the event loop, without a trip through the handlers' threads."""
-    if type is None:
-        return  # the initial listing: the resume handlers reconcile every run
+    drift), or a run's pod can no longer start its containers (a missing pull Secret, a bad image), or again: reconcile
+    its run now rather than at the next timer tick. On the event loop, for every event: the echoes of the operator's
+    own writes (most events) are dropped here, without a trip through the handlers' threads."""
     reconciler = memo.reconciler
-    if reconciler.kube.own_write(kube.RESOURCES_BY_PLURAL[resource.plural], dict(body), deleted=type == "DELETED"):
-        return  # the echo of our own create, patch or delete
-    owner = reconciler.owning_run(body)
-    if owner is None:
-        return
-    held = next(iter(memo.runs.get((owner["kind"], body.metadata.namespace, owner["name"])) or ()), None)
-    if held is None or held["metadata"].get("deletionTimestamp"):
-        return
-    await asyncio.to_thread(refresh_from_child, held, dict(body), memo, logger)
-
-
-for _child in CHILD_RESOURCES:
-    kopf.on.event(_child.group, _child.version, _child.plural, labels=MANAGED, id="child_changed")(child_changed)
-
-
-def refresh_from_child(held: dict, child: dict, memo: kopf.Memo, logger) -> None:
-    """Reconcile the run a child (or pod) belongs to. The run is read from the API server first: the copy the watch
-    holds can be behind a spec change, and reconciling it would write the old spec back to the children (a resumed
-    run's job suspended again) until the run's own update handler undid it. Only events that are not the echo of
-    the operator's own writes get here, so a settled run costs nothing."""
-    reconciler = memo.reconciler
-    kind, namespace, name = held["kind"], held["metadata"]["namespace"], held["metadata"]["name"]
-    try:
-        run = reconciler.kube.get_fresh(RUN_RESOURCES[kind], namespace, name)
-        if run is None or run["metadata"].get("deletionTimestamp"):
+    deleted = type_ == "DELETED"
+    if resource is kube.POD:  # its app.kubernetes.io/instance label names its run; only a change of state counts
+        changed = reconciler.pod_changed(obj, deleted=deleted)
+        if changed is None:
             return
-        patch, events = evaluate(run, memo)
+        kind, name = changed
+    else:
+        if reconciler.kube.own_write(resource, obj, deleted=deleted):
+            return  # the echo of our own create, patch or delete
+        owner = reconciler.owning_run(obj)
+        if owner is None:
+            return
+        kind, name = owner["kind"], owner["name"]
+    run = (kind, obj["metadata"].get("namespace", ""), name)
+    if run in memo.refreshing:
+        return  # a refresh is queued and has not started: it will see this change too
+    memo.refreshing.add(run)
+    task = asyncio.get_running_loop().create_task(asyncio.to_thread(refresh_run, run, obj.get("kind"), memo))
+    memo.tasks.add(task)  # held until done (the loop keeps only weak references to tasks)
+    task.add_done_callback(memo.tasks.discard)
+
+
+def refresh_run(run: tuple[str, str, str], cause: str | None, memo: kopf.Memo) -> None:
+    """Reconcile a run after a change of one of its children or pods. The run is read from the API server first: a
+    copy held from a watch can be behind a spec change, and reconciling it would write the old spec back to the
+    children (a resumed run's job suspended again) until the run's own update handler undid it. Only events that
+    are not the echo of the operator's own writes get here, so a settled run costs nothing."""
+    memo.refreshing.discard(run)  # from now on, a change needs a refresh of its own
+    reconciler = memo.reconciler
+    kind, namespace, name = run
+    try:
+        body = reconciler.kube.get_fresh(RUN_RESOURCES[kind], namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        patch, events = evaluate(body, memo)
         for event in events:
-            kopf.event(run, type=event.type, reason=event.reason, message=event.message)
+            reconciler.kube.post_event(body, event.type, event.reason, event.message)
         if patch:
             reconciler.kube.patch(RUN_RESOURCES[kind], namespace, name, {"status": patch}, subresource="status")
     except (ApiError, RetryLater) as exc:  # the run's timer catches up
-        logger.warning("could not refresh %s %s from its %s: %s", kind, name, child["kind"], exc)
-
-
-@kopf.on.event("", "v1", "pods", labels=MANAGED)
-async def pod_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, logger, **_) -> None:
-    """A run's pod cannot start (a missing pull Secret, a Secret its env names, a bad image), or no longer: say so on
-    the run now (PodsStarted and an Event). The pod's app.kubernetes.io/instance label names its run; only a change
-    of that state costs a reconciliation."""
-    changed = memo.reconciler.pod_changed(dict(body), deleted=type == "DELETED")
-    if changed is None:
-        return
-    kind, name = changed
-    held = next(iter(memo.runs.get((kind, body.metadata.namespace, name)) or ()), None)
-    if held is None or held["metadata"].get("deletionTimestamp"):
-        return
-    await asyncio.to_thread(refresh_from_child, held, dict(body), memo, logger)
+        log.warning("could not refresh %s %s/%s after a change of its %s: %s", kind, namespace, name, cause, exc)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime
 import json
+import logging
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -40,7 +42,11 @@ NETWORK_POLICY = Resource("networking.k8s.io", "v1", "networkpolicies", "Network
 # Read only: the finished rank-0 pod's termination message (the run's result); a JobSet's pods by label. (kopf also
 # watches the runs' pods, for a container the kubelet cannot start.)
 POD = Resource("", "v1", "pods", "Pod")
+EVENT = Resource("", "v1", "events", "Event")  # create only: what happened to a run (kubectl describe)
+EVENT_MESSAGE_MAX = 1024  # the API server refuses longer Event messages
 USER_AGENT = "atlas-operator/0.1.0"
+EVENT_SOURCE = "atlas-operator"  # an Event's source.component: the "From" column of kubectl describe
+log = logging.getLogger("atlas_operator")
 RESOURCES = {r.kind: r for r in (CONFIG_MAP, SERVICE, DEPLOYMENT, PYTORCH_JOB, JOBSET, NETWORK_POLICY)}
 RESOURCES_BY_PLURAL = {r.plural: r for r in RESOURCES.values()}
 JOBS = {"PyTorchJob": PYTORCH_JOB, "JobSet": JOBSET}  # spec.backend → the workload that runs the trainer
@@ -86,14 +92,15 @@ class Kube:
 
     ``watched`` (optional) answers :meth:`get` for the resources the operator watches, from what the watch holds, so
     a settled run costs no read: an object the watch has not shown yet, or one this client wrote since (the watch is
-    behind), is read from the API server as before."""
+    behind), is read from the API server as before. ``synced(plural)`` says whether the watch shows every object of
+    a resource (its first listing is over), so that one it does not show is absent."""
 
     def __init__(
         self,
         api_client=None,
         timeout: float = 30.0,
         watched: Lookup | None = None,
-        watched_plurals: frozenset[str] = frozenset(),
+        synced: Callable[[str], bool] | None = None,
     ):
         if api_client is None:
             api_client = default_api_client()
@@ -101,7 +108,7 @@ class Kube:
         self.api = api_client
         self.timeout = timeout
         self.watched = watched
-        self.watched_plurals = watched_plurals  # resources whose every object the watch shows
+        self.synced = synced or (lambda plural: False)
         self._lock = threading.Lock()
         # (plural, namespace, name) -> resourceVersion of this client's last write: newer than the watch's copy until
         # the watch shows it; also tells a watch event that echoes our own write from someone else's change.
@@ -187,7 +194,7 @@ class Kube:
         held = self._from_watch(resource, namespace, name)
         if held is not None:
             return held
-        if absent_unless_watched and self.watched is not None and resource.plural in self.watched_plurals:
+        if absent_unless_watched and self.watched is not None and self.synced(resource.plural):
             with self._lock:
                 if (resource.plural, namespace, name) not in self._written:
                     return None
@@ -235,6 +242,40 @@ class Kube:
             if exc.not_found:
                 return False
             raise
+
+    def post_event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """An Event about ``involved`` (a run), as kopf posts them (``kubectl describe`` shows it). A failure is
+        logged, never raised: an Event is worth no failed reconciliation."""
+        meta = involved["metadata"]
+        if len(message) > EVENT_MESSAGE_MAX:
+            message = message[: EVENT_MESSAGE_MAX - 3] + "..."
+        now = datetime.datetime.now(datetime.UTC).isoformat()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"namespace": meta["namespace"], "generateName": f"{meta['name']}."},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"),
+                "kind": involved.get("kind"),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message,
+            "source": {"component": EVENT_SOURCE},
+            "reportingComponent": EVENT_SOURCE,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self._call("POST", EVENT.path(meta["namespace"]), event)
+        except (ApiError, OSError) as exc:
+            log.warning(
+                "could not post the %s Event %s of %s %s: %s", type_, reason, involved.get("kind"), meta["name"], exc
+            )
 
     def exists(self, resource: Resource, namespace: str, name: str) -> bool:
         return self.get(resource, namespace, name) is not None

@@ -1,0 +1,143 @@
+"""What the operator created, listed and then watched, held in memory: the informer of client-go's controllers.
+
+Each resource (in each watched namespace, or cluster-wide) is followed with kopf's own watch-stream: a list, then a
+watch from the list's resourceVersion, reconnecting where it stopped, listing again after a 410 Gone, through a
+server-side label selector (``settings.watching.label_selectors``), with kopf's login. What it leaves out is kopf's
+per-object event processing (a worker, a handler state, a patch, the invocation of each index and event handler):
+about a millisecond of CPU per event, and a run brings seven child events when it is created. At a thousand runs
+created at once that was a third of the operator's CPU, the difference between keeping up and not
+(bench/operator_throughput.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import kopf
+from kopf._cogs.clients import watching  # kopf's list-then-watch stream (no public API for a bare stream)
+
+from atlas_operator.kube import Resource
+
+log = logging.getLogger("atlas_operator")
+
+Key = tuple[str, str, str]  # (plural, namespace, name)
+# Called on the event loop for each change after the first listing: (ADDED, MODIFIED or DELETED, resource, object).
+OnChange = Callable[[str, Resource, dict[str, Any]], None]
+
+
+class Informer:
+    """The latest state of every object of ``held`` resources (a lookup by key, no API call), and ``on_change`` for
+    each change of those and of the ``followed`` ones (seen, not held: pods are many and large)."""
+
+    def __init__(
+        self,
+        held: Iterable[Resource],
+        followed: Iterable[Resource] = (),
+        namespaces: tuple[str, ...] = (),
+        on_change: OnChange | None = None,
+    ):
+        self.held = tuple(held)
+        self.followed = tuple(followed)
+        self.namespaces: tuple[str | None, ...] = namespaces or (None,)  # None: cluster-wide
+        self.on_change = on_change
+        self._objects: dict[Key, dict[str, Any]] = {}
+        self._listed: set[tuple[str, str | None]] = set()  # (plural, namespace) whose first listing is over
+        self._tasks: list[asyncio.Task] = []
+
+    def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        """The held object, or None when the watch does not show it (absent, or not listed yet: see ``synced``)."""
+        return self._objects.get((resource.plural, namespace, name))
+
+    def synced(self, plural: str) -> bool:
+        """Whether every object of ``plural`` is held: its first listing is over in every watched namespace."""
+        return all((plural, namespace) in self._listed for namespace in self.namespaces)
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def start(self, settings: kopf.OperatorSettings) -> None:
+        """Follow every resource in every namespace, each in its own task (from kopf's startup: its login holds)."""
+        for resource in (*self.held, *self.followed):
+            for namespace in self.namespaces:
+                self._tasks.append(
+                    asyncio.create_task(
+                        self._follow(settings, resource, namespace), name=f"informer {resource.plural} {namespace}"
+                    )
+                )
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _follow(self, settings: kopf.OperatorSettings, resource: Resource, namespace: str | None) -> None:
+        stream = kopf.Resource(resource.group, resource.version, resource.plural, kind=resource.kind, namespaced=True)
+        hold = resource in self.held
+        listing: dict[Key, dict[str, Any]] | None = None  # a listing in progress (the first one, or after a 410)
+        while True:
+            try:
+                async for event in watching.infinite_watch(settings=settings, resource=stream, namespace=namespace):
+                    if event is watching.Bookmark.LISTED:
+                        self._relisted(resource, namespace, listing or {}, hold)
+                        listing = None
+                    elif isinstance(event, dict) and event.get("type") != "BOOKMARK":
+                        obj = event["object"]
+                        meta = obj.get("metadata") or {}
+                        key = (resource.plural, meta.get("namespace", ""), meta.get("name", ""))
+                        if event["type"] is None:
+                            listing = {} if listing is None else listing
+                            listing[key] = obj
+                        else:
+                            self._changed(event["type"], resource, key, obj, hold)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # an unexpected answer: say so, and list again (kopf retries transient errors itself)
+                log.exception("watching %s in %s failed; listing again", resource.plural, namespace or "all namespaces")
+                listing = None
+                await asyncio.sleep(settings.watching.reconnect_backoff)
+
+    def _changed(self, type_: str, resource: Resource, key: Key, obj: dict[str, Any], hold: bool) -> None:
+        if hold:
+            if type_ == "DELETED":
+                self._objects.pop(key, None)
+            else:
+                self._objects[key] = obj
+        self._notify(type_, resource, obj)
+
+    def _relisted(self, resource: Resource, namespace: str | None, listing: dict[Key, dict], hold: bool) -> None:
+        """A listing is over. The first one fills the store; a later one (after a 410) also reports what changed
+        while the watch was away: objects gone, added or changed."""
+        first = (resource.plural, namespace) not in self._listed
+        self._listed.add((resource.plural, namespace))
+        if not hold:
+            return
+        gone = [
+            key
+            for key in self._objects
+            if key[0] == resource.plural and namespace in (None, key[1]) and key not in listing
+        ]
+        for key in gone:
+            obj = self._objects.pop(key)
+            if not first:
+                self._notify("DELETED", resource, obj)
+        for key, obj in listing.items():
+            before = self._objects.get(key)
+            self._objects[key] = obj
+            if not first and _version(before) != _version(obj):
+                self._notify("MODIFIED" if before is not None else "ADDED", resource, obj)
+
+    def _notify(self, type_: str, resource: Resource, obj: dict[str, Any]) -> None:
+        if self.on_change is None:
+            return
+        try:
+            self.on_change(type_, resource, obj)
+        except Exception:  # one bad object must not stop the stream of every other
+            log.exception("handling a %s event of %s failed", type_, resource.kind)
+
+
+def _version(obj: dict[str, Any] | None) -> str | None:
+    return None if obj is None else (obj.get("metadata") or {}).get("resourceVersion")
