@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import kopf
-from kopf._cogs.clients import watching  # kopf's list-then-watch stream (no public API for a bare stream)
+from kopf._cogs.clients import errors, watching  # kopf's list-then-watch stream (no public API for a bare stream)
 
 from atlas_operator.kube import Resource
 
@@ -26,6 +26,9 @@ log = logging.getLogger("atlas_operator")
 Key = tuple[str, str, str]  # (plural, namespace, name)
 # Called on the event loop for each change after the first listing: (ADDED, MODIFIED or DELETED, resource, object).
 OnChange = Callable[[str, Resource, dict[str, Any]], None]
+# Seconds between tries to list a resource the API server does not serve (its CRD not installed: a cluster without
+# JobSet) or does not let the operator list (its RBAC): none of its objects exist for the operator meanwhile.
+UNSERVED_RETRY_S = 30.0
 
 
 class Informer:
@@ -45,6 +48,7 @@ class Informer:
         self.on_change = on_change
         self._objects: dict[Key, dict[str, Any]] = {}
         self._listed: set[tuple[str, str | None]] = set()  # (plural, namespace) whose first listing is over
+        self._listing: dict[tuple[str, str | None], dict[Key, dict[str, Any]]] = {}  # listings in progress
         self._tasks: list[asyncio.Task] = []
 
     def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
@@ -76,44 +80,50 @@ class Informer:
 
     async def _follow(self, settings: kopf.OperatorSettings, resource: Resource, namespace: str | None) -> None:
         stream = kopf.Resource(resource.group, resource.version, resource.plural, kind=resource.kind, namespaced=True)
-        hold = resource in self.held
-        listing: dict[Key, dict[str, Any]] | None = None  # a listing in progress (the first one, or after a 410)
         while True:
             try:
                 async for event in watching.infinite_watch(settings=settings, resource=stream, namespace=namespace):
-                    if event is watching.Bookmark.LISTED:
-                        self._relisted(resource, namespace, listing or {}, hold)
-                        listing = None
-                    elif isinstance(event, dict) and event.get("type") != "BOOKMARK":
-                        obj = event["object"]
-                        meta = obj.get("metadata") or {}
-                        key = (resource.plural, meta.get("namespace", ""), meta.get("name", ""))
-                        if event["type"] is None:
-                            listing = {} if listing is None else listing
-                            listing[key] = obj
-                        else:
-                            self._changed(event["type"], resource, key, obj, hold)
+                    self.handle(resource, namespace, event)
             except asyncio.CancelledError:
                 raise
+            except (errors.APINotFoundError, errors.APIForbiddenError) as exc:
+                if (resource.plural, namespace) not in self._listed:
+                    log.info("not watching %s in %s: %s", resource.plural, namespace or "all namespaces", exc)
+                self._listing.pop((resource.plural, namespace), None)
+                self._relisted(resource, namespace, {})  # nothing of it to hold
+                await asyncio.sleep(UNSERVED_RETRY_S)
             except Exception:  # an unexpected answer: say so, and list again (kopf retries transient errors itself)
                 log.exception("watching %s in %s failed; listing again", resource.plural, namespace or "all namespaces")
-                listing = None
-                await asyncio.sleep(settings.watching.reconnect_backoff)
+                self._listing.pop((resource.plural, namespace), None)
+                await asyncio.sleep(max(1.0, settings.watching.reconnect_backoff))
 
-    def _changed(self, type_: str, resource: Resource, key: Key, obj: dict[str, Any], hold: bool) -> None:
-        if hold:
-            if type_ == "DELETED":
+    def handle(self, resource: Resource, namespace: str | None, event: Any) -> None:
+        """One item of kopf's watch-stream: an object of a listing (type None), the end of a listing
+        (``Bookmark.LISTED``), a change (ADDED, MODIFIED, DELETED), or a BOOKMARK (nothing to do)."""
+        if event is watching.Bookmark.LISTED:
+            self._relisted(resource, namespace, self._listing.pop((resource.plural, namespace), {}))
+            return
+        if not isinstance(event, dict) or event.get("type") == "BOOKMARK":
+            return
+        obj = event["object"]
+        meta = obj.get("metadata") or {}
+        key = (resource.plural, meta.get("namespace", ""), meta.get("name", ""))
+        if event["type"] is None:
+            self._listing.setdefault((resource.plural, namespace), {})[key] = obj
+            return
+        if resource in self.held:
+            if event["type"] == "DELETED":
                 self._objects.pop(key, None)
             else:
                 self._objects[key] = obj
-        self._notify(type_, resource, obj)
+        self._notify(event["type"], resource, obj)
 
-    def _relisted(self, resource: Resource, namespace: str | None, listing: dict[Key, dict], hold: bool) -> None:
+    def _relisted(self, resource: Resource, namespace: str | None, listing: dict[Key, dict]) -> None:
         """A listing is over. The first one fills the store; a later one (after a 410) also reports what changed
         while the watch was away: objects gone, added or changed."""
         first = (resource.plural, namespace) not in self._listed
         self._listed.add((resource.plural, namespace))
-        if not hold:
+        if resource not in self.held:
             return
         gone = [
             key

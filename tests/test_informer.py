@@ -1,0 +1,118 @@
+"""The operator's informer (atlas_operator.informer): what it holds and what it reports, fed with the items kopf's
+watch-stream yields (a listing's objects with type None, Bookmark.LISTED at its end, then ADDED/MODIFIED/DELETED and
+BOOKMARK events). The operator tests run it against the API emulator through kopf's stream; these pin down the
+listing, relisting (after a 410 Gone) and namespace logic that a live cluster would rarely show."""
+
+from __future__ import annotations
+
+import logging
+
+from atlas_operator import kube
+from atlas_operator.informer import Informer
+from kopf._cogs.clients.watching import Bookmark
+
+LISTED = Bookmark.LISTED
+
+
+def cm(name: str, version: int, namespace: str = "team-a") -> dict:
+    return {"kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace, "resourceVersion": str(version)}}
+
+
+def pod(name: str, version: int) -> dict:
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "team-a", "resourceVersion": str(version)}}
+
+
+def informer(namespaces: tuple[str, ...] = ()) -> tuple[Informer, list]:
+    seen: list = []
+    held = Informer(
+        (kube.CONFIG_MAP, kube.SERVICE),
+        followed=(kube.POD,),
+        namespaces=namespaces,
+        on_change=lambda type_, resource, obj: seen.append((type_, resource.plural, obj["metadata"]["name"])),
+    )
+    return held, seen
+
+
+def listed(held: Informer, resource: kube.Resource, *objects: dict, namespace: str | None = None) -> None:
+    for obj in objects:
+        held.handle(resource, namespace, {"type": None, "object": obj})
+    held.handle(resource, namespace, LISTED)
+
+
+def test_the_first_listing_fills_the_store_without_reporting_and_syncs_the_resource():
+    held, seen = informer()
+    held.handle(kube.CONFIG_MAP, None, {"type": None, "object": cm("a", 1)})
+    assert not held.synced("configmaps")  # mid-listing: an object not shown yet may exist
+    assert held.get(kube.CONFIG_MAP, "team-a", "a") is None
+    held.handle(kube.CONFIG_MAP, None, {"type": None, "object": cm("b", 2)})
+    held.handle(kube.CONFIG_MAP, None, LISTED)
+    assert held.synced("configmaps") and not held.synced("services")
+    assert held.get(kube.CONFIG_MAP, "team-a", "b")["metadata"]["resourceVersion"] == "2"
+    assert held.get(kube.SERVICE, "team-a", "a") is None  # keyed by resource too
+    assert seen == []  # the resume handlers reconcile every run after a start
+    listed(held, kube.SERVICE)  # an empty listing syncs too
+    assert held.synced("services") and len(held) == 2
+
+
+def test_changes_update_the_store_and_are_reported_bookmarks_are_not():
+    held, seen = informer()
+    listed(held, kube.CONFIG_MAP, cm("a", 1))
+    held.handle(kube.CONFIG_MAP, None, {"type": "ADDED", "object": cm("b", 2)})
+    held.handle(kube.CONFIG_MAP, None, {"type": "MODIFIED", "object": cm("a", 3)})
+    held.handle(kube.CONFIG_MAP, None, {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "4"}}})
+    held.handle(kube.CONFIG_MAP, None, {"type": "DELETED", "object": cm("b", 5)})
+    assert seen == [("ADDED", "configmaps", "b"), ("MODIFIED", "configmaps", "a"), ("DELETED", "configmaps", "b")]
+    assert held.get(kube.CONFIG_MAP, "team-a", "a")["metadata"]["resourceVersion"] == "3"
+    assert held.get(kube.CONFIG_MAP, "team-a", "b") is None
+
+
+def test_followed_resources_are_reported_not_held():
+    held, seen = informer()
+    listed(held, kube.POD, pod("p", 1))
+    held.handle(kube.POD, None, {"type": "MODIFIED", "object": pod("p", 2)})
+    assert held.synced("pods") and len(held) == 0
+    assert seen == [("MODIFIED", "pods", "p")]
+
+
+def test_a_listing_after_a_gone_watch_reports_what_changed_meanwhile():
+    """After a 410 kopf lists again: what was deleted, changed or added while the watch was away is reported
+    (a child deleted then is recreated), what stood still is not."""
+    held, seen = informer()
+    listed(held, kube.CONFIG_MAP, cm("kept", 1), cm("changed", 2), cm("deleted", 3))
+    listed(held, kube.CONFIG_MAP, cm("kept", 1), cm("changed", 7), cm("new", 8))
+    assert sorted(seen) == [
+        ("ADDED", "configmaps", "new"),
+        ("DELETED", "configmaps", "deleted"),
+        ("MODIFIED", "configmaps", "changed"),
+    ]
+    assert held.get(kube.CONFIG_MAP, "team-a", "deleted") is None
+    assert held.get(kube.CONFIG_MAP, "team-a", "changed")["metadata"]["resourceVersion"] == "7"
+
+
+def test_each_watched_namespace_lists_on_its_own():
+    held, seen = informer(namespaces=("team-a", "team-b"))
+    listed(held, kube.CONFIG_MAP, cm("a", 1), namespace="team-a")
+    assert not held.synced("configmaps")  # team-b not listed yet
+    listed(held, kube.CONFIG_MAP, cm("b", 2, "team-b"), namespace="team-b")
+    assert held.synced("configmaps")
+    listed(held, kube.CONFIG_MAP, namespace="team-a")  # team-a relisted, now empty: team-b's object stays
+    assert held.get(kube.CONFIG_MAP, "team-b", "b") is not None
+    assert held.get(kube.CONFIG_MAP, "team-a", "a") is None
+    assert seen == [("DELETED", "configmaps", "a")]
+
+
+def test_a_failing_handler_is_logged_and_the_stream_goes_on(caplog):
+    calls = []
+
+    def fails(type_, resource, obj):
+        calls.append(obj["metadata"]["name"])
+        raise RuntimeError("boom")
+
+    held = Informer((kube.CONFIG_MAP,), on_change=fails)
+    listed(held, kube.CONFIG_MAP)
+    with caplog.at_level(logging.ERROR, logger="atlas_operator"):
+        held.handle(kube.CONFIG_MAP, None, {"type": "ADDED", "object": cm("a", 1)})
+        held.handle(kube.CONFIG_MAP, None, {"type": "ADDED", "object": cm("b", 2)})
+    assert calls == ["a", "b"]
+    assert held.get(kube.CONFIG_MAP, "team-a", "b") is not None
+    assert "handling a ADDED event of ConfigMap failed" in caplog.text
