@@ -53,7 +53,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     )
     # A deleted run waits for its timer to exit; check every second, not kopf's default minute.
     settings.background.cancellation_polling = 1
-    # Thousands of watched objects live in the indices: the collector's full passes over them, at its default pace,
+    # Thousands of watched objects live in the informer: the collector's full passes over them, at its default pace,
     # were a good share of a busy operator's CPU. Objects made at start-up are left out of them; passes are rarer.
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 20, 20)
