@@ -14,11 +14,13 @@ What this module adds on top (in :class:`AtlasKubeEmulator`, a subclass):
 * fault injection (:meth:`AtlasKubeEmulator.fail_next`) that fails BEFORE any state change;
 * ``labelSelector`` on lists and watches (equality- and set-based, as ``kubectl get -l`` sends them; 400 when
   malformed);
-* a request log as plain records (:meth:`AtlasKubeEmulator.calls`, ``writes``, ``verbs``).
+* a request log as plain records (:meth:`AtlasKubeEmulator.calls`, ``writes``, ``verbs``);
+* watches that miss events: :meth:`AtlasKubeEmulator.delete_unseen` (no event), ``expire_watches`` (410 Gone).
 
 Not emulated: garbage collection by ownerReferences, field selectors, the DELETED event a labelSelector watch gets
-when an object's labels stop matching, watch ``resourceVersion``/timeouts (every watch replays all objects as ADDED),
-admission/validation.
+when an object's labels stop matching, watch timeouts, a 410 for a watch from a resourceVersion too old (a watch
+without one replays all objects as ADDED, one from a list's resourceVersion only what is newer), admission and
+validation.
 
 Usage (synchronous test; the emulator runs in its own thread with its own event loop, so the
 synchronous ``kubernetes`` client, kopf's ``KopfRunner`` thread and subprocesses can all reach it)::
@@ -254,6 +256,8 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
     _faults: list[Fault] = attrs.field(factory=list, init=False)
     _faults_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _rv_counter: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _assigned_rv: int = attrs.field(default=0, init=False)  # the last resourceVersion given to a write
+    _committed_rv: int = attrs.field(default=0, init=False)  # ... of the last write stored (a list's version)
     _write_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
     _statuses: dict[int, int] = attrs.field(factory=dict, init=False)
     # Requests already served. kmock's reactions match each new request by scanning its whole
@@ -420,6 +424,29 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
             if res == sel and not obj.deleted and (namespace is None or ns == namespace)
         ]
 
+    # -- watches that miss events -----------------------------------------------------------------
+
+    async def delete_unseen(self, resource: str, namespace: str, name: str) -> None:
+        """Delete an object with no event to the open watches: what a watch that was away (a dropped connection,
+        an API server restart) never hears of. Only a listing shows it gone."""
+        key = (kmock.resource(resource), namespace, name)
+        async with self._lock:
+            self._objects[key].delete()
+
+    async def expire_watches(self, resource: str) -> None:
+        """End every open watch of ``resource`` with the 410 Gone ERROR event the API server sends when the watch's
+        resourceVersion is too old (compacted): the client has to list again."""
+        status = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": "too old resource version",
+            "reason": "Expired",
+            "code": 410,
+        }
+        await self._buses[kmock.resource(resource)].put({"type": "ERROR", "object": status})
+
     # -- serving -------------------------------------------------------------------------------
 
     async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
@@ -439,13 +466,15 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
                     version = str(meta.get("resourceVersion", ""))
                     if version.isdigit() and int(version) <= since:
                         continue
-                if selects is not None and not selects(meta.get("labels") or {}):
+                if selects is not None and item.get("type") != "ERROR" and not selects(meta.get("labels") or {}):
                     continue  # the API server sends a watch only what its labelSelector selects
             yield item
 
     async def _serve_list(self, request: kmock.Request) -> Any:
-        """kmock lists every object of the resource; a real API server only those its ``labelSelector`` selects."""
+        """kmock lists every object of the resource; a real API server only those its ``labelSelector`` selects, with
+        the resourceVersion a watch continues from (kmock's is "...", so every watch would replay every object)."""
         payload = await super()._serve_list(request)
+        payload = {**payload, "metadata": {**payload.get("metadata", {}), "resourceVersion": str(self._committed_rv)}}
         selector = request.params.get("labelSelector")
         if selector:
             try:
@@ -475,7 +504,8 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
         ]
 
     def _next_rv(self) -> str:
-        return str(next(self._rv_counter))
+        self._assigned_rv = next(self._rv_counter)
+        return str(self._assigned_rv)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         res = request.resource
@@ -497,17 +527,20 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
             method = request.method.value.upper()
             if method in ("POST", "PATCH", "PUT", "DELETE"):
                 async with self._write_lock:  # never held across watches (they are GETs)
-                    if method == "PUT":
-                        return await self._serve_put(request, info)
-                    if request.action == kmock.action.CREATE:
-                        self._prepare_create(request, info)
-                    elif request.action == kmock.action.UPDATE:
-                        await self._prepare_update(request, info)
-                    response = await super()._handle(request)
-                    # kubernetes' CustomObjectsApi.create_* deserializes only a 201 (a 200 gives None).
-                    if request.action == kmock.action.CREATE and response.status == 200 and not response.prepared:
-                        response.set_status(201)
-                    return response
+                    try:
+                        if method == "PUT":
+                            return await self._serve_put(request, info)
+                        if request.action == kmock.action.CREATE:
+                            self._prepare_create(request, info)
+                        elif request.action == kmock.action.UPDATE:
+                            await self._prepare_update(request, info)
+                        response = await super()._handle(request)
+                        # kubernetes' CustomObjectsApi.create_* deserializes only a 201 (a 200 gives None).
+                        if request.action == kmock.action.CREATE and response.status == 200 and not response.prepared:
+                            response.set_status(201)
+                        return response
+                    finally:  # writes are one at a time: what was assigned is stored (or failed) by now
+                        self._committed_rv = self._assigned_rv
         return await super()._handle(request)
 
     def _prepare_create(self, request: kmock.Request, info: kmock.ResourceInfo) -> None:

@@ -402,8 +402,9 @@ class OperatorProcess:
 
 
 class Cluster:
-    def __init__(self, emulator, kubeconfig: Path, operator: OperatorProcess):
-        self.emu = emulator
+    def __init__(self, server: EmulatorThread, kubeconfig: Path, operator: OperatorProcess):
+        self.server = server  # server.run(coroutine): kmock's async-only APIs, on the emulator's loop
+        self.emu = server.emulator
         self.operator = operator
         self.api_client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
         self.custom = kubernetes.client.CustomObjectsApi(self.api_client)
@@ -587,7 +588,7 @@ def start_cluster(
         timeout=60,
         what="the operator watching runs",
     )
-    return server, Cluster(server.emulator, kubeconfig, operator)
+    return server, Cluster(server, kubeconfig, operator)
 
 
 def wait_children(cluster: Cluster, name: str, teacher_run: bool = True) -> dict[str, dict]:

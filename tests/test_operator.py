@@ -158,6 +158,25 @@ def test_deleted_children_are_recreated(cluster):
     assert created == {key: 2 if key in ("rollout", "config") else 1 for key in wanted}
 
 
+def test_a_child_deleted_while_the_watch_was_away_is_made_again_after_the_relisting(cluster):
+    """A watch that misses events (a dropped connection, an API server restarted) is ended with 410 Gone and the
+    operator lists again: a child the listing no longer shows was deleted meanwhile, and its run makes it again."""
+    cluster.apply(training("relist-run"))
+    old_uid = wait_children(cluster, "relist-run", teacher_run=False)["config"]["metadata"]["uid"]
+    lists = len(cluster.emu.calls(lambda c: c.resource == "configmaps" and c.verb == "list"))
+    cluster.server.run(cluster.emu.delete_unseen("v1/configmaps", NS, "relist-run-config"))
+    cluster.server.run(cluster.emu.expire_watches("v1/configmaps"))
+    wait_for(
+        lambda: (
+            (cluster.emu.get("v1/configmaps", NS, "relist-run-config") or {}).get("metadata", {}).get("uid")
+            not in (None, old_uid)
+        ),
+        timeout=TIMEOUT,
+        what="the ConfigMap made again after the relisting",
+    )
+    assert len(cluster.emu.calls(lambda c: c.resource == "configmaps" and c.verb == "list")) > lists
+
+
 def test_invalid_spec_gets_every_problem_and_no_children(cluster):
     manifest = training(
         "invalid-run",
