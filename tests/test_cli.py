@@ -203,3 +203,26 @@ def test_manifests_and_run_files_in_the_encodings_editors_write(tmp_path, capsys
         codecs.BOM_UTF16_LE + "algorithm: sft\ndataset:\n  source: builtin://arithmetic\n".encode("utf-16-le")
     )
     assert load_run_config([f"recipe={run_file}"]).algorithm == "sft"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "namespaces", "scope"),
+    [
+        ([], "", (), ["--all-namespaces"]),
+        ([], "team-a, team-b", ("team-a", "team-b"), ["--namespace", "team-a", "--namespace", "team-b"]),
+        (["-n", "team-c"], "team-a", ("team-c",), ["--namespace", "team-c"]),
+        (["-A"], "team-a", (), ["--all-namespaces"]),  # -A wins: children are then watched everywhere too
+    ],
+)
+def test_the_operator_watches_runs_and_children_in_the_same_namespaces(monkeypatch, argv, env, namespaces, scope):
+    """kopf watches the runs where the command line says; the operator's informer watches their children where its
+    settings say: the two come from one decision."""
+    from atlas_operator.cli import operator_command
+
+    monkeypatch.setenv("ATLAS_WATCH_NAMESPACES", env)
+    settings, command = operator_command([*argv, "--verbose"])
+    assert settings.watch_namespaces == namespaces
+    start = command.index("--log-format=plain") + 1
+    assert command[start : start + len(scope)] == scope
+    assert command[start + len(scope)] == "--verbose"  # kopf's own options pass through
+    assert "--all-namespaces" not in command[start + len(scope) :]

@@ -155,6 +155,18 @@ def manifest_run_config(path: str) -> tuple[str, dict[str, Any], list[str]]:
 def operator_main(argv: list[str] | None = None) -> int:
     """``atlas operator [options] [kopf run options]``: our options become ATLAS_* settings, the rest
     goes to ``kopf run`` (e.g. --verbose, --liveness, --peering)."""
+    from atlas_operator import config
+
+    settings, command = operator_command(argv)
+    config.configure(settings)  # what the handlers module reads when kopf imports it
+    from kopf.cli import main as kopf_main
+
+    return kopf_main(args=command, prog_name="atlas operator")
+
+
+def operator_command(argv: list[str] | None = None):
+    """The operator's settings (``OperatorConfig``: flags over ATLAS_* variables) and the ``kopf run`` command line
+    for ``argv``: the namespaces kopf watches runs in are the ones the operator watches children in."""
     parser = argparse.ArgumentParser(prog="atlas operator", description="Run the Atlas operator (kopf).")
     parser.add_argument(
         "-n",
@@ -199,7 +211,8 @@ def operator_main(argv: list[str] | None = None) -> int:
     from atlas_operator import config
 
     settings = config.OperatorConfig.from_env(
-        watch_namespaces=args.namespace,
+        # -A wins over $ATLAS_WATCH_NAMESPACES: the runs and their children are then watched in every namespace.
+        watch_namespaces=() if args.all_namespaces else args.namespace,
         trainer_image=args.trainer_image,
         rollout_image=args.rollout_image,
         progress_interval=args.progress_interval,
@@ -209,13 +222,8 @@ def operator_main(argv: list[str] | None = None) -> int:
         network_policy=args.network_policy,
         monitoring_namespace=args.monitoring_namespace,
     )
-    config.configure(settings)  # what the handlers module reads when kopf imports it
     namespaces = settings.watch_namespaces
-    scope = (
-        ["--all-namespaces"]
-        if args.all_namespaces or not namespaces
-        else [part for n in namespaces for part in ("--namespace", n)]
-    )
+    scope = ["--all-namespaces"] if not namespaces else [part for n in namespaces for part in ("--namespace", n)]
     command = [
         "run",
         "--standalone",
@@ -225,6 +233,4 @@ def operator_main(argv: list[str] | None = None) -> int:
         "-m",
         "atlas_operator.handlers",
     ]
-    from kopf.cli import main as kopf_main
-
-    return kopf_main(args=command, prog_name="atlas operator")
+    return settings, command
