@@ -605,6 +605,9 @@ def test_missing_jobset_crd_is_a_condition_and_pytorchjob_runs_still_work(tmp_pa
         cluster.set_job_conditions("nojs-pytorch", "Created", "Running")
         cluster.wait_status(plain, lambda s: s.get("phase") == "Running", "Running")
         assert cluster.operator.alive()
+        # The informer holds no JobSet while none can exist, says so once, and does not retry in a loop.
+        output = cluster.operator.output()
+        assert output.count("not watching jobsets") <= 1 and "failed; listing again" not in output
         # JobSet installed now: the next status refresh finds it and the waiting runs get their JobSets.
         cluster.emu.declare({JOBSETS: JOBSET_RESOURCES[JOBSETS]})
         for manifest in (first, second):

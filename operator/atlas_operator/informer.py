@@ -27,7 +27,7 @@ Key = tuple[str, str, str]  # (plural, namespace, name)
 # Called on the event loop for each change after the first listing: (ADDED, MODIFIED or DELETED, resource, object).
 OnChange = Callable[[str, Resource, dict[str, Any]], None]
 # Seconds between tries to list a resource the API server does not serve (its CRD not installed: a cluster without
-# JobSet) or does not let the operator list (its RBAC): none of its objects exist for the operator meanwhile.
+# JobSet; none of its objects exist meanwhile) or does not let the operator list (its RBAC; reads ask the API server).
 UNSERVED_RETRY_S = 30.0
 
 
@@ -86,11 +86,15 @@ class Informer:
                     self.handle(resource, namespace, event)
             except asyncio.CancelledError:
                 raise
-            except (errors.APINotFoundError, errors.APIForbiddenError) as exc:
+            except errors.APINotFoundError as exc:  # not served (its CRD is not installed): none of it exists
                 if (resource.plural, namespace) not in self._listed:
                     log.info("not watching %s in %s: %s", resource.plural, namespace or "all namespaces", exc)
                 self._listing.pop((resource.plural, namespace), None)
-                self._relisted(resource, namespace, {})  # nothing of it to hold
+                self._relisted(resource, namespace, {})
+                await asyncio.sleep(UNSERVED_RETRY_S)
+            except errors.APIForbiddenError as exc:  # not listable (the RBAC): not synced, so reads ask the API
+                log.warning("cannot watch %s in %s: %s", resource.plural, namespace or "all namespaces", exc)
+                self._listing.pop((resource.plural, namespace), None)
                 await asyncio.sleep(UNSERVED_RETRY_S)
             except Exception:  # an unexpected answer: say so, and list again (kopf retries transient errors itself)
                 log.exception("watching %s in %s failed; listing again", resource.plural, namespace or "all namespaces")
