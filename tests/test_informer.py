@@ -67,11 +67,12 @@ def test_changes_update_the_store_and_are_reported_bookmarks_are_not():
 
 
 def test_followed_resources_are_reported_not_held():
+    """Pods are not held: each listed one is reported too (a pod that could not start before the operator did)."""
     held, seen = informer()
-    listed(held, kube.POD, pod("p", 1))
+    listed(held, kube.POD, pod("p", 1), pod("q", 1))
     held.handle(kube.POD, None, {"type": "MODIFIED", "object": pod("p", 2)})
     assert held.synced("pods") and len(held) == 0
-    assert seen == [("MODIFIED", "pods", "p")]
+    assert seen == [("ADDED", "pods", "p"), ("ADDED", "pods", "q"), ("MODIFIED", "pods", "p")]
 
 
 def test_a_listing_after_a_gone_watch_reports_what_changed_meanwhile():

@@ -860,6 +860,32 @@ def test_network_policies_go_when_the_setting_is_turned_off(tmp_path):
         )
 
 
+def test_a_pod_that_cannot_start_still_shows_after_the_operator_restarts(tmp_path):
+    """The runs' pods are listed when the operator starts: a pod the kubelet could not start before keeps its run's
+    PodsStarted=False, though the pod does not change again."""
+    with own_cluster(tmp_path) as cluster:
+        manifest = training("stuck-restart")
+        cluster.apply(manifest)
+        objects = wait_children(cluster, "stuck-restart", teacher_run=False)
+        master = objects["job"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+        cluster.kubelet_pod("stuck-restart-master-0", master, "pytorch", PULL_BACKOFF)
+        cluster.wait_status(
+            manifest,
+            lambda s: cluster.condition(manifest, "PodsStarted").get("reason") == "ImagePullBackOff",
+            "ImagePullBackOff",
+        )
+        cluster.restart_operator(tmp_path / "operator-2.log")
+        cluster.patch_spec(manifest, {"training": {"maxSteps": 20}})  # reconciled by the restarted operator
+        cluster.wait_status(
+            manifest,
+            lambda s: (
+                s.get("observedGeneration") == 2
+                and cluster.condition(manifest, "PodsStarted").get("reason") == "ImagePullBackOff"
+            ),
+            "the stuck pod reported by the restarted operator",
+        )
+
+
 def test_run_phase_follows_its_job_without_waiting_for_the_timer(tmp_path):
     """The operator watches PyTorchJobs: a condition change shows on the run long before the next
     status refresh (set to 10 minutes here)."""

@@ -33,7 +33,8 @@ UNSERVED_RETRY_S = 30.0
 
 class Informer:
     """The latest state of every object of ``held`` resources (a lookup by key, no API call), and ``on_change`` for
-    each change of those and of the ``followed`` ones (seen, not held: pods are many and large)."""
+    each change of those after their first listing; and ``on_change`` for every object of the ``followed`` ones, listed
+    (as ADDED: a pod stuck before the operator started) or changed (seen, not held: pods are many and large)."""
 
     def __init__(
         self,
@@ -127,7 +128,9 @@ class Informer:
         while the watch was away: objects gone, added or changed."""
         first = (resource.plural, namespace) not in self._listed
         self._listed.add((resource.plural, namespace))
-        if resource not in self.held:
+        if resource not in self.held:  # nothing held to compare with: each listed object is news (a stuck pod)
+            for obj in listing.values():
+                self._notify("ADDED", resource, obj)
             return
         gone = [
             key
