@@ -409,6 +409,19 @@ def test_missing_references_are_reported_then_picked_up(cluster):
     core.delete_namespaced_pod("prereq-run-master-0", NS)
 
 
+def master_pull_backoff(cluster, manifest: dict, objects: dict) -> None:
+    """The run's PyTorchJob Master pod as the kubelet reports it when its image cannot be pulled, and the run saying
+    so (PodsStarted=False, ImagePullBackOff)."""
+    name = manifest["metadata"]["name"]
+    master = objects["job"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    cluster.kubelet_pod(f"{name}-master-0", master, "pytorch", PULL_BACKOFF)
+    cluster.wait_status(
+        manifest,
+        lambda s: cluster.condition(manifest, "PodsStarted").get("reason") == "ImagePullBackOff",
+        "the pull failure on the run",
+    )
+
+
 def test_a_missing_env_secret_shows_as_the_kubelet_reports_it(cluster):
     """spec.env naming a Secret that is not there: CreateContainerConfigError on the trainer pod, and the run says so
     until the pod goes."""
@@ -742,13 +755,7 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
         cluster.apply(manifest)
         objects = wait_children(cluster, "rbac-run")
         # The pull Secret is missing: the kubelet says so on the pod, the run shows it (pods: list, watch).
-        master = objects["job"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
-        cluster.kubelet_pod("rbac-run-master-0", master, "pytorch", PULL_BACKOFF)
-        cluster.wait_status(
-            manifest,
-            lambda s: cluster.condition(manifest, "PodsStarted").get("reason") == "ImagePullBackOff",
-            "the pull failure on the run",
-        )
+        master_pull_backoff(cluster, manifest, objects)
         core.delete_namespaced_pod("rbac-run-master-0", NS)
         # A drifted NetworkPolicy is patched back (networkpolicies: patch).
         networking = kubernetes.client.NetworkingV1Api(cluster.api_client)
@@ -867,13 +874,7 @@ def test_a_pod_that_cannot_start_still_shows_after_the_operator_restarts(tmp_pat
         manifest = training("stuck-restart")
         cluster.apply(manifest)
         objects = wait_children(cluster, "stuck-restart", teacher_run=False)
-        master = objects["job"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
-        cluster.kubelet_pod("stuck-restart-master-0", master, "pytorch", PULL_BACKOFF)
-        cluster.wait_status(
-            manifest,
-            lambda s: cluster.condition(manifest, "PodsStarted").get("reason") == "ImagePullBackOff",
-            "ImagePullBackOff",
-        )
+        master_pull_backoff(cluster, manifest, objects)
         cluster.restart_operator(tmp_path / "operator-2.log")
         cluster.patch_spec(manifest, {"training": {"maxSteps": 20}})  # reconciled by the restarted operator
         cluster.wait_status(

@@ -250,9 +250,7 @@ def refresh_run(run: tuple[str, str, str], cause: str | None, memo: kopf.Memo) -
         body = reconciler.kube.get_fresh(RUN_RESOURCES[kind], namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
-        patch, events = evaluate(body, memo)
-        for event in events:
-            reconciler.kube.post_event(body, event.type, event.reason, event.message)
+        patch = refresh(body, memo)
         if patch:
             reconciler.kube.patch(RUN_RESOURCES[kind], namespace, name, {"status": patch}, subresource="status")
     except (ApiError, RetryLater) as exc:  # the run's timer catches up
