@@ -63,6 +63,11 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+# On the children a running trainer or server is made from (job, Deployments, ConfigMap): the run revision they were
+# rendered from, and by which operator (atlas_operator/revisions.py: they change only when the run's spec changed).
+RUN_GENERATION_ANNOTATION = f"{GROUP}/run-generation"
+RUN_SPEC_HASH_ANNOTATION = f"{GROUP}/run-spec-hash"
+OPERATOR_VERSION_ANNOTATION = f"{GROUP}/operator-version"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"  # spec.queueName: the Kueue LocalQueue that admits the job
 # The operator's own pod as the Helm chart labels it (whatever the release or nameOverride): the runs'
 # NetworkPolicies let it read the trainers' metrics.

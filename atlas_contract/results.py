@@ -27,6 +27,21 @@ EVALUATION_SUMMARY = {
     "guidance_tokens_mean": "guidanceTokensMean",
 }
 INTEGER_KEYS = frozenset({"step", "problems"})
+INT64_MAX = 2**63 - 1  # the API server stores a status integer as int64: a larger one fails the status patch
+#: The range of each ``.status.result`` value (``evaluation.*`` keys bare); the CRD's schema states the same bounds.
+#: A value outside its range is dropped, never shown (a termination message is the trainer's word, not checked).
+RESULT_RANGES: dict[str, tuple[float | None, float | None]] = {
+    "step": (0, INT64_MAX),
+    "reward": (None, None),
+    "problems": (0, INT64_MAX),
+    "studentAccuracy": (0.0, 1.0),
+    "guidedAccuracy": (0.0, 1.0),
+    "accuracyDelta": (-1.0, 1.0),
+    "accuracyDeltaLow": (-1.0, 1.0),
+    "accuracyDeltaHigh": (-1.0, 1.0),
+    "nonDegradationRate": (0.0, 1.0),
+    "guidanceTokensMean": (0.0, None),
+}
 
 
 def evaluation_summary(report: dict[str, Any]) -> dict[str, Any]:
@@ -50,29 +65,53 @@ def result_message(step: int, reward: float | None, evaluation: dict[str, Any] |
 
 
 def parse_result_message(text: str | None) -> dict[str, Any] | None:
-    """``.status.result`` from a termination message, keeping only known keys of the right type; ``None``
+    """``.status.result`` from a termination message, keeping only known keys of the right type and range; ``None``
     when the message is not ours (empty, not JSON, a log tail written by ``FallbackToLogsOnError``)."""
+    return parse_result(text)[0]
+
+
+def parse_result(text: str | None) -> tuple[dict[str, Any] | None, list[str]]:
+    """:func:`parse_result_message`, and what it left out because it was out of range (``result.<key>: …``)."""
     if not text or len(text.encode()) > MAX_MESSAGE_BYTES:
-        return None
+        return None, []
     try:
         raw = json.loads(text)
     except ValueError:
-        return None
+        return None, []
     if not isinstance(raw, dict) or not _number(raw.get("step"), integer=True):
-        return None
+        return None, []
+    dropped = _out_of_range(raw, ("step", "reward"), "result")
+    if "result.step" in {problem.split(":")[0] for problem in dropped}:
+        return None, dropped
     result: dict[str, Any] = {"step": int(raw["step"])}
-    if _number(raw.get("reward")):
+    if _number(raw.get("reward")) and not any(p.startswith("result.reward:") for p in dropped):
         result["reward"] = float(raw["reward"])
     evaluation = raw.get("evaluation")
     if isinstance(evaluation, dict):
+        out = _out_of_range(evaluation, EVALUATION_SUMMARY.values(), "result.evaluation")
+        bad = {problem.split(":")[0].rsplit(".", 1)[-1] for problem in out}
+        dropped += out
         kept = {
             key: (int(evaluation[key]) if key in INTEGER_KEYS else float(evaluation[key]))
             for key in EVALUATION_SUMMARY.values()
-            if _number(evaluation.get(key), integer=key in INTEGER_KEYS)
+            if key not in bad and _number(evaluation.get(key), integer=key in INTEGER_KEYS)
         }
         if kept:
             result["evaluation"] = kept
-    return result
+    return result, dropped
+
+
+def _out_of_range(values: dict[str, Any], keys: Any, where: str) -> list[str]:
+    problems = []
+    for key in keys:
+        value = values.get(key)
+        if not _number(value, integer=key in INTEGER_KEYS):
+            continue
+        low, high = RESULT_RANGES[key]
+        if (low is not None and value < low) or (high is not None and value > high):
+            expected = f"from {low}" + (f" to {high}" if high is not None else "")
+            problems.append(f"{where}.{key}: expected a number {expected}, got {str(value)[:40]}")
+    return problems
 
 
 def _number(value: Any, integer: bool = False) -> bool:

@@ -17,7 +17,9 @@ What this module adds on top (in :class:`AtlasKubeEmulator`, a subclass):
 * a request log as plain records (:meth:`AtlasKubeEmulator.calls`, ``writes``, ``verbs``);
 * watches that miss events: :meth:`AtlasKubeEmulator.delete_unseen` (no event), ``expire_watches`` (410 Gone).
 
-Not emulated: garbage collection by ownerReferences, field selectors, the DELETED event a labelSelector watch gets
+* garbage collection by ownerReferences, one pass when a test asks (:meth:`AtlasKubeEmulator.collect_garbage`).
+
+Not emulated: garbage collection in the background, field selectors, the DELETED event a labelSelector watch gets
 when an object's labels stop matching, watch timeouts, a 410 for a watch from a resourceVersion too old (a watch
 without one replays all objects as ADDED, one from a list's resourceVersion only what is newer), admission and
 validation.
@@ -432,6 +434,29 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
         key = (kmock.resource(resource), namespace, name)
         async with self._lock:
             self._objects[key].delete()
+
+    async def collect_garbage(self) -> list[tuple[str, str | None, str]]:
+        """One pass of the API server's garbage collector, when a test asks (the real one runs in the background):
+        every object all of whose ownerReferences name objects that no longer exist (by uid) is deleted, with a
+        DELETED watch event, and again until nothing more goes (owners of owners). An object with no ownerReferences
+        is never collected. Returns (resource, namespace, name) of what went."""
+        collected: list[tuple[str, str | None, str]] = []
+        while True:
+            async with self._lock:
+                live = {(obj.raw.get("metadata") or {}).get("uid") for obj in self._objects.values() if not obj.deleted}
+                orphans = []
+                for key, obj in self._objects.items():
+                    refs = [] if obj.deleted else (obj.raw.get("metadata") or {}).get("ownerReferences") or []
+                    if refs and not any(ref.get("uid") in live for ref in refs):
+                        orphans.append((key, obj.raw))
+                        obj.delete()
+            if not orphans:
+                return collected
+            for (resource, namespace, name), raw in orphans:
+                await self._buses[resource].put({"type": "DELETED", "object": raw})
+                collected.append(
+                    (f"{resource.group}/{resource.version}/{resource.plural}".lstrip("/"), namespace, name)
+                )
 
     async def expire_watches(self, resource: str) -> None:
         """End every open watch of ``resource`` with the 410 Gone ERROR event the API server sends when the watch's

@@ -1556,7 +1556,9 @@ class ResultCluster:
 
     def reconcile(self) -> dict:
         """One pass; returns the status patch and applies it (as kopf would)."""
-        result = self.reconciler.reconcile({**copy.deepcopy(self.body), "status": self.status}, lambda c, o: None)
+        import kopf
+
+        result = self.reconciler.reconcile({**copy.deepcopy(self.body), "status": self.status}, kopf.adopt)
         patch, _ = status_update(self.status, None, result, "2026-01-01T00:00:00Z")
         self.status = _merged(self.status, patch)
         return patch

@@ -12,3 +12,10 @@ Types → builders → loops, as in Kubebuilder projects:
 Shared names, ports, rules and defaults come from ``atlas_contract``; this package never imports
 ``atlas_core``.
 """
+
+from importlib import metadata as _metadata
+
+try:  # one version for the operator's User-Agent and the operator-version annotation on what it renders
+    __version__ = _metadata.version("atlas-k8s")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0.0.0+unknown"

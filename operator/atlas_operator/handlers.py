@@ -21,6 +21,7 @@ from atlas_contract.names import GROUP, KINDS, LABEL_MANAGED_BY, MANAGED_BY, VER
 from atlas_operator import config, kube, metrics
 from atlas_operator.informer import Informer
 from atlas_operator.kube import ApiError, Kube, Resource
+from atlas_operator.ownership import NAME_TAKEN
 from atlas_operator.reconcile import Reconciler, RetryLater
 from atlas_operator.status import now, progress_patch, status_update
 
@@ -195,14 +196,17 @@ def _stuck(status: dict, body: kopf.Body, memo: kopf.Memo) -> bool:
 
 def needs_retry(status: dict, generation: int | None, stuck: bool = False) -> bool:
     """Whether a run's status leaves something that only a retry brings: a prerequisite missing (a PVC, a CRD created
-    later), a child the API server rejected, or a succeeded job whose result is not read yet (bounded by
-    MAX_RESULT_READS). A run not reconciled at its generation yet is its create/update handler's (kopf retries
-    those; a timer reconciling it too would only race them), unless that has not happened for a while (``stuck``):
-    then the reconciliation's status write is the event kopf waits for."""
+    later), a child the API server rejected or a name held by an object not the run's (NameConflict, NameTaken), or
+    a succeeded job whose result is not read yet (bounded by MAX_RESULT_READS). A run not reconciled at its
+    generation yet is its create/update handler's (kopf retries those; a timer reconciling it too would only race
+    them), unless that has not happened for a while (``stuck``): then the reconciliation's status write is the event
+    kopf waits for."""
     if _unreconciled(status, generation):
         return stuck
-    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-    if conditions.get("PrerequisitesMet") == "False" or conditions.get("ChildrenReady") == "False":
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    if any((conditions.get(t) or {}).get("status") == "False" for t in ("PrerequisitesMet", "ChildrenReady")):
+        return True
+    if (conditions.get("Valid") or {}).get("reason") == NAME_TAKEN:  # the other run's names may be free by now
         return True
     return status["phase"] == "Succeeded" and not status.get("result")
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from atlas_operator import __version__
+
 
 @dataclass(frozen=True)
 class Resource:
@@ -44,11 +46,10 @@ NETWORK_POLICY = Resource("networking.k8s.io", "v1", "networkpolicies", "Network
 POD = Resource("", "v1", "pods", "Pod")
 EVENT = Resource("", "v1", "events", "Event")  # create only: what happened to a run (kubectl describe)
 EVENT_MESSAGE_MAX = 1024  # the API server refuses longer Event messages
-USER_AGENT = "atlas-operator/0.1.0"
+USER_AGENT = f"atlas-operator/{__version__}"
 EVENT_SOURCE = "atlas-operator"  # an Event's source.component: the "From" column of kubectl describe
 log = logging.getLogger("atlas_operator")
 RESOURCES = {r.kind: r for r in (CONFIG_MAP, SERVICE, DEPLOYMENT, PYTORCH_JOB, JOBSET, NETWORK_POLICY)}
-RESOURCES_BY_PLURAL = {r.plural: r for r in RESOURCES.values()}
 JOBS = {"PyTorchJob": PYTORCH_JOB, "JobSet": JOBSET}  # spec.backend → the workload that runs the trainer
 
 

@@ -21,11 +21,20 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from atlas_contract.names import KINDS, LABEL_INSTANCE, SPEC_HASH_ANNOTATION, ChildNames
-from atlas_contract.results import parse_result_message
+from atlas_contract.results import parse_result
 from atlas_contract.rules import find_reward_config
 from atlas_operator import kube
 from atlas_operator.config import OperatorConfig
 from atlas_operator.kube import ApiError, Kube
+from atlas_operator.ownership import (
+    NAME_CONFLICT,
+    NAME_TAKEN,
+    Foreign,
+    conflict_message,
+    is_controlled_by,
+    name_taken_message,
+    rival_run,
+)
 from atlas_operator.render import (
     COMPLETION_INDEX_KEY,
     checkpoint_warning,
@@ -35,6 +44,7 @@ from atlas_operator.render import (
     render_children,
     trainer_container,
 )
+from atlas_operator.revisions import PINNED_KINDS, Revision, stamp
 from atlas_operator.spec import InvalidRun, Run, parse_run
 from atlas_operator.status import (
     FINISHED,
@@ -88,6 +98,14 @@ class RetryLater(Exception):
     """A transient condition (API error, an old job still terminating): retry the reconciliation."""
 
 
+class NameConflict(Exception):
+    """An object this run does not control was found under one of its child names when creating it."""
+
+    def __init__(self, foreign: Foreign):
+        super().__init__(str(foreign))
+        self.foreign = foreign
+
+
 def _cond(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
     return {"type": type_, "status": "True" if ok else "False", "reason": reason, "message": message}
 
@@ -114,6 +132,7 @@ class Reconciler:
         with self._stuck_lock:
             self._kinds[(meta.get("namespace", "default"), meta.get("name"))] = body.get("kind")
         started_on = _backend_of(body)  # a run keeps the backend it started on when the operator's default changes
+        revision = Revision.of(body)
         try:
             run = parse_run(body, default_backend=started_on or self.settings.default_backend)
         except InvalidRun as invalid:
@@ -133,6 +152,7 @@ class Reconciler:
                 )
             )
             run = dataclasses.replace(run, backend=started_on)
+            revision = dataclasses.replace(revision, applied=False)
         unshared = checkpoint_warning(run)
         events = [Event("Warning", "CheckpointsNotShared", unshared)] if unshared else []
         if unshared:
@@ -150,14 +170,22 @@ class Reconciler:
 
         network = self.settings.network
         result = Result("Pending", conditions, children=child_names(run, network.enabled), events=events)
+        rendered = render_children(run, self.settings.images, reward_yaml(run), network)
+        desired = [stamp(child, revision) for child in rendered]
+        for child in desired:
+            adopt(child, body)
+        existing, foreign = self.observe_children(run, body, desired)
+        if foreign:
+            return self.name_conflict(run, body, result, existing, foreign)
         self.prune(run, body, result)  # first: a replaced job never runs beside its successor
         job = None
         rejected = []
         observed_servers: dict[str, dict[str, Any] | None] = {}  # Deployment name → as applied
-        for child in render_children(run, self.settings.images, reward_yaml(run), network):
-            adopt(child, body)
+        for child in desired:
             try:
-                observed, action = self.apply(run, child, result)
+                observed, action = self.apply(run, child, existing[_key(child)], revision, result)
+            except NameConflict as conflict:  # made under one of our names since it was read: create nothing more
+                return self.name_conflict(run, body, result, existing, [conflict.foreign])
             except ApiError as exc:
                 if not exc.rejected:
                     raise  # transient: kopf retries the reconciliation
@@ -218,7 +246,7 @@ class Reconciler:
         conditions.append(_cond("Training", result.phase == "Running", reason, message))
         if job is not None and result.phase == "Succeeded":
             if not (body.get("status") or {}).get("result"):
-                result.result = self.read_result(run, job)
+                result.result = self.read_result(run, job, result.events)
         elif job is not None:
             result.result_stale = True  # a job made again (spec change) has not reported yet
         return result
@@ -233,7 +261,7 @@ class Reconciler:
         kind = "JobSet" if children.get("jobSet") else "PyTorchJob"
         job_name = children.get("jobSet") or children.get("pytorchJob")
         job = self.kube.get(kube.JOBS[kind], meta.get("namespace", "default"), job_name) if job_name else None
-        if job is None or not _owned_by(job, meta.get("uid"), body):
+        if job is None or not is_controlled_by(job, body):
             return Result("Invalid", conditions, events=events)
         queued = bool((body.get("spec") or {}).get("queueName"))
         phase = job_phase(job, job_suspended(job) and not queued, queued=queued)
@@ -251,7 +279,7 @@ class Reconciler:
         if started_on is None or run.backend == started_on or run.spec.checkpoint.pvc:
             return False
         job = self.kube.get(kube.JOBS[started_on], run.namespace, ChildNames(run.name).job)
-        return job is not None and _owned_by(job, run.uid, body) and job_phase(job, False) not in FINISHED
+        return job is not None and is_controlled_by(job, body) and job_phase(job, False) not in FINISHED
 
     # ------------------------------------------------------------------ prerequisites
 
@@ -283,13 +311,60 @@ class Reconciler:
 
     # ------------------------------------------------------------------ applying children
 
-    def apply(self, run: Run, desired: dict[str, Any], result: Result) -> tuple[dict[str, Any] | None, str | None]:
-        """Create, patch or (job) recreate one child; returns (the object as observed, action)."""
+    def observe_children(
+        self, run: Run, body: dict[str, Any], desired: list[dict[str, Any]]
+    ) -> tuple[dict[tuple[str, str], dict[str, Any] | None], list[Foreign]]:
+        """Each child as it stands now (None: absent), and the objects under a child's name this run does not control.
+        A run that has made its children finds them in the watch; a new run asks the API server for each name,
+        since an object someone else made there carries none of the labels the watch selects."""
+        established = bool((body.get("status") or {}).get("children"))
+        existing, foreign = {}, []
+        for child in desired:
+            resource = kube.resource_of(child)
+            obj = self.kube.get(resource, run.namespace, child["metadata"]["name"], absent_unless_watched=established)
+            existing[_key(child)] = obj
+            if obj is not None and not is_controlled_by(obj, body):
+                foreign.append(Foreign.of({**obj, "kind": resource.kind}))
+        return existing, foreign
+
+    def name_conflict(
+        self,
+        run: Run,
+        body: dict[str, Any],
+        result: Result,
+        existing: dict[tuple[str, str], dict[str, Any] | None],
+        foreign: list[Foreign],
+    ) -> Result:
+        """Objects under the run's child names that are not its own: nothing is created, changed or deleted; the
+        run says which and who controls them, and its timer looks again until they are gone. Names held by a run
+        of the other kind refuse this run (Invalid) instead."""
+        rival = rival_run(foreign, run.kind, run.name)
+        if rival is not None:
+            message = name_taken_message(rival, run.kind, run.namespace)
+            refused = _cond("Valid", False, NAME_TAKEN, message)
+            return Result("Invalid", [refused], events=[Event("Warning", NAME_TAKEN, message)])
+        message = conflict_message(foreign)
+        ours = {name for (_, name), obj in existing.items() if obj is not None and is_controlled_by(obj, body)}
+        result.children = {key: name for key, name in result.children.items() if name in ours}
+        jobs = [obj for (kind, name), obj in existing.items() if kind in kube.JOBS and name in ours]
+        job = jobs[0] if jobs else None
+        result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name))
+        result.conditions.append(_cond("ChildrenReady", False, NAME_CONFLICT, message))
+        result.events.append(Event("Warning", NAME_CONFLICT, message))
+        return result
+
+    def apply(
+        self,
+        run: Run,
+        desired: dict[str, Any],
+        existing: dict[str, Any] | None,
+        revision: Revision,
+        result: Result,
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """Create, patch or (job) recreate one child, which this run controls or which is absent; returns (the object
+        as observed, action). A pinned child (revisions.py) is rendered again only after its user changed the run."""
         resource = kube.resource_of(desired)
         name = desired["metadata"]["name"]
-        # Not in the watch and never written here: absent (a create that meets one made meanwhile gets a 409 and
-        # compares with it), so a new run's children cost no read.
-        existing = self.kube.get(resource, run.namespace, name, absent_unless_watched=True)
         is_job = desired["kind"] in kube.JOBS
         if existing is None:
             if is_job and run.spec.queue_name and run.spec.suspend:
@@ -304,26 +379,36 @@ class Reconciler:
                 existing = self.kube.get(resource, run.namespace, name)  # created meanwhile
                 if existing is None:
                     raise RetryLater(f"{desired['kind']} {name}: conflict on create, then not found") from exc
+                if not is_controlled_by(existing, _owner(run)):
+                    raise NameConflict(Foreign.of({**existing, "kind": resource.kind})) from exc
         if is_job:
-            return self.apply_job(run, desired, existing, result)
+            return self.apply_job(run, desired, existing, revision, result)
+        pinned = desired["kind"] in PINNED_KINDS
+        if pinned and not revision.changed_since(existing):
+            return existing, None  # the run's spec has not changed since it was rendered: an upgrade changes nothing
         patch = _managed_patch(desired, existing)
+        if pinned and (patch is not None or not revision.is_recorded_on(existing)):
+            patch = patch or {}
+            patch.setdefault("metadata", {})["annotations"] = revision.annotations(desired["kind"])
         if patch is None:
             return existing, None
         return self.kube.patch(resource, run.namespace, name, patch), "patched"
 
     def apply_job(
-        self, run: Run, desired: dict[str, Any], existing: dict[str, Any], result: Result
+        self, run: Run, desired: dict[str, Any], existing: dict[str, Any], revision: Revision, result: Result
     ) -> tuple[dict[str, Any] | None, str | None]:
         """A running job's pods never change (a JobSet's replicated jobs are immutable, and Kueue owns parts of
-        their templates), so a spec change recreates the job; the trainer then resumes from the newest
-        checkpoint on spec.checkpoint.pvc. Without a PVC the checkpoints die with the pods, so the job is left
-        running and SpecApplied says why. A queued run's suspend is Kueue's: suspending it deletes the job."""
+        their templates), so a change of the run's spec that changes the job recreates it; the trainer then resumes
+        from the newest checkpoint on spec.checkpoint.pvc. Without a PVC the checkpoints die with the pods, so a
+        running job is left running and SpecApplied says why. A queued run's suspend is Kueue's: suspending it
+        deletes the job. Only ``suspend`` (not queued) is applied in place; an operator upgrade changes nothing."""
         kind, name = desired["kind"], desired["metadata"]["name"]
         resource = kube.JOBS[kind]
         if existing.get("metadata", {}).get("deletionTimestamp"):
             raise RetryLater(f"{kind} {name} is still being deleted")
         finished = job_phase(existing, False) in FINISHED
-        keeps_progress = bool(run.spec.checkpoint.pvc) or finished
+        # A finished job, or one suspended (no pods: Kueue has not admitted it, or preempted it), loses nothing.
+        keeps_progress = bool(run.spec.checkpoint.pvc) or finished or job_suspended(existing)
         if run.spec.queue_name and run.spec.suspend:
             if keeps_progress:
                 self.kube.delete(resource, run.namespace, name)
@@ -347,29 +432,12 @@ class Reconciler:
                     "the run to stop it, or set spec.checkpoint.pvc for future runs)",
                 )
             )
+        changed = revision.changed_since(existing)
         wanted_hash = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
         current = (existing.get("metadata", {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
-        if current != wanted_hash:
+        if changed and current != wanted_hash:
             if keeps_progress:
-                self.kube.delete(resource, run.namespace, name)
-                result.events.append(
-                    Event(
-                        "Normal",
-                        "JobRecreated",
-                        (
-                            f"spec changed: recreated {kind} {name}; training resumes from the newest checkpoint "
-                            f"in {run.spec.checkpoint.path}/{run.name}"
-                            if run.spec.checkpoint.pvc
-                            else f"spec changed after the job finished: started {kind} {name} again"
-                        ),
-                    )
-                )
-                try:
-                    return self.kube.create(desired), "recreated"
-                except ApiError as exc:
-                    if exc.conflict:  # the old job is still terminating
-                        raise RetryLater(f"{kind} {name} is still being deleted") from exc
-                    raise
+                return self.recreate_job(run, desired, result)
             result.conditions.append(
                 _cond(
                     "SpecApplied",
@@ -380,9 +448,10 @@ class Reconciler:
                     "(the operator recreates it), or set spec.checkpoint.pvc for future runs",
                 )
             )
-        wanted: dict[str, Any] = {
-            "metadata": {k: desired["metadata"][k] for k in ("labels", "ownerReferences") if k in desired["metadata"]}
-        }
+            changed = False  # not applied: the job still records the revision it runs
+        wanted: dict[str, Any] = {}
+        if changed and not revision.is_recorded_on(existing):
+            wanted["metadata"] = {"annotations": revision.annotations(kind)}
         if not run.spec.queue_name:  # a queued job's suspend is Kueue's: never written after creation
             suspend = {"suspend": run.spec.suspend}
             wanted["spec"] = suspend if kind == "JobSet" else {"runPolicy": suspend}
@@ -390,6 +459,28 @@ class Reconciler:
         if patch is None:
             return existing, None
         return self.kube.patch(resource, run.namespace, name, patch), "patched"
+
+    def recreate_job(self, run: Run, desired: dict[str, Any], result: Result) -> tuple[dict[str, Any], str]:
+        kind, name = desired["kind"], desired["metadata"]["name"]
+        self.kube.delete(kube.JOBS[kind], run.namespace, name)
+        result.events.append(
+            Event(
+                "Normal",
+                "JobRecreated",
+                (
+                    f"spec changed: recreated {kind} {name}; training resumes from the newest checkpoint "
+                    f"in {run.spec.checkpoint.path}/{run.name}"
+                    if run.spec.checkpoint.pvc
+                    else f"spec changed while the job was finished or suspended: started {kind} {name} again"
+                ),
+            )
+        )
+        try:
+            return self.kube.create(desired), "recreated"
+        except ApiError as exc:
+            if exc.conflict:  # the old job is still terminating
+                raise RetryLater(f"{kind} {name} is still being deleted") from exc
+            raise
 
     # ------------------------------------------------------------------ observing
 
@@ -456,11 +547,11 @@ class Reconciler:
         more = f" ({len(stuck) - 1} more pods stuck)" if len(stuck) > 1 else ""
         return _cond("PodsStarted", False, reason, message + more)
 
-    def read_result(self, run: Run, job: dict[str, Any]) -> dict[str, Any] | None:
+    def read_result(self, run: Run, job: dict[str, Any], events: list[Event]) -> dict[str, Any] | None:
         """``.status.result`` from the succeeded job's rank-0 pod (the PyTorchJob's Master, the JobSet trainer's
         index 0): its trainer container's termination message (atlas_contract.results), or None. A pod that is
         gone, belongs to an earlier job, or carries no parsable message gives None, and is read at most
-        MAX_RESULT_READS times per job."""
+        MAX_RESULT_READS times per job. A value out of its schema range is left out, with a Warning in ``events``."""
         job_uid = (job.get("metadata") or {}).get("uid")
         key = (run.namespace, run.name, run.uid, job_uid)
         with self._result_lock:
@@ -476,7 +567,12 @@ class Reconciler:
         if pod is None:
             log.info("%s %s/%s: no rank-0 pod of the succeeded job: no result", run.kind, run.namespace, run.name)
             return None
-        parsed = parse_result_message(termination_message(pod, trainer_container(run)))
+        parsed, dropped = parse_result(termination_message(pod, trainer_container(run)))
+        if dropped:  # the trainer's word, out of the schema's range: never shown, said once
+            events.append(Event("Warning", "ResultOutOfRange", "the finished trainer's result: " + "; ".join(dropped)))
+            if parsed is None:
+                with self._result_lock:
+                    self._result_reads[key] = MAX_RESULT_READS  # the same message would be read again
         if parsed is None:
             log.info(
                 "%s %s/%s: pod %s has no result in its termination message",
@@ -560,7 +656,7 @@ class Reconciler:
                 existing = self.kube.get(resource, run.namespace, name)
                 if (
                     existing is None
-                    or not _owned_by(existing, run.uid, body)
+                    or not is_controlled_by(existing, body)
                     or not self.kube.delete(resource, run.namespace, name)
                 ):
                     continue
@@ -600,12 +696,11 @@ class Reconciler:
             (kube.NETWORK_POLICY, owned.network_policy),  # after the workloads whose pods they protect
             (kube.NETWORK_POLICY, owned.trainer_network_policy),
         ]
-        uid = body["metadata"].get("uid")
         for resource, child in targets:
             if resource.kind in kube.JOBS and not self.crd_installed(resource.kind):
                 continue
             existing = self.kube.get(resource, namespace, child)
-            if existing is None or not _owned_by(existing, uid, body):
+            if existing is None or not is_controlled_by(existing, body):
                 continue  # never delete what someone else made under the same name
             if self.kube.delete(resource, namespace, child):
                 deleted.append(f"{resource.kind}/{child}")
@@ -653,14 +748,13 @@ def reward_yaml(run: Run) -> str | None:
     return path.read_text()
 
 
-def _owned_by(obj: dict[str, Any], uid: str | None, owner: dict[str, Any]) -> bool:
-    refs = obj.get("metadata", {}).get("ownerReferences") or []
-    return any(
-        (ref.get("uid") == uid if uid else True)
-        and ref.get("kind") == owner.get("kind")
-        and ref.get("name") == owner["metadata"]["name"]
-        for ref in refs
-    )
+def _key(child: dict[str, Any]) -> tuple[str, str]:
+    return child["kind"], child["metadata"]["name"]
+
+
+def _owner(run: Run) -> dict[str, Any]:
+    """The run as an owner, for is_controlled_by."""
+    return {"kind": run.kind, "metadata": {"name": run.name, "uid": run.uid}}
 
 
 def _backend_of(body: dict[str, Any]) -> str | None:
@@ -679,10 +773,11 @@ def _made_by(pod: dict[str, Any], job_uid: str | None) -> bool:
 
 
 def _managed_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any] | None:
-    """A merge patch of the fields the operator manages (labels, owner references, spec/data), or
+    """A merge patch of the fields the operator manages (labels, annotations, owner references, spec/data), or
     None when the existing object already has them. Fields the API server adds are not compared."""
     patch: dict[str, Any] = {}
-    meta = {k: desired["metadata"][k] for k in ("labels", "ownerReferences") if k in desired.get("metadata", {})}
+    managed = ("labels", "annotations", "ownerReferences")
+    meta = {k: desired["metadata"][k] for k in managed if k in desired.get("metadata", {})}
     if meta and not _contains(existing.get("metadata", {}), meta):
         patch["metadata"] = meta
     for key in ("spec", "data"):

@@ -523,12 +523,14 @@ def pytorch_job(run: Run, images: Images, config: dict[str, Any] | None = None) 
 
 def job_spec_hash(job: dict[str, Any]) -> str:
     """Identity of what a running job's pods were made from: everything but the suspend flag (PyTorchJob
-    runPolicy.suspend, JobSet spec.suspend), which the job's controller applies in place."""
+    runPolicy.suspend, JobSet spec.suspend), which the job's controller applies in place; and its Kueue queue (a
+    label Kueue refuses to change on a job it admitted: a queue change is a new job)."""
     spec = json.loads(json.dumps(job["spec"]))
     spec.get("runPolicy", {}).pop("suspend", None)
     if job["kind"] == "JobSet":
         spec.pop("suspend", None)
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    identity = {"spec": spec, "queue": job["metadata"].get("labels", {}).get(QUEUE_NAME_LABEL)}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------- vLLM servers

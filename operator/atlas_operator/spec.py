@@ -29,14 +29,16 @@ from atlas_contract.names import (
     WATCHDOG_EXIT_CODE,
     max_jobset_run_name,
 )
+from atlas_contract.results import RESULT_RANGES
 from atlas_operator.schema import camel, parse, spec_field
 
 __all__ = ["API_VERSION", "GROUP", "KINDS", "SHORT_NAMES", "VERSION", "PHASES", "InvalidRun", "parse_run"]
 
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3", "zero3-offload")
 ROLLOUT_MODES = ("server", "colocate")  # spec.rollout.mode: TRL's vllm_mode values
-# A label value: at most 63 characters (checked in validate_run), alphanumerics at both ends.
-QUEUE_NAME_PATTERN = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)"
+# A Kueue LocalQueue name as Kueue's job webhook checks the queue-name label (IsDNS1123Subdomain), which as a label
+# value is also at most 63 characters (checked in validate_run).
+QUEUE_NAME_PATTERN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 # A DNS-1035 label: the run's name starts the names of Services (<name>-metrics, ...) and, on JobSet, of Jobs,
 # which must begin with a letter.
 DNS_LABEL = r"[a-z]([-a-z0-9]*[a-z0-9])?"
@@ -460,7 +462,8 @@ class RunSpec:
         "Deployments' pods, which Kueue admits one pod at a time, not as a gang)",
         unset="no queue (not managed by Kueue)",
         pattern=QUEUE_NAME_PATTERN,
-        pattern_doc="a valid label value (at most 63 characters)",
+        pattern_doc="a LocalQueue name as Kueue accepts it: a DNS-1123 subdomain (lowercase letters, digits, '-' and "
+        "'.', a letter or digit at both ends) of at most 63 characters",
     )
     max_restarts: int = spec_field(
         "restarts before the run fails: JobSet, whole-gang restarts (failurePolicy.maxRestarts; any pod's "
@@ -559,26 +562,44 @@ class Children:
     )
 
 
+def _result_range(key: str) -> dict[str, float]:
+    """A result value's bounds (atlas_contract.results.RESULT_RANGES) as schema keywords."""
+    low, high = RESULT_RANGES[key]
+    return {k: v for k, v in (("minimum", low), ("maximum", high)) if v is not None}
+
+
 @dataclass
 class EvaluationResult:
     """Summary of the evaluation after training (the run's <checkpoint.path>/<name>/evaluation/eval.json has
     every figure)."""
 
-    problems: int | None = spec_field("problems evaluated")
-    student_accuracy: float | None = spec_field("accuracy of the student alone (0-1)")
-    guided_accuracy: float | None = spec_field("accuracy of the student with the teacher's guidance (0-1)")
-    accuracy_delta: float | None = spec_field("guidedAccuracy - studentAccuracy")
-    accuracy_delta_low: float | None = spec_field("lower end of the delta's paired-bootstrap 95% interval")
-    accuracy_delta_high: float | None = spec_field("upper end of the delta's paired-bootstrap 95% interval")
-    non_degradation_rate: float | None = spec_field("share of problems where guidance did not make the student worse")
-    guidance_tokens_mean: float | None = spec_field("mean tokens of the teacher's guidance")
+    problems: int | None = spec_field("problems evaluated", **_result_range("problems"))
+    student_accuracy: float | None = spec_field(
+        "accuracy of the student alone (0-1)", **_result_range("studentAccuracy")
+    )
+    guided_accuracy: float | None = spec_field(
+        "accuracy of the student with the teacher's guidance (0-1)", **_result_range("guidedAccuracy")
+    )
+    accuracy_delta: float | None = spec_field("guidedAccuracy - studentAccuracy", **_result_range("accuracyDelta"))
+    accuracy_delta_low: float | None = spec_field(
+        "lower end of the delta's paired-bootstrap 95% interval", **_result_range("accuracyDeltaLow")
+    )
+    accuracy_delta_high: float | None = spec_field(
+        "upper end of the delta's paired-bootstrap 95% interval", **_result_range("accuracyDeltaHigh")
+    )
+    non_degradation_rate: float | None = spec_field(
+        "share of problems where guidance did not make the student worse", **_result_range("nonDegradationRate")
+    )
+    guidance_tokens_mean: float | None = spec_field(
+        "mean tokens of the teacher's guidance", **_result_range("guidanceTokensMean")
+    )
 
 
 @dataclass
 class RunResult:
     """What the finished trainer reported (the Master container's termination message)."""
 
-    step: int | None = spec_field("last global optimizer step")
+    step: int | None = spec_field("last global optimizer step", **_result_range("step"))
     reward: float | None = spec_field("mean reward of the last logged step")
     evaluation: EvaluationResult | None = spec_field("the evaluation after training (AtlasTeacher spec.evaluation)")
 
