@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import re
 import subprocess
 
 import jsonschema
@@ -281,6 +283,21 @@ def test_backend_queue_name_and_max_restarts_fields():
     for bad in ("-q", "a b", "x" * 64):
         with pytest.raises(InvalidRun, match="spec.queueName"):
             parse_run(teacher(queueName=bad))
+
+
+def test_queue_name_is_what_kueues_webhook_accepts():
+    """Kueue's job webhook takes the queue-name label as a DNS-1123 subdomain (ValidateLabelAsCRDName): a name it
+    would reject makes the run Invalid, naming the field, rather than a job the API server refuses (ChildRejected);
+    the CRD's pattern refuses it at kubectl apply."""
+    crd = custom_resource_definition("AtlasTeacher")
+    pattern = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["queueName"]
+    for bad in ("Team_A.x", "team_a", "Team-A", "a..b", "team-a.", ".team"):
+        with pytest.raises(InvalidRun, match=r"spec.queueName: expected a LocalQueue name as Kueue accepts it"):
+            parse_run(teacher(queueName=bad))
+        assert not re.search(pattern["pattern"], bad), bad
+    for good in ("q", "team-a", "team-a.gpus", "0team", "a" * 63):
+        assert parse_run(teacher(queueName=good)).spec.queue_name == good
+        assert re.search(pattern["pattern"], good)
 
 
 def test_queued_phase_until_kueue_unsuspends_the_job():
@@ -1545,6 +1562,7 @@ class ResultCluster:
         self.body = teacher(name, evaluation={"samples": 1, "limit": 4})
         self.body["metadata"]["uid"] = f"{name}-uid"
         self.status: dict = {}
+        self.events: list = []
         self.reconcile()
 
     @property
@@ -1559,7 +1577,8 @@ class ResultCluster:
         import kopf
 
         result = self.reconciler.reconcile({**copy.deepcopy(self.body), "status": self.status}, kopf.adopt)
-        patch, _ = status_update(self.status, None, result, "2026-01-01T00:00:00Z")
+        patch, events = status_update(self.status, None, result, "2026-01-01T00:00:00Z")
+        self.events += events
         self.status = _merged(self.status, patch)
         return patch
 
@@ -1598,6 +1617,43 @@ def test_result_is_read_once_from_the_succeeded_masters_termination_message():
     for _ in range(5):  # shown: never read again, nothing more to write
         assert cluster.reconcile() == {}
     assert cluster.pod_reads() == 1
+
+
+OUT_OF_RANGE = {
+    "step-1e308": ('{"step":1e308}', None, "result.step"),
+    "step-over-int64": ('{"step":9223372036854775808}', None, "result.step"),
+    "negative-step": ('{"step":-3,"reward":0.5}', None, "result.step"),
+    "accuracy-55": (
+        '{"step":5,"evaluation":{"problems":4,"studentAccuracy":55,"guidedAccuracy":0.5}}',
+        {"step": 5, "evaluation": {"problems": 4, "guidedAccuracy": 0.5}},
+        "result.evaluation.studentAccuracy",
+    ),
+    "negative-problems": ('{"step":5,"evaluation":{"problems":-1}}', {"step": 5}, "result.evaluation.problems"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUT_OF_RANGE))
+def test_a_result_value_out_of_its_schema_range_is_never_shown(case):
+    """A termination message is the trainer's word: a value outside the range the CRD's schema states is left out
+    (without a step, no result at all) with one Warning Event naming it, never written where the API server would
+    refuse the status patch or show a 309-digit step."""
+    message, shown, field = OUT_OF_RANGE[case]
+    cluster = ResultCluster(f"range-{case}")
+    cluster.kube.objects[("pods", "team-a", f"range-{case}-master-0")] = master_pod(
+        f"range-{case}", cluster.job["metadata"]["uid"], message
+    )
+    cluster.succeed_job()
+    for _ in range(4):
+        cluster.reconcile()
+    assert cluster.status["phase"] == "Succeeded"
+    assert cluster.status.get("result") == shown
+    (warning,) = [e for e in cluster.events if e.reason == "ResultOutOfRange"]
+    assert warning.type == "Warning" and field + ": expected a number from" in warning.message
+    crd = custom_resource_definition("AtlasTeacher")
+    result_schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    # Parity with the schema: what is shown passes it, what was dropped fails it.
+    jsonschema.Draft4Validator(result_schema["result"]).validate(shown or {})
+    assert list(jsonschema.Draft4Validator(result_schema["result"]).iter_errors(json.loads(message)))
 
 
 @pytest.mark.parametrize(
