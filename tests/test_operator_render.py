@@ -1919,3 +1919,22 @@ def test_rollout_defaults_by_mode():
     assert (colocated.replicas, colocated.gpu_memory_utilization) == (0, 0.3)
     sft = training(algorithm="sft", reward={}, rollout={}, training={"maxSteps": 10})
     assert parse_run(sft).spec.rollout.replicas == 0
+
+
+def test_status_constants_are_the_crds_own():
+    """Condition types and status.children keys come from the classes that generate the CRD: one the CRD does not
+    declare cannot be set (it would be refused, or pruned, by the API server)."""
+    from atlas_operator.reconcile import _cond
+    from atlas_operator.spec import CHILD_KEYS, ConditionType
+
+    crd = custom_resource_definition("AtlasTeacher")
+    status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert status["conditions"]["items"]["properties"]["type"]["enum"] == [str(t) for t in ConditionType]
+    assert set(status["children"]["properties"]) == CHILD_KEYS
+    with pytest.raises(ValueError):
+        _cond("Healthy", True, "Fine", "an undeclared condition type")
+    undeclared = Result("Pending", [], children={"pytorchJob": "x", "volcanoJob": "x"})
+    with pytest.raises(ValueError, match="volcanoJob"):
+        status_update({}, 1, undeclared, "2026-01-01T00:00:00Z")
+    for run in (teacher(), teacher(backend="JobSet"), training(rollout={"replicas": 0})):
+        assert set(child_names(parse_run(run))) <= CHILD_KEYS

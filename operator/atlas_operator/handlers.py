@@ -23,6 +23,7 @@ from atlas_operator.informer import Informer
 from atlas_operator.kube import ApiError, Kube, Resource
 from atlas_operator.ownership import NAME_TAKEN
 from atlas_operator.reconcile import Reconciler, RetryLater
+from atlas_operator.spec import ConditionType
 from atlas_operator.status import now, progress_patch, status_update
 
 log = logging.getLogger("atlas_operator")
@@ -204,9 +205,12 @@ def needs_retry(status: dict, generation: int | None, stuck: bool = False) -> bo
     if _unreconciled(status, generation):
         return stuck
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
-    if any((conditions.get(t) or {}).get("status") == "False" for t in ("PrerequisitesMet", "ChildrenReady")):
+    waiting = (ConditionType.PREREQUISITES_MET, ConditionType.CHILDREN_READY)
+    if any((conditions.get(t) or {}).get("status") == "False" for t in waiting):
         return True
-    if (conditions.get("Valid") or {}).get("reason") == NAME_TAKEN:  # the other run's names may be free by now
+    if (conditions.get(ConditionType.VALID) or {}).get(
+        "reason"
+    ) == NAME_TAKEN:  # the other run's names may be free by now
         return True
     return status["phase"] == "Succeeded" and not status.get("result")
 

@@ -45,6 +45,7 @@ from atlas_operator.render import (
     trainer_container,
 )
 from atlas_operator.revisions import PINNED_KINDS, Revision, stamp
+from atlas_operator.spec import ConditionType as Condition
 from atlas_operator.spec import InvalidRun, Run, parse_run
 from atlas_operator.status import (
     FINISHED,
@@ -106,8 +107,9 @@ class NameConflict(Exception):
         self.foreign = foreign
 
 
-def _cond(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
-    return {"type": type_, "status": "True" if ok else "False", "reason": reason, "message": message}
+def _cond(type_: Condition, ok: bool, reason: str, message: str) -> dict[str, Any]:
+    """A condition of a declared type (ConditionType: a type not in the CRD's enum raises here, not at the API)."""
+    return {"type": str(Condition(type_)), "status": "True" if ok else "False", "reason": reason, "message": message}
 
 
 class Reconciler:
@@ -137,12 +139,12 @@ class Reconciler:
             run = parse_run(body, default_backend=started_on or self.settings.default_backend)
         except InvalidRun as invalid:
             return self.invalid(body, "; ".join(invalid.problems))
-        conditions = [_cond("Valid", True, "SpecValid", "the spec passed validation")]
+        conditions = [_cond(Condition.VALID, True, "SpecValid", "the spec passed validation")]
         if self.keeps_running_on(run, body, started_on):
             job_name = ChildNames(run.name).job
             conditions.append(
                 _cond(
-                    "SpecApplied",
+                    Condition.SPEC_APPLIED,
                     False,
                     "BackendChangeNeedsCheckpoint",
                     f"spec.backend: {run.backend}, but {started_on} {job_name} is still running and "
@@ -156,17 +158,21 @@ class Reconciler:
         unshared = checkpoint_warning(run)
         events = [Event("Warning", "CheckpointsNotShared", unshared)] if unshared else []
         if unshared:
-            conditions.append(_cond("CheckpointsShared", False, "CheckpointsNotShared", unshared))
+            conditions.append(_cond(Condition.CHECKPOINTS_SHARED, False, "CheckpointsNotShared", unshared))
         else:
             where = f"PersistentVolumeClaim {run.spec.checkpoint.pvc}" if run.spec.checkpoint.pvc else "one pod"
-            conditions.append(_cond("CheckpointsShared", True, "Shared", f"every rank's checkpoints are on {where}"))
+            conditions.append(
+                _cond(Condition.CHECKPOINTS_SHARED, True, "Shared", f"every rank's checkpoints are on {where}")
+            )
 
         missing = self.missing_prerequisites(run)
         if missing:
             reason, message = missing
-            conditions.append(_cond("PrerequisitesMet", False, reason, message))
+            conditions.append(_cond(Condition.PREREQUISITES_MET, False, reason, message))
             return Result("Pending", conditions, events=[*events, Event("Warning", reason, message)])
-        conditions.append(_cond("PrerequisitesMet", True, "Found", f"{run.backend} CRD and referenced objects exist"))
+        conditions.append(
+            _cond(Condition.PREREQUISITES_MET, True, "Found", f"{run.backend} CRD and referenced objects exist")
+        )
 
         network = self.settings.network
         result = Result("Pending", conditions, children=child_names(run, network.enabled), events=events)
@@ -211,12 +217,12 @@ class Reconciler:
             )
         if rejected:
             message = "the API server rejected " + "; ".join(rejected)
-            conditions.append(_cond("ChildrenReady", False, "ChildRejected", message))
+            conditions.append(_cond(Condition.CHILDREN_READY, False, "ChildRejected", message))
             result.events.append(Event("Warning", "ChildRejected", message))
         else:
-            conditions.append(_cond("ChildrenReady", True, "Applied", "all children exist and match the spec"))
-        if not any(c["type"] == "SpecApplied" for c in conditions):
-            conditions.append(_cond("SpecApplied", True, "UpToDate", "the running job matches the spec"))
+            conditions.append(_cond(Condition.CHILDREN_READY, True, "Applied", "all children exist and match the spec"))
+        if not any(c["type"] == Condition.SPEC_APPLIED for c in conditions):
+            conditions.append(_cond(Condition.SPEC_APPLIED, True, "UpToDate", "the running job matches the spec"))
         conditions.append(self.rollout_condition(run, job, observed_servers))
         started = self.pods_condition(run)
         conditions.append(started)
@@ -243,7 +249,7 @@ class Reconciler:
             reason, message = "Suspended", f"spec.suspend: no {run.backend} while suspended; resuming queues a new one"
         else:  # not created (yet): say which kind of job the run waits for
             reason, message = "JobPending", f"waiting for the {run.backend} to start"
-        conditions.append(_cond("Training", result.phase == "Running", reason, message))
+        conditions.append(_cond(Condition.TRAINING, result.phase == "Running", reason, message))
         if job is not None and result.phase == "Succeeded":
             if not (body.get("status") or {}).get("result"):
                 result.result = self.read_result(run, job, result.events)
@@ -254,7 +260,7 @@ class Reconciler:
     def invalid(self, body: dict[str, Any], message: str) -> Result:
         """An invalid spec: nothing is created or changed. An edit that makes a running run invalid leaves
         its job running on the last valid spec, and the status keeps reporting that job."""
-        conditions = [_cond("Valid", False, "InvalidSpec", message)]
+        conditions = [_cond(Condition.VALID, False, "InvalidSpec", message)]
         events = [Event("Warning", "InvalidSpec", message)]
         meta = body.get("metadata") or {}
         children = (body.get("status") or {}).get("children") or {}
@@ -267,8 +273,10 @@ class Reconciler:
         phase = job_phase(job, job_suspended(job) and not queued, queued=queued)
         reason, job_message = training_reason(job)
         conditions += [
-            _cond("SpecApplied", False, "InvalidSpec", f"{kind} {job_name} runs the last valid spec; {message}"),
-            _cond("Training", phase == "Running", reason, job_message),
+            _cond(
+                Condition.SPEC_APPLIED, False, "InvalidSpec", f"{kind} {job_name} runs the last valid spec; {message}"
+            ),
+            _cond(Condition.TRAINING, phase == "Running", reason, job_message),
         ]
         children = dict((body.get("status") or {}).get("children") or {})
         return Result(phase, conditions, children=children, events=events)
@@ -341,7 +349,7 @@ class Reconciler:
         rival = rival_run(foreign, run.kind, run.name)
         if rival is not None:
             message = name_taken_message(rival, run.kind, run.namespace)
-            refused = _cond("Valid", False, NAME_TAKEN, message)
+            refused = _cond(Condition.VALID, False, NAME_TAKEN, message)
             return Result("Invalid", [refused], events=[Event("Warning", NAME_TAKEN, message)])
         message = conflict_message(foreign)
         ours = {name for (_, name), obj in existing.items() if obj is not None and is_controlled_by(obj, body)}
@@ -349,7 +357,7 @@ class Reconciler:
         jobs = [obj for (kind, name), obj in existing.items() if kind in kube.JOBS and name in ours]
         job = jobs[0] if jobs else None
         result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name))
-        result.conditions.append(_cond("ChildrenReady", False, NAME_CONFLICT, message))
+        result.conditions.append(_cond(Condition.CHILDREN_READY, False, NAME_CONFLICT, message))
         result.events.append(Event("Warning", NAME_CONFLICT, message))
         return result
 
@@ -424,7 +432,7 @@ class Reconciler:
                 return None, "deleted"
             result.conditions.append(
                 _cond(
-                    "SpecApplied",
+                    Condition.SPEC_APPLIED,
                     False,
                     "SuspendNeedsCheckpoint",
                     f"spec.suspend: Kueue owns {kind} {name}'s suspend (spec.queueName), so suspending means deleting "
@@ -440,7 +448,7 @@ class Reconciler:
                 return self.recreate_job(run, desired, result)
             result.conditions.append(
                 _cond(
-                    "SpecApplied",
+                    Condition.SPEC_APPLIED,
                     False,
                     "RestartNeedsCheckpoint",
                     f"the spec changed, but a running {kind} cannot be updated and spec.checkpoint.pvc is not set, "
@@ -496,12 +504,14 @@ class Reconciler:
             names = child_names(run)
             servers = [names[c] for c in ("rollout", "student") if c in names]
         if not servers:
-            return _cond("RolloutReady", True, "NotNeeded", "generation runs inside the trainer")
+            return _cond(Condition.ROLLOUT_READY, True, "NotNeeded", "generation runs inside the trainer")
         if on_jobset(run):
             waiting = servers_waiting(job) if job is not None else [f"{c}: no JobSet yet" for c in servers]
             finished = job is not None and job_state(job)[0] in FINISHED
             if finished:  # the JobSet deletes its servers when it finishes
-                return _cond("RolloutReady", False, "Finished", f"JobSet {job['metadata']['name']} has finished")
+                return _cond(
+                    Condition.ROLLOUT_READY, False, "Finished", f"JobSet {job['metadata']['name']} has finished"
+                )
         else:
             waiting = []
             for name in servers:
@@ -513,8 +523,8 @@ class Reconciler:
                 if ready < wanted:
                     waiting.append(f"{name} {ready}/{wanted} ready")
         if waiting:
-            return _cond("RolloutReady", False, "Waiting", "; ".join(waiting))
-        return _cond("RolloutReady", True, "Ready", f"{', '.join(servers)} ready")
+            return _cond(Condition.ROLLOUT_READY, False, "Waiting", "; ".join(waiting))
+        return _cond(Condition.ROLLOUT_READY, True, "Ready", f"{', '.join(servers)} ready")
 
     def pod_changed(self, pod: dict[str, Any], deleted: bool = False) -> tuple[str, str] | None:
         """Note whether a run's pod is stuck before starting (pod_stuck: a missing pull Secret, a Secret its env
@@ -542,10 +552,10 @@ class Reconciler:
         with self._stuck_lock:
             stuck = sorted((self._stuck.get((run.namespace, run.name)) or {}).items())
         if not stuck:
-            return _cond("PodsStarted", True, "NoneStuck", "no pod of the run is kept from starting")
+            return _cond(Condition.PODS_STARTED, True, "NoneStuck", "no pod of the run is kept from starting")
         _, (reason, message) = stuck[0]
         more = f" ({len(stuck) - 1} more pods stuck)" if len(stuck) > 1 else ""
-        return _cond("PodsStarted", False, reason, message + more)
+        return _cond(Condition.PODS_STARTED, False, reason, message + more)
 
     def read_result(self, run: Run, job: dict[str, Any], events: list[Event]) -> dict[str, Any] | None:
         """``.status.result`` from the succeeded job's rank-0 pod (the PyTorchJob's Master, the JobSet trainer's

@@ -11,6 +11,7 @@ express (batch divisibility, parallelism, references).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -516,13 +517,27 @@ class Run:
 # --------------------------------------------------------------------------- status
 
 
+class ConditionType(enum.StrEnum):
+    """The run's conditions: the CRD's enum of ``status.conditions[].type`` and the only types the operator sets."""
+
+    VALID = "Valid"  # the spec passed validation (False: Invalid, every problem named)
+    CHECKPOINTS_SHARED = "CheckpointsShared"  # every rank's checkpoints are where every rank resumes from
+    PREREQUISITES_MET = "PrerequisitesMet"  # the backend's CRD, the PVC, the reward ConfigMap exist
+    CHILDREN_READY = "ChildrenReady"  # every child exists as rendered (False: rejected, or a name conflict)
+    SPEC_APPLIED = "SpecApplied"  # the running job runs the current spec
+    ROLLOUT_READY = "RolloutReady"  # the vLLM servers are Ready
+    PODS_STARTED = "PodsStarted"  # no pod of the run is kept from starting (an image, a Secret)
+    TRAINING = "Training"  # the trainer runs (the job's own words)
+
+
 @dataclass
 class Condition:
     """Kubernetes-style condition."""
 
     type: str = spec_field(
-        "Valid, CheckpointsShared, PrerequisitesMet, ChildrenReady, RolloutReady, Training or SpecApplied",
+        ", ".join(ConditionType) + " (see ConditionType in atlas_operator/spec.py)",
         required=True,
+        enum=tuple(str(t) for t in ConditionType),
     )
     status: str = spec_field("True, False or Unknown", required=True, enum=("True", "False", "Unknown"))
     reason: str | None = spec_field("CamelCase reason")
@@ -566,6 +581,10 @@ def _result_range(key: str) -> dict[str, float]:
     """A result value's bounds (atlas_contract.results.RESULT_RANGES) as schema keywords."""
     low, high = RESULT_RANGES[key]
     return {k: v for k, v in (("minimum", low), ("maximum", high)) if v is not None}
+
+
+#: ``status.children`` keys: the fields of :class:`Children`, as the CRD names them.
+CHILD_KEYS = frozenset(camel(field.name) for field in dataclasses.fields(Children))
 
 
 @dataclass

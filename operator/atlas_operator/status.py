@@ -10,6 +10,7 @@ from typing import Any
 
 from atlas_contract.metrics import PROGRESS
 from atlas_contract.names import WATCHDOG_EXIT_CODE
+from atlas_operator.spec import CHILD_KEYS, ConditionType
 
 # The JobSet failurePolicy rule the operator renders for a restart after a step-watchdog exit; its RestartingJobSet
 # condition's reason is ``FailurePolicy_<rule>`` (JobSet v0.12.0 RestartingJobSetReasonFailurePolicyFormat).
@@ -224,6 +225,9 @@ def parse_progress(metrics_text: str, run: str, namespace: str) -> dict[str, Any
 def status_update(old: dict[str, Any], generation: int | None, result: Result, at: str) -> tuple[dict, list[Event]]:
     """The status fields that changed (a merge patch, empty when nothing did) and the Events to post: one
     for a phase transition, and each of ``result.events`` that the conditions do not already say."""
+    undeclared = set(result.children) - CHILD_KEYS
+    if undeclared:  # the CRD's schema would prune them: a child the status cannot show is a bug, said here
+        raise ValueError(f"status.children: keys not declared in spec.Children: {sorted(undeclared)}")
     new = {
         "phase": result.phase,
         "observedGeneration": generation,
@@ -272,10 +276,10 @@ def progress_patch(old: dict[str, Any], progress: dict[str, Any] | None, at: str
 def transition_message(result: Result) -> str:
     """Invalid/Pending: what blocks the run; otherwise what the PyTorchJob said."""
     by_type = {c["type"]: c for c in result.conditions}
-    for blocking in ("Valid", "PrerequisitesMet", "SpecApplied"):
+    for blocking in (ConditionType.VALID, ConditionType.PREREQUISITES_MET, ConditionType.SPEC_APPLIED):
         if by_type.get(blocking, {}).get("status") == "False":
             return by_type[blocking]["message"]
-    training = by_type.get("Training")
+    training = by_type.get(ConditionType.TRAINING)
     return training["message"] if training else result.phase
 
 
