@@ -521,5 +521,5 @@ def test_rollout_and_watchdog_facts_are_the_codes():
     assert [ast.literal_eval(k.value) for k in field.keywords if k.arg == "default"] == [0.0]
     assert "`step_timeout_seconds` (default 0 = off)" in readme
     assert "no optimizer step completed in" in (REPO / "atlas_core/training/watchdog.py").read_text()
-    assert '"WatchdogRestart"' in (REPO / "operator/atlas_operator/reconcile.py").read_text()
+    assert '"WatchdogRestart"' in (REPO / "operator/atlas_operator/reconcile/reconciler.py").read_text()
     assert "Event `WatchdogRestart`" in readme and "Event `WatchdogRestart`" in architecture

@@ -9,7 +9,7 @@ import logging
 
 from atlas_operator import kube
 from atlas_operator.informer import Informer
-from kopf._cogs.clients.watching import Bookmark
+from atlas_operator.kopf_compat import Bookmark
 
 LISTED = Bookmark.LISTED
 

@@ -23,7 +23,7 @@ from atlas_operator.render import (
     run_config,
 )
 from atlas_operator.spec import InvalidRun, TrainingSpec, parse_run
-from atlas_operator.status import Result, job_phase, merge_conditions, parse_progress, status_update
+from atlas_operator.status import Outcome, job_phase, merge_conditions, parse_progress, status_update
 from conftest import PYTHON, REPO, python_env
 from kube_emulator import wait_for
 from operator_support import (
@@ -1050,13 +1050,13 @@ def test_status_absent_means_absent():
         "children": {"pytorchJob": "r", "configMap": "r-config", "rollout": "r-rollout"},
         "progress": {"step": 7, "reward": 0.5, "kl": 0.01, "updatedAt": "2026-01-01T00:00:00Z"},
     }
-    result = Result(
+    result = Outcome(
         "Running", [], children={"pytorchJob": "r", "configMap": "r-config"}, progress={"step": 8, "reward": 0.6}
     )
     patch, _ = status_update(old, 2, result, "2026-01-01T00:01:00Z")
     assert patch["children"] == {"pytorchJob": "r", "configMap": "r-config", "rollout": None}
     assert patch["progress"] == {"step": 8, "reward": 0.6, "kl": None, "updatedAt": "2026-01-01T00:01:00Z"}
-    unchanged, _ = status_update({**old, "conditions": []}, 2, Result("Running", [], children=old["children"]), "t")
+    unchanged, _ = status_update({**old, "conditions": []}, 2, Outcome("Running", [], children=old["children"]), "t")
     assert "children" not in unchanged and "progress" not in unchanged  # nothing scraped: progress kept
 
 
@@ -1924,7 +1924,7 @@ def test_rollout_defaults_by_mode():
 def test_status_constants_are_the_crds_own():
     """Condition types and status.children keys come from the classes that generate the CRD: one the CRD does not
     declare cannot be set (it would be refused, or pruned, by the API server)."""
-    from atlas_operator.reconcile import _cond
+    from atlas_operator.reconcile import condition
     from atlas_operator.spec import CHILD_KEYS, ConditionType
 
     crd = custom_resource_definition("AtlasTeacher")
@@ -1932,8 +1932,8 @@ def test_status_constants_are_the_crds_own():
     assert status["conditions"]["items"]["properties"]["type"]["enum"] == [str(t) for t in ConditionType]
     assert set(status["children"]["properties"]) == CHILD_KEYS
     with pytest.raises(ValueError):
-        _cond("Healthy", True, "Fine", "an undeclared condition type")
-    undeclared = Result("Pending", [], children={"pytorchJob": "x", "volcanoJob": "x"})
+        condition("Healthy", True, "Fine", "an undeclared condition type")
+    undeclared = Outcome("Pending", [], children={"pytorchJob": "x", "volcanoJob": "x"})
     with pytest.raises(ValueError, match="volcanoJob"):
         status_update({}, 1, undeclared, "2026-01-01T00:00:00Z")
     for run in (teacher(), teacher(backend="JobSet"), training(rollout={"replicas": 0})):

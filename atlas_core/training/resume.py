@@ -27,8 +27,6 @@ from pathlib import Path
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import CHECKPOINT_PREFIX, ENV_RUN_UID, RUN_IDENTITY_FILE, RUN_LOCK_FILE
 
-RESUME_POLICIES = ("auto", "start_over", "never")
-
 
 def resume_policy(value) -> str:
     """``resume`` of a run configuration: auto (true), start_over, never (false)."""

@@ -43,6 +43,12 @@ def _outside_zero3_init():
     """
     from transformers.integrations import deepspeed as hf_deepspeed
 
+    # transformers' private handle on the active ZeRO-3 config (no public getter in 5.x): fail loudly if it moves.
+    if not hasattr(hf_deepspeed, "_hf_deepspeed_config_weak_ref"):
+        raise ImportError(
+            "atlas_core.training.student: transformers.integrations.deepspeed no longer has "
+            "_hf_deepspeed_config_weak_ref (tested with transformers 5.24.0, constraints.txt); port _outside_zero3_init"
+        )
     active = hf_deepspeed._hf_deepspeed_config_weak_ref
     config = active() if active is not None else None
     hf_deepspeed.unset_hf_deepspeed_config()

@@ -1,13 +1,16 @@
 """atlas_operator: the Kubernetes operator (kopf) that turns AtlasTraining / AtlasTeacher runs into
-Kubeflow PyTorchJobs and vLLM rollout servers.
+Kubeflow PyTorchJobs and vLLM rollout servers, or one JobSet.
 
 Types → builders → loops, as in Kubebuilder projects:
 
-- pure (no cluster needed): ``spec`` (the API types, spec and status; the CRDs are generated from them
-  by ``crd``/``generate``, with ``schema``), ``render`` (the children of a run), ``presets`` (Accelerate
-  and DeepSpeed), ``status`` (phase, conditions, progress, the status patch of a reconciliation);
-- cluster-facing: ``kube`` (API calls), ``reconcile`` (parse → render → apply → observe), ``handlers``
-  (kopf, each handler a few lines), ``config`` (the one settings object), ``metrics``, ``cli``.
+- pure (no cluster needed): ``spec`` (the API types, spec and status, and their validation; the CRDs are generated
+  from them by ``crd``/``generate``, with ``schema``), ``render`` (the children of a run, a module per object family),
+  ``presets`` (Accelerate and DeepSpeed), ``status`` (phase, conditions, progress, the status patch of a
+  reconciliation), and the policies of what may be written: ``ownership`` (only what the run controls) and
+  ``revisions`` (a running job changes only when its user changed the run);
+- cluster-facing: ``kube`` (API calls), ``informer`` (the children, watched), ``reconcile`` (parse → render → apply
+  → observe, a module per step), ``handlers`` (kopf, each handler a few lines), ``config`` (the one settings
+  object), ``metrics``, ``cli``.
 
 Shared names, ports, rules and defaults come from ``atlas_contract``; this package never imports
 ``atlas_core``.

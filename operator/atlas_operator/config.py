@@ -8,7 +8,26 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from atlas_contract.names import BACKENDS, OPERATOR_METRICS_PORT, TRAINER_METRICS_PORT
-from atlas_operator.render import Images, NetworkSettings
+
+
+@dataclass(frozen=True)
+class Images:
+    """Operator-wide defaults (flags/env of ``atlas operator``); a run's spec.image wins."""
+
+    trainer: str = "ghcr.io/arc-computer/atlas-trainer:0.1.0"
+    rollout: str = "ghcr.io/arc-computer/atlas-trainer:0.1.0"  # the trainer image carries vLLM
+
+
+@dataclass(frozen=True)
+class NetworkSettings:
+    """Operator-wide: whether runs get NetworkPolicies, and who may read the trainers' metrics besides the run."""
+
+    enabled: bool = True
+    # The operator's namespace (its pod, labelled OPERATOR_POD_LABELS, scrapes the trainers); None: not in a cluster.
+    operator_namespace: str | None = None
+    # Every pod of this namespace may scrape the trainers' metrics port (Prometheus); None: no namespace.
+    monitoring_namespace: str | None = "monitoring"
+
 
 # Environment variable of each setting (the chart's deployment.yaml sets them).
 ENV = {

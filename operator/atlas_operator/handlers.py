@@ -95,15 +95,15 @@ def _run_lock(kind: str, namespace: str, name: str) -> threading.Lock:
         return _run_locks.setdefault((kind, namespace, name), threading.Lock())
 
 
-def evaluate(body: dict, memo: kopf.Memo) -> tuple[dict, list]:
+def reconcile_status(body: dict, memo: kopf.Memo) -> tuple[dict, list]:
     """One reconciliation of a run (counted and timed): the status patch and the Events to post."""
     kind, meta = body["kind"], body["metadata"]
     with _run_lock(kind, meta.get("namespace"), meta["name"]):  # one reconciliation of a run at a time
         started = time.perf_counter()
-        return _evaluate(body, memo, started)
+        return _reconcile_counted(body, memo, started)
 
 
-def _evaluate(body: dict, memo: kopf.Memo, started: float) -> tuple[dict, list]:
+def _reconcile_counted(body: dict, memo: kopf.Memo, started: float) -> tuple[dict, list]:
     kind = body["kind"]
     try:
         result = memo.reconciler.reconcile(copy.deepcopy(dict(body)), kopf.adopt)
@@ -120,19 +120,19 @@ def _evaluate(body: dict, memo: kopf.Memo, started: float) -> tuple[dict, list]:
     return status_update(dict(body.get("status") or {}), meta.get("generation"), result, now())
 
 
-def refresh(body: kopf.Body, memo: kopf.Memo) -> dict:
+def reconcile_and_post(body: kopf.Body, memo: kopf.Memo) -> dict:
     """One reconciliation of a run: posts its Events, returns the status patch."""
-    patch, events = evaluate(body, memo)
+    patch, events = reconcile_status(body, memo)
     for event in events:
         memo.reconciler.kube.post_event(body, event.type, event.reason, event.message)
     return patch
 
 
-def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
+def reconcile_into_patch(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
     if body.metadata.get("deletionTimestamp"):
         return  # being deleted: recreating children now would race the delete handler
     try:
-        patch.status.update(refresh(body, memo))
+        patch.status.update(reconcile_and_post(body, memo))
     except (ApiError, RetryLater) as exc:
         raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
 
@@ -150,7 +150,7 @@ for _plural in KINDS.values():
     @kopf.on.update(GROUP, VERSION, _plural)
     def reconcile_run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_) -> None:
         """Make the children match the spec (idempotent: compare, then create or patch)."""
-        _reconcile(body, patch, memo)
+        reconcile_into_patch(body, patch, memo)
 
     @kopf.timer(GROUP, VERSION, _plural, interval=CONFIG.progress_interval, initial_delay=_first_tick)
     async def observe_run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_) -> None:
@@ -161,7 +161,7 @@ for _plural in KINDS.values():
             return
         status = dict(body.get("status") or {})
         if needs_retry(status, body.metadata.get("generation"), _stuck(status, body, memo)):
-            await asyncio.to_thread(_reconcile, body, patch, memo)
+            await asyncio.to_thread(reconcile_into_patch, body, patch, memo)
             status = {**status, **patch.get("status", {})}
         if status.get("phase") == "Running":
             progress = await memo.reconciler.scrape(dict(body.metadata))
@@ -241,12 +241,12 @@ def child_changed(type_: str, resource: Resource, obj: dict, memo: kopf.Memo) ->
     if run in memo.refreshing:
         return  # a refresh is queued and has not started: it will see this change too
     memo.refreshing.add(run)
-    task = asyncio.get_running_loop().create_task(asyncio.to_thread(refresh_run, run, obj.get("kind"), memo))
+    task = asyncio.get_running_loop().create_task(asyncio.to_thread(reconcile_after_change, run, obj.get("kind"), memo))
     memo.tasks.add(task)  # held until done (the loop keeps only weak references to tasks)
     task.add_done_callback(memo.tasks.discard)
 
 
-def refresh_run(run: tuple[str, str, str], cause: str | None, memo: kopf.Memo) -> None:
+def reconcile_after_change(run: tuple[str, str, str], cause: str | None, memo: kopf.Memo) -> None:
     """Reconcile a run after a change of one of its children or pods. The run is read from the API server first: a
     copy held from a watch can be behind a spec change, and reconciling it would write the old spec back to the
     children (a resumed run's job suspended again) until the run's own update handler undid it. Only events that
@@ -258,7 +258,7 @@ def refresh_run(run: tuple[str, str, str], cause: str | None, memo: kopf.Memo) -
         body = reconciler.kube.get_fresh(RUN_RESOURCES[kind], namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
-        patch = refresh(body, memo)
+        patch = reconcile_and_post(body, memo)
         if patch:
             reconciler.kube.patch(RUN_RESOURCES[kind], namespace, name, {"status": patch}, subresource="status")
     except (ApiError, RetryLater) as exc:  # the run's timer catches up

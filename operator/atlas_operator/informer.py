@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import kopf
-from kopf._cogs.clients import errors, watching  # kopf's list-then-watch stream (no public API for a bare stream)
 
+from atlas_operator import kopf_compat
 from atlas_operator.kube import Resource
 
 log = logging.getLogger("atlas_operator")
@@ -83,17 +83,17 @@ class Informer:
         stream = kopf.Resource(resource.group, resource.version, resource.plural, kind=resource.kind, namespaced=True)
         while True:
             try:
-                async for event in watching.infinite_watch(settings=settings, resource=stream, namespace=namespace):
+                async for event in kopf_compat.infinite_watch(settings=settings, resource=stream, namespace=namespace):
                     self.handle(resource, namespace, event)
             except asyncio.CancelledError:
                 raise
-            except errors.APINotFoundError as exc:  # not served (its CRD is not installed): none of it exists
+            except kopf_compat.APINotFoundError as exc:  # not served (its CRD is not installed): none of it exists
                 if (resource.plural, namespace) not in self._listed:
                     log.info("not watching %s in %s: %s", resource.plural, namespace or "all namespaces", exc)
                 self._listing.pop((resource.plural, namespace), None)
                 self._relisted(resource, namespace, {})
                 await asyncio.sleep(UNSERVED_RETRY_S)
-            except errors.APIForbiddenError as exc:  # not listable (the RBAC): not synced, so reads ask the API
+            except kopf_compat.APIForbiddenError as exc:  # not listable (the RBAC): not synced, so reads ask the API
                 log.warning("cannot watch %s in %s: %s", resource.plural, namespace or "all namespaces", exc)
                 self._listing.pop((resource.plural, namespace), None)
                 await asyncio.sleep(UNSERVED_RETRY_S)
@@ -105,7 +105,7 @@ class Informer:
     def handle(self, resource: Resource, namespace: str | None, event: Any) -> None:
         """One item of kopf's watch-stream: an object of a listing (type None), the end of a listing
         (``Bookmark.LISTED``), a change (ADDED, MODIFIED, DELETED), or a BOOKMARK (nothing to do)."""
-        if event is watching.Bookmark.LISTED:
+        if event is kopf_compat.Bookmark.LISTED:
             self._relisted(resource, namespace, self._listing.pop((resource.plural, namespace), {}))
             return
         if not isinstance(event, dict) or event.get("type") == "BOOKMARK":

@@ -1,5 +1,5 @@
 """Pure status logic: the run's phase from its job (PyTorchJob or JobSet), conditions, progress from metrics text, and
-the status patch and Events that one reconciliation's :class:`Result` turns into."""
+the status patch and Events that one reconciliation's :class:`Outcome` turns into."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class Event:
 
 
 @dataclass
-class Result:
+class Outcome:
     """What a reconciliation observed: the status fields to write and the events to post."""
 
     phase: str
@@ -222,7 +222,7 @@ def parse_progress(metrics_text: str, run: str, namespace: str) -> dict[str, Any
     return progress
 
 
-def status_update(old: dict[str, Any], generation: int | None, result: Result, at: str) -> tuple[dict, list[Event]]:
+def status_update(old: dict[str, Any], generation: int | None, result: Outcome, at: str) -> tuple[dict, list[Event]]:
     """The status fields that changed (a merge patch, empty when nothing did) and the Events to post: one
     for a phase transition, and each of ``result.events`` that the conditions do not already say."""
     undeclared = set(result.children) - CHILD_KEYS
@@ -273,7 +273,7 @@ def progress_patch(old: dict[str, Any], progress: dict[str, Any] | None, at: str
     return {"progress": {**{k: None for k in before if k not in progress}, **progress, "updatedAt": at}}
 
 
-def transition_message(result: Result) -> str:
+def transition_message(result: Outcome) -> str:
     """Invalid/Pending: what blocks the run; otherwise what the PyTorchJob said."""
     by_type = {c["type"]: c for c in result.conditions}
     for blocking in (ConditionType.VALID, ConditionType.PREREQUISITES_MET, ConditionType.SPEC_APPLIED):

@@ -1,8 +1,9 @@
 """GRPOTrainer: TRL's GRPO loop with an overridable reward hook and Atlas telemetry.
 
-TRL's loop is used as is. Atlas hooks in at two points:
+TRL's loop is used as is. Atlas hooks in at two points (TRL's private methods only through the fenced mixin of
+atlas_core/training/algorithms/trl_hooks.py):
 
-* rewards: TRL's ``_calculate_rewards`` is routed through :meth:`GRPOTrainer.compute_rewards`,
+* rewards: TRL's reward computation is routed through :meth:`GRPOTrainer.compute_rewards`,
   which a subclass may override (the teacher trainer does);
 * callbacks: rank 0 exports the ``atlas_training_*`` Prometheus gauges when
   ``args.metrics_port`` is set.
@@ -24,6 +25,7 @@ from transformers import EvalPrediction, TrainerCallback
 from atlas_core.models.tiny import policy_model, resolve_model_path
 from atlas_core.tasks.arithmetic import completion_text
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
+from atlas_core.training.algorithms.trl_hooks import TRLHooks
 from atlas_core.training.callbacks import telemetry_callbacks
 from atlas_core.training.watchdog import rollout_server_url, wait_for_server, waiting_for, watchdog_callbacks
 
@@ -44,7 +46,7 @@ def _reward_column(name: str):
     return column
 
 
-class GRPOTrainer(trl.GRPOTrainer):
+class GRPOTrainer(TRLHooks, trl.GRPOTrainer):
     """Group Relative Policy Optimization, as TRL implements it, with Atlas's hooks.
 
     Args:
@@ -195,11 +197,11 @@ class GRPOTrainer(trl.GRPOTrainer):
             inputs = [{"prompt": p, **{k: v[i] for k, v in reward_kwargs.items()}} for i, p in enumerate(prompts)]
             completion_ids = [self.processing_class(text=str(c))["input_ids"] for c in completions]
         # TRL's implementation gathers across processes; keep this process's rows.
-        everyone = super()._calculate_rewards(inputs, prompts, completions, completion_ids)
+        everyone = self.trl_calculate_rewards(inputs, prompts, completions, completion_ids)
         start = self.accelerator.process_index * len(prompts)
         return everyone[start : start + len(prompts)]
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+    def calculate_rewards_hook(self, inputs, prompts, completions, completion_ids_list):
         with waiting_for(f"the reward functions ({', '.join(self.reward_func_names)})"):
             return self._rewards_of(inputs, prompts, completions, completion_ids_list)
 
@@ -250,23 +252,23 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     # ------------------------------------------------------------------ generation
 
-    def _generate(self, prompts: list):
+    def generate_hook(self, prompts: list):
         """TRL's generation; with a rollout server (vllm_mode server) its health is checked first, so a server that
         is gone ends the process cleanly (the watchdog's exit, naming the URL) instead of hanging generation or
         the weight sync."""
         url = rollout_server_url(self.args)
         if url is None:
             with waiting_for("generation"):
-                return super()._generate(prompts)
+                return self.trl_generate(prompts)
         wait_for_server(f"{url}/health", float(self.args.server_timeout_seconds))
         with waiting_for(f"generation by the rollout server at {url}"):
-            return super()._generate(prompts)
+            return self.trl_generate(prompts)
 
     # ------------------------------------------------------------------ telemetry
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
-        kl = self._metrics["train"].get("kl")
+        kl = self.trl_metrics["train"].get("kl")
         self.current_kl = torch.tensor(kl[-1:] if kl else [0.0], dtype=torch.float32)
         return loss
 
@@ -283,7 +285,7 @@ class GRPOTrainer(trl.GRPOTrainer):
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, **kwargs)
         prefix = kwargs.get("metric_key_prefix", "eval")
         # TRL reports its eval metrics (reward, completion lengths, ...) only through log(); return them too.
-        for key, values in self._metrics["eval"].items():
+        for key, values in self.trl_metrics["eval"].items():
             valid = [v for v in values if not math.isnan(v)]
             if valid:
                 output.metrics.setdefault(f"{prefix}_{key}", sum(valid) / len(valid))

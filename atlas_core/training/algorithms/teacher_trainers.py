@@ -2,7 +2,8 @@
 
 Per generation batch (TRL's loop, hooked in two places):
 
-1. ``_generate_and_score_completions`` — before TRL generates, every task is diagnosed
+1. ``generate_and_score_hook`` (TRL's batch generation, through atlas_core/training/algorithms/trl_hooks.py) —
+   before TRL generates, every task is diagnosed
    (:meth:`TeacherGRPOTrainer.diagnostic_probe`, batched): the student describes its approach and
    answers the task ``student_samples`` times; the baseline score is measured from those answers.
    Each prompt is replaced by the teacher prompt for its measured capability, so TRL generates the
@@ -163,7 +164,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ GRPO hooks
 
-    def _generate_and_score_completions(self, inputs):
+    def generate_and_score_hook(self, inputs):
         tasks = [teaching.task_text(x["prompt"]) for x in inputs]
         unique = list(dict.fromkeys(tasks))
         first_row = {task: x for task, x in zip(reversed(tasks), reversed(inputs), strict=True)}
@@ -188,7 +189,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
                     "capability_level": d.capability_level,
                 }
             )
-        return super()._generate_and_score_completions(teacher_inputs)
+        return self.trl_generate_and_score(teacher_inputs)
 
     def compute_rewards(self, completions, prompts, **kwargs):
         """The teaching reward of each teacher completion (see ``compute_teaching_reward``)."""

@@ -1,0 +1,208 @@
+"""A run's children: observed, checked for ownership (ownership.py), created or patched, pruned and deleted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atlas_contract.names import KINDS, ChildNames
+from atlas_contract.rules import find_reward_config
+from atlas_operator import kube
+from atlas_operator.kube import ApiError
+from atlas_operator.ownership import (
+    NAME_CONFLICT,
+    NAME_TAKEN,
+    Foreign,
+    conflict_message,
+    is_controlled_by,
+    name_taken_message,
+    rival_run,
+)
+from atlas_operator.reconcile.common import NameConflict, RetryLater, condition
+from atlas_operator.reconcile.patching import _managed_patch
+from atlas_operator.render import (
+    on_jobset,
+)
+from atlas_operator.revisions import PINNED_KINDS, Revision
+from atlas_operator.spec import ConditionType as Condition
+from atlas_operator.spec import Run
+from atlas_operator.status import (
+    Event,
+    Outcome,
+    job_phase,
+)
+
+# status.children key → what the run may own under it (deleted when the spec no longer wants it).
+OWNED_BY_KEY = {
+    "pytorchJob": (kube.PYTORCH_JOB,),
+    "jobSet": (kube.JOBSET,),
+    "rollout": (kube.DEPLOYMENT, kube.SERVICE),
+    "student": (kube.DEPLOYMENT, kube.SERVICE),
+    "networkPolicy": (kube.NETWORK_POLICY,),  # operator setting network_policy turned off
+    "trainerNetworkPolicy": (kube.NETWORK_POLICY,),
+}
+
+
+class Children:
+    """Applying, pruning and deleting the run's children; the job itself goes to JobPolicies."""
+
+    def observe_children(
+        self, run: Run, body: dict[str, Any], desired: list[dict[str, Any]]
+    ) -> tuple[dict[tuple[str, str], dict[str, Any] | None], list[Foreign]]:
+        """Each child as it stands now (None: absent), and the objects under a child's name this run does not control.
+        A run that has made its children finds them in the watch; a new run asks the API server for each name,
+        since an object someone else made there carries none of the labels the watch selects."""
+        established = bool((body.get("status") or {}).get("children"))
+        existing, foreign = {}, []
+        for child in desired:
+            resource = kube.resource_of(child)
+            obj = self.kube.get(resource, run.namespace, child["metadata"]["name"], absent_unless_watched=established)
+            existing[_key(child)] = obj
+            if obj is not None and not is_controlled_by(obj, body):
+                foreign.append(Foreign.of({**obj, "kind": resource.kind}))
+        return existing, foreign
+
+    def name_conflict(
+        self,
+        run: Run,
+        body: dict[str, Any],
+        result: Outcome,
+        existing: dict[tuple[str, str], dict[str, Any] | None],
+        foreign: list[Foreign],
+    ) -> Outcome:
+        """Objects under the run's child names that are not its own: nothing is created, changed or deleted; the
+        run says which and who controls them, and its timer looks again until they are gone. Names held by a run
+        of the other kind refuse this run (Invalid) instead."""
+        rival = rival_run(foreign, run.kind, run.name)
+        if rival is not None:
+            message = name_taken_message(rival, run.kind, run.namespace)
+            refused = condition(Condition.VALID, False, NAME_TAKEN, message)
+            return Outcome("Invalid", [refused], events=[Event("Warning", NAME_TAKEN, message)])
+        message = conflict_message(foreign)
+        ours = {name for (_, name), obj in existing.items() if obj is not None and is_controlled_by(obj, body)}
+        result.children = {key: name for key, name in result.children.items() if name in ours}
+        jobs = [obj for (kind, name), obj in existing.items() if kind in kube.JOBS and name in ours]
+        job = jobs[0] if jobs else None
+        result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name))
+        result.conditions.append(condition(Condition.CHILDREN_READY, False, NAME_CONFLICT, message))
+        result.events.append(Event("Warning", NAME_CONFLICT, message))
+        return result
+
+    def apply(
+        self,
+        run: Run,
+        desired: dict[str, Any],
+        existing: dict[str, Any] | None,
+        revision: Revision,
+        result: Outcome,
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """Create, patch or (job) recreate one child, which this run controls or which is absent; returns (the object
+        as observed, action). A pinned child (revisions.py) is rendered again only after its user changed the run."""
+        resource = kube.resource_of(desired)
+        name = desired["metadata"]["name"]
+        is_job = desired["kind"] in kube.JOBS
+        if existing is None:
+            if is_job and run.spec.queue_name and run.spec.suspend:
+                return None, None  # a suspended queued run holds no job (and no quota) until resumed
+            try:
+                return self.kube.create(desired), "created"
+            except ApiError as exc:
+                if exc.not_found and is_job:
+                    self._crd_seen_at.pop(desired["kind"], None)  # uninstalled under us: report it next time
+                if not exc.conflict:
+                    raise
+                existing = self.kube.get(resource, run.namespace, name)  # created meanwhile
+                if existing is None:
+                    raise RetryLater(f"{desired['kind']} {name}: conflict on create, then not found") from exc
+                if not is_controlled_by(existing, _owner(run)):
+                    raise NameConflict(Foreign.of({**existing, "kind": resource.kind})) from exc
+        if is_job:
+            return self.apply_job(run, desired, existing, revision, result)
+        pinned = desired["kind"] in PINNED_KINDS
+        if pinned and not revision.changed_since(existing):
+            return existing, None  # the run's spec has not changed since it was rendered: an upgrade changes nothing
+        patch = _managed_patch(desired, existing)
+        if pinned and (patch is not None or not revision.is_recorded_on(existing)):
+            patch = patch or {}
+            patch.setdefault("metadata", {})["annotations"] = revision.annotations(desired["kind"])
+        if patch is None:
+            return existing, None
+        return self.kube.patch(resource, run.namespace, name, patch), "patched"
+
+    def prune(self, run: Run, body: dict[str, Any], result: Outcome) -> None:
+        """Delete what the run had and its spec no longer wants: a server set to 0 replicas (its GPUs are freed),
+        or the other backend's job and servers after a spec.backend change. What existed is read from
+        status.children, so a run that never had one costs no API call."""
+        had = ((body.get("status") or {}).get("children")) or {}
+        for key, name in had.items():
+            if key not in OWNED_BY_KEY or key in result.children or not isinstance(name, str):
+                continue
+            for resource in OWNED_BY_KEY[key]:
+                existing = self.kube.get(resource, run.namespace, name)
+                if (
+                    existing is None
+                    or not is_controlled_by(existing, body)
+                    or not self.kube.delete(resource, run.namespace, name)
+                ):
+                    continue
+                child = f"{resource.kind}/{name}"
+                result.actions[child] = "deleted"
+                if resource is kube.NETWORK_POLICY:
+                    reason, why = "NetworkPolicyOff", "the operator's network policy setting is off"
+                elif key in ("pytorchJob", "jobSet") or on_jobset(run):
+                    reason, why = "BackendChanged", f"spec.backend is {run.backend} now"
+                else:
+                    reason, why = "ServerRemoved", "no longer in the spec"
+                result.events.append(Event("Normal", reason, f"{child}: {why}, deleted"))
+
+    @staticmethod
+    def owning_run(child: dict[str, Any]) -> dict[str, Any] | None:
+        """The controller owner reference of a child when it is a run (AtlasTraining/AtlasTeacher)."""
+        refs = (child.get("metadata") or {}).get("ownerReferences") or []
+        return next((ref for ref in refs if ref.get("controller") and ref.get("kind") in KINDS), None)
+
+    def delete_children(self, body: dict[str, Any]) -> list[str]:
+        """Delete what the run owns (the API server's garbage collector would too, through the owner
+        references; doing it here also covers a GC that is slow or off)."""
+        namespace, name = body["metadata"].get("namespace", "default"), body["metadata"]["name"]
+        deleted = []
+        owned = ChildNames(name)
+        targets = [
+            (kube.PYTORCH_JOB, owned.job),
+            (kube.JOBSET, owned.jobset),
+            (kube.DEPLOYMENT, owned.rollout),
+            (kube.DEPLOYMENT, owned.student),
+            (kube.SERVICE, owned.rollout),
+            (kube.SERVICE, owned.student),
+            (kube.SERVICE, owned.metrics),
+            (kube.CONFIG_MAP, owned.config_map),
+            (kube.NETWORK_POLICY, owned.network_policy),  # after the workloads whose pods they protect
+            (kube.NETWORK_POLICY, owned.trainer_network_policy),
+        ]
+        for resource, child in targets:
+            if resource.kind in kube.JOBS and not self.crd_installed(resource.kind):
+                continue
+            existing = self.kube.get(resource, namespace, child)
+            if existing is None or not is_controlled_by(existing, body):
+                continue  # never delete what someone else made under the same name
+            if self.kube.delete(resource, namespace, child):
+                deleted.append(f"{resource.kind}/{child}")
+        return deleted
+
+
+def reward_yaml(run: Run) -> str | None:
+    """The named RIM config (reward_system/<spec.reward.config>.yaml), embedded in the run's ConfigMap."""
+    if not run.spec.reward.config:
+        return None
+    path = find_reward_config(run.spec.reward.config)
+    if path is None:  # validate_run accepts only the bundled names, so this is a broken install
+        raise RetryLater(f"spec.reward.config: RIM config {run.spec.reward.config!r} is not installed")
+    return path.read_text()
+
+
+def _key(child: dict[str, Any]) -> tuple[str, str]:
+    return child["kind"], child["metadata"]["name"]
+
+
+def _owner(run: Run) -> dict[str, Any]:
+    """The run as an owner, for is_controlled_by."""
+    return {"kind": run.kind, "metadata": {"name": run.name, "uid": run.uid}}

@@ -1,0 +1,170 @@
+"""What the run's status reports besides its job: servers Ready, pods that cannot start, the trainer's result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atlas_contract.names import KINDS, LABEL_INSTANCE, ChildNames
+from atlas_contract.results import parse_result
+from atlas_operator import kube
+from atlas_operator.kube import ApiError
+from atlas_operator.reconcile.common import condition, log
+from atlas_operator.render import (
+    COMPLETION_INDEX_KEY,
+    child_names,
+    has_student_server,
+    on_jobset,
+    trainer_container,
+)
+from atlas_operator.spec import ConditionType as Condition
+from atlas_operator.spec import Run
+from atlas_operator.status import (
+    FINISHED,
+    Event,
+    job_state,
+    pod_stuck,
+    servers_waiting,
+    termination_message,
+)
+
+# Reads of a succeeded job's Master pod for the run's result, per job and operator process: a pod that is gone
+# or carries no result is not read again at every status refresh.
+MAX_RESULT_READS = 3
+
+
+class Observation:
+    """Conditions and the result read from the cluster (pods, Deployments, the job)."""
+
+    def rollout_condition(
+        self, run: Run, job: dict[str, Any] | None, observed: dict[str, dict[str, Any] | None] | None = None
+    ) -> dict[str, Any]:
+        """Whether the servers are Ready: their Deployments (``observed``: as just applied, else read), or the
+        JobSet's server replicated jobs."""
+        observed = observed or {}
+        if on_jobset(run):  # the JobSet's server replicated jobs
+            servers = ["rollout"] * bool(run.spec.rollout.replicas) + ["student"] * has_student_server(run)
+        else:
+            names = child_names(run)
+            servers = [names[c] for c in ("rollout", "student") if c in names]
+        if not servers:
+            return condition(Condition.ROLLOUT_READY, True, "NotNeeded", "generation runs inside the trainer")
+        if on_jobset(run):
+            waiting = servers_waiting(job) if job is not None else [f"{c}: no JobSet yet" for c in servers]
+            finished = job is not None and job_state(job)[0] in FINISHED
+            if finished:  # the JobSet deletes its servers when it finishes
+                return condition(
+                    Condition.ROLLOUT_READY, False, "Finished", f"JobSet {job['metadata']['name']} has finished"
+                )
+        else:
+            waiting = []
+            for name in servers:
+                deployment = (
+                    observed[name] if name in observed else self.kube.get(kube.DEPLOYMENT, run.namespace, name)
+                ) or {}
+                wanted = (deployment.get("spec") or {}).get("replicas", 0)
+                ready = (deployment.get("status") or {}).get("readyReplicas", 0) or 0
+                if ready < wanted:
+                    waiting.append(f"{name} {ready}/{wanted} ready")
+        if waiting:
+            return condition(Condition.ROLLOUT_READY, False, "Waiting", "; ".join(waiting))
+        return condition(Condition.ROLLOUT_READY, True, "Ready", f"{', '.join(servers)} ready")
+
+    def pod_changed(self, pod: dict[str, Any], deleted: bool = False) -> tuple[str, str] | None:
+        """Note whether a run's pod is stuck before starting (pod_stuck: a missing pull Secret, a Secret its env
+        names, a bad image). Returns the run's (kind, name) when that changes what its status should say, else
+        None (also for a run this process has not reconciled yet: its first reconciliation reads what is noted).
+        The run is known from the pod's labels alone, no API call."""
+        meta = pod.get("metadata") or {}
+        run_name, pod_name = (meta.get("labels") or {}).get(LABEL_INSTANCE), meta.get("name")
+        if not run_name or not pod_name:
+            return None
+        key = (meta.get("namespace", "default"), run_name)
+        stuck = None if deleted else pod_stuck(pod)
+        with self._stuck_lock:
+            pods = self._stuck.setdefault(key, {})
+            before = pods.pop(pod_name, None)
+            if stuck is not None:
+                pods[pod_name] = stuck
+            if not pods:
+                del self._stuck[key]
+            kind = self._kinds.get(key)
+        return (kind, run_name) if stuck != before and kind in KINDS else None
+
+    def pods_condition(self, run: Run) -> dict[str, Any]:
+        """PodsStarted: False with the kubelet's reason while a pod of the run cannot start its containers."""
+        with self._stuck_lock:
+            stuck = sorted((self._stuck.get((run.namespace, run.name)) or {}).items())
+        if not stuck:
+            return condition(Condition.PODS_STARTED, True, "NoneStuck", "no pod of the run is kept from starting")
+        _, (reason, message) = stuck[0]
+        more = f" ({len(stuck) - 1} more pods stuck)" if len(stuck) > 1 else ""
+        return condition(Condition.PODS_STARTED, False, reason, message + more)
+
+    def read_result(self, run: Run, job: dict[str, Any], events: list[Event]) -> dict[str, Any] | None:
+        """``.status.result`` from the succeeded job's rank-0 pod (the PyTorchJob's Master, the JobSet trainer's
+        index 0): its trainer container's termination message (atlas_contract.results), or None. A pod that is
+        gone, belongs to an earlier job, or carries no parsable message gives None, and is read at most
+        MAX_RESULT_READS times per job. A value out of its schema range is left out, with a Warning in ``events``."""
+        job_uid = (job.get("metadata") or {}).get("uid")
+        key = (run.namespace, run.name, run.uid, job_uid)
+        with self._result_lock:
+            reads = self._result_reads.get(key, 0)
+            if reads >= MAX_RESULT_READS:
+                return None
+            self._result_reads[key] = reads + 1
+        try:
+            pod = self.rank0_pod(run, job)
+        except ApiError as exc:  # no pods permission (an older chart), the API down: no result, no crash
+            log.warning("%s %s/%s: no rank-0 pod to read the result from: %s", run.kind, run.namespace, run.name, exc)
+            return None
+        if pod is None:
+            log.info("%s %s/%s: no rank-0 pod of the succeeded job: no result", run.kind, run.namespace, run.name)
+            return None
+        parsed, dropped = parse_result(termination_message(pod, trainer_container(run)))
+        if dropped:  # the trainer's word, out of the schema's range: never shown, said once
+            events.append(Event("Warning", "ResultOutOfRange", "the finished trainer's result: " + "; ".join(dropped)))
+            if parsed is None:
+                with self._result_lock:
+                    self._result_reads[key] = MAX_RESULT_READS  # the same message would be read again
+        if parsed is None:
+            log.info(
+                "%s %s/%s: pod %s has no result in its termination message",
+                run.kind,
+                run.namespace,
+                run.name,
+                (pod.get("metadata") or {}).get("name"),
+            )
+            return None
+        with self._result_lock:
+            self._result_reads.pop(key, None)
+        return parsed
+
+    def rank0_pod(self, run: Run, job: dict[str, Any]) -> dict[str, Any] | None:
+        """The pod of rank 0 of ``job``: the PyTorchJob's Master by name; a JobSet's trainer pod of completion
+        index 0 of the current attempt, by label (its name ends in a random suffix)."""
+        job_uid = (job.get("metadata") or {}).get("uid")
+        if job["kind"] != "JobSet":
+            pod = self.kube.get(kube.POD, run.namespace, ChildNames(run.name).master_pod)
+            return pod if pod is not None and _made_by(pod, job_uid) else None
+        selector = ",".join(
+            f"{key}={value}"
+            for key, value in (
+                ("jobset.sigs.k8s.io/jobset-name", job["metadata"]["name"]),
+                ("jobset.sigs.k8s.io/replicatedjob-name", "trainer"),
+                ("jobset.sigs.k8s.io/restart-attempt", str((job.get("status") or {}).get("restarts") or 0)),
+            )
+        )
+        for pod in self.kube.list(kube.POD, run.namespace, selector):
+            meta = pod.get("metadata") or {}
+            if (meta.get("labels") or {}).get("jobset.sigs.k8s.io/jobset-uid") != job_uid:
+                continue  # a pod of an earlier JobSet of the same name
+            if (meta.get("annotations") or {}).get(COMPLETION_INDEX_KEY) == "0":
+                return pod
+        return None
+
+
+def _made_by(pod: dict[str, Any], job_uid: str | None) -> bool:
+    """Whether ``pod`` belongs to the job ``job_uid`` (its controller owner reference), not to an earlier job of
+    the same name; a pod without a controller reference is taken as it is."""
+    refs = [r for r in (pod.get("metadata") or {}).get("ownerReferences") or [] if r.get("controller")]
+    return not refs or job_uid is None or any(r.get("uid") == job_uid for r in refs)

@@ -1,0 +1,102 @@
+"""The JobSet backend: the trainer and the servers as replicated jobs of one gang."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from atlas_contract.names import (
+    JOBSET_TRAINER_CONTAINER,
+    QUEUE_NAME_LABEL,
+    SPEC_HASH_ANNOTATION,
+    WATCHDOG_EXIT_CODE,
+    ChildNames,
+)
+from atlas_operator.config import Images
+from atlas_operator.render.common import JOBSET_API_VERSION, _metadata, has_student_server
+from atlas_operator.render.servers import rollout_pod_template, student_pod_template
+from atlas_operator.render.trainer import _configured_trainer_template, job_spec_hash
+from atlas_operator.spec import Run
+from atlas_operator.status import WATCHDOG_RESTART_RULE
+
+
+def _one_pod_job(template: dict[str, Any], pods: int = 1) -> dict[str, Any]:
+    """A replicated job's Job spec: ``pods`` pods (Indexed), none retried by the Job controller (restartPolicy
+    Never, backoffLimit 0): a failed pod fails its Job at once, and the JobSet's failurePolicy restarts the
+    whole gang. (The JobSet webhook would default restartPolicy to OnFailure: in-place restarts the JobSet
+    never sees.)"""
+    template = json.loads(json.dumps(template))
+    template["spec"]["restartPolicy"] = "Never"
+    return {
+        "completionMode": "Indexed",
+        "completions": pods,
+        "parallelism": pods,
+        "backoffLimit": 0,
+        "template": template,
+    }
+
+
+def jobset(run: Run, images: Images, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run as one JobSet: replicated jobs ``rollout`` and (teacher) ``student``, one Job per server replica,
+    then ``trainer`` (one Indexed Job, a pod per node), created once every server is Ready (``dependsOn``).
+    The trainer's success completes the JobSet (its servers are then deleted); any pod's failure restarts
+    every Job, up to spec.maxRestarts, and the trainer resumes from its newest checkpoint. With a queue,
+    Kueue admits the whole set as one workload."""
+    spec = run.spec
+    replicated: list[dict[str, Any]] = []
+    servers = []
+    if spec.rollout.replicas:
+        servers.append(("rollout", spec.rollout.replicas, rollout_pod_template(run, images)))
+    if has_student_server(run):
+        servers.append(("student", spec.student.rollout.replicas, student_pod_template(run, images)))
+    for name, replicas, template in servers:
+        replicated.append({"name": name, "replicas": replicas, "template": {"spec": _one_pod_job(template)}})
+    trainer_job = _one_pod_job(_configured_trainer_template(run, images, config), spec.resources.nodes)
+    # A trainer the step watchdog ended fails its Job with reason PodFailurePolicy, which the JobSet's
+    # WATCHDOG_RESTART_RULE names in its RestartingJobSet condition: the operator counts those restarts.
+    trainer_job["podFailurePolicy"] = {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": JOBSET_TRAINER_CONTAINER,
+                    "operator": "In",
+                    "values": [WATCHDOG_EXIT_CODE],
+                },
+            }
+        ]
+    }
+    trainer = {"name": "trainer", "replicas": 1, "template": {"spec": trainer_job}}
+    if servers:
+        trainer["dependsOn"] = [{"name": name, "status": "Ready"} for name, _, _ in servers]
+    replicated.append(trainer)
+    job_spec = {
+        "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": ["trainer"]},
+        "failurePolicy": {
+            "maxRestarts": spec.max_restarts,
+            "restartStrategy": "Recreate",
+            # Any other failure: the default action, RestartJobSet, too (reason DefaultFailurePolicy).
+            "rules": [
+                {
+                    "name": WATCHDOG_RESTART_RULE,
+                    "action": "RestartJobSet",
+                    "onJobFailureReasons": ["PodFailurePolicy"],
+                    "targetReplicatedJobs": ["trainer"],
+                }
+            ],
+        },
+        # With a queue, Kueue owns suspend: the JobSet is created suspended and only Kueue resumes it.
+        "suspend": spec.suspend or bool(spec.queue_name),
+        "replicatedJobs": replicated,
+    }
+    job = {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": "JobSet",
+        "metadata": _metadata(run, ChildNames(run.name).jobset, "trainer"),
+        "spec": job_spec,
+    }
+    if spec.queue_name:  # on the JobSet only: Kueue makes the whole set one workload
+        job["metadata"]["labels"][QUEUE_NAME_LABEL] = spec.queue_name
+    job["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: job_spec_hash(job)}
+    return job

@@ -1,0 +1,191 @@
+"""The run's configuration: run.yaml (what the trainer reads), accelerate.yaml and reward.yaml, in its
+ConfigMap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from atlas_contract import defaults
+from atlas_contract.names import (
+    ACCELERATE_CONFIG_FILE,
+    CONFIG_DIR,
+    REWARD_CONFIG_FILE,
+    RUN_CONFIG_FILE,
+    TRAINER_METRICS_PORT,
+    VLLM_PORT,
+    WEIGHT_SYNC_PORT,
+    ChildNames,
+)
+from atlas_operator.presets import accelerate_config
+from atlas_operator.render.common import REWARD_REF_DIR, _metadata, on_jobset
+from atlas_operator.spec import AtlasTeacherSpec, Run, TrainingSpec, reward_funcs
+
+
+def output_dir(run: Run) -> str:
+    return f"{run.spec.checkpoint.path.rstrip('/')}/{run.name}"
+
+
+def checkpoint_warning(run: Run) -> str | None:
+    """Why restarts cannot resume, or None. Without spec.checkpoint.pvc every trainer pod writes to its own
+    emptyDir: on PyTorchJob rank 0 alone writes the trainer state, so a multi-node run cannot resume (one node
+    restarts in place and keeps it); on JobSet every restart makes new pods."""
+    nodes = run.spec.resources.nodes
+    if run.spec.checkpoint.pvc:
+        return None
+    if on_jobset(run):
+        return (
+            "spec.checkpoint.pvc: not set, so the trainer keeps its checkpoints on its pods' emptyDir, and a JobSet "
+            "restart (spec.maxRestarts) replaces every pod: training starts again from step 0; set "
+            "spec.checkpoint.pvc to a PersistentVolumeClaim (ReadWriteMany when nodes > 1)"
+        )
+    if nodes < 2:
+        return None
+    return (
+        f"spec.checkpoint.pvc: not set, so each of the {nodes} trainer pods keeps its checkpoints on its own "
+        "emptyDir and a restart cannot resume (every rank stops and says why); set spec.checkpoint.pvc to a "
+        "ReadWriteMany PersistentVolumeClaim that every node shares"
+    )
+
+
+def _server_host(run: Run, component: str) -> str:
+    """A server's address from the trainer pods: its Service, or (JobSet) its pod's stable hostname."""
+    owned = ChildNames(run.name)
+    return owned.host(component) if on_jobset(run) else f"{getattr(owned, component)}.{run.namespace}.svc"
+
+
+def student_endpoint(run: Run) -> str:
+    return f"http://{_server_host(run, 'student')}:{VLLM_PORT}/v1"
+
+
+def rollout_endpoint(run: Run) -> str:
+    return f"http://{_server_host(run, 'rollout')}:{VLLM_PORT}"
+
+
+def run_config(run: Run) -> dict[str, Any]:
+    """The run configuration the trainer pods load (`atlas_core.cli.train recipe=run.yaml`)."""
+    spec = run.spec
+    trainer = {**defaults.training_defaults(spec.algorithm), **training_fields(spec.training)}
+    trainer.update(
+        save_strategy="steps",
+        save_steps=spec.checkpoint.save_steps,
+        metrics_port=TRAINER_METRICS_PORT,
+        metrics_host="0.0.0.0",  # scraped by Prometheus and the operator through <name>-metrics
+        report_to=[],
+    )
+    if spec.resources.gpus_per_node == 0:
+        trainer["bf16"] = False
+    else:
+        trainer.setdefault("bf16", True)
+    trainer.update(rollout_fields(run))
+    config: dict[str, Any] = {
+        "algorithm": spec.algorithm,
+        "model": spec.model,
+        "run_name": run.name,
+        "output_dir": output_dir(run),
+        "resume": "auto",  # one decision for all ranks (atlas_core.training.resume)
+        "dataset": {"source": spec.dataset.source, "split": spec.dataset.split},
+        "reward": {"funcs": reward_funcs(run), "config": reward_config_path(run), "weights": spec.reward.weights},
+        "trainer": trainer,
+    }
+    if isinstance(spec, AtlasTeacherSpec) and spec.student:
+        config["student"] = student_endpoint(run) if spec.student.rollout.replicas else spec.student.model
+        trainer.update(vars(spec.teaching))
+    evaluation = evaluation_config(run)
+    if evaluation is not None:
+        config["evaluation"] = evaluation
+    return config
+
+
+def rollout_fields(run: Run) -> dict[str, Any]:
+    """The trainer's vLLM settings for spec.rollout: a server to call (mode server), vLLM in every trainer process
+    (mode colocate), or none (the trainer generates)."""
+    rollout = run.spec.rollout
+    if run.spec.algorithm == "sft":
+        return {}
+    if rollout.mode == "colocate":
+        fields = {
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "vllm_gpu_memory_utilization": rollout.gpu_memory_utilization,
+            "vllm_tensor_parallel_size": rollout.tensor_parallel_size,
+            "vllm_enable_sleep_mode": bool(rollout.enable_sleep_mode),
+        }
+        if rollout.max_model_len is not None:
+            fields["vllm_max_model_length"] = rollout.max_model_len
+        return fields
+    if not rollout.replicas:
+        return {}
+    return {
+        "use_vllm": True,
+        "vllm_mode": "server",
+        "vllm_server_base_url": rollout_endpoint(run),
+        "vllm_group_port": WEIGHT_SYNC_PORT,
+    }
+
+
+def evaluation_config(run: Run) -> dict[str, Any] | None:
+    """run.yaml's ``evaluation`` (AtlasTeacher spec.evaluation; None when unset): what the trainer's Master
+    evaluates after training. The source is passed as spec.dataset.source is (the trainer resolves both alike)."""
+    evaluation = getattr(run.spec, "evaluation", None)
+    if evaluation is None:
+        return None
+    config: dict[str, Any] = {
+        "dataset": {
+            "source": evaluation.dataset.source or run.spec.dataset.source,
+            "split": evaluation.dataset.split,
+        },
+        "samples": evaluation.samples,
+    }
+    if evaluation.limit is not None:
+        config["limit"] = evaluation.limit
+    return config
+
+
+def training_fields(training: TrainingSpec) -> dict[str, Any]:
+    """spec.training (camelCase fields that are set, plus extra) → trainer kwargs (snake_case)."""
+    fields = {name: value for name, value in vars(training).items() if name != "extra" and value is not None}
+    fields.update(training.extra)
+    return fields
+
+
+def reward_config_path(run: Run) -> str | None:
+    if run.spec.reward.config_map_ref:
+        return f"{REWARD_REF_DIR}/{run.spec.reward.config_map_ref.key}"
+    if run.spec.reward.config:
+        return f"{CONFIG_DIR}/{REWARD_CONFIG_FILE}"
+    return None
+
+
+def config_map(run: Run, reward_yaml: str | None = None) -> dict[str, Any]:
+    """``<name>-config``: the run configuration, the Accelerate config and (named RIM config) the reward config.
+
+    ``reward_yaml`` is the text of ``reward_system/<spec.reward.config>.yaml`` (read by the caller, so
+    this stays pure)."""
+    res = run.spec.resources
+    mixed = "no" if res.gpus_per_node == 0 or run.spec.training.bf16 is False else "bf16"
+    accelerate = accelerate_config(
+        run.spec.deepspeed, num_machines=res.nodes, num_processes=res.nodes * res.processes(), mixed_precision=mixed
+    )
+    data = {
+        RUN_CONFIG_FILE: _yaml_text(run_config(run), f"Run configuration of {run.kind} {run.namespace}/{run.name}"),
+        ACCELERATE_CONFIG_FILE: _yaml_text(accelerate, f"Accelerate config: DeepSpeed preset {run.spec.deepspeed}"),
+    }
+    if run.spec.reward.config and reward_yaml is not None:
+        data[REWARD_CONFIG_FILE] = reward_yaml
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(run, ChildNames(run.name).config_map, "trainer"),
+        "data": data,
+    }
+
+
+# libyaml's emitter when PyYAML has it: the ConfigMap is rendered on every reconciliation.
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def _yaml_text(document: dict[str, Any], title: str) -> str:
+    text = yaml.dump(document, Dumper=_DUMPER, sort_keys=False)
+    return f"# {title} (rendered by atlas-operator; edit the run, not this file)\n" + text

@@ -1,0 +1,215 @@
+"""The vLLM servers (rollout and student): their command, pod templates, Deployments and Services."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from atlas_contract.names import (
+    ROLLOUT_VLLM_VERSION,
+    TRAINER_METRICS_PORT,
+    VLLM_PORT,
+    WEIGHT_SYNC_PORT,
+    ChildNames,
+)
+from atlas_operator.config import Images
+from atlas_operator.render.common import (
+    _CONTAINER_SECURITY,
+    CACHE_DIR,
+    COMPLETION_INDEX_KEY,
+    _metadata,
+    _placement,
+    _pod_security,
+    _queued,
+    _resources,
+    _selector,
+    labels,
+    on_jobset,
+)
+from atlas_operator.spec import RolloutSpec, Run
+
+
+def _vllm_pod_template(
+    run: Run,
+    component: str,
+    rollout: RolloutSpec,
+    image: str,
+    command: list[str],
+    args: list[str],
+    probe_path: str,
+    ports: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A vLLM server's pod template: a Deployment's (PyTorchJob backend) or a replicated job's (JobSet)."""
+    container = {
+        "name": "vllm",
+        "image": image,
+        "command": command,
+        "args": args,
+        "env": [{"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"}, {"name": "HOME", "value": CACHE_DIR}],
+        "ports": ports,
+        # Loading weights takes minutes: the startup probe allows 20 of them before liveness applies.
+        "startupProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 10, "failureThreshold": 120},
+        "readinessProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 10},
+        "livenessProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 30, "failureThreshold": 5},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "cache", "mountPath": CACHE_DIR}],
+        "securityContext": dict(_CONTAINER_SECURITY),
+    }
+    resources = _resources(rollout.gpus, rollout.cpu, rollout.memory)
+    if resources:
+        container["resources"] = resources
+    pod_labels = labels(run, component)
+    return {
+        "metadata": {"labels": pod_labels if on_jobset(run) else _queued(run, pod_labels)},
+        "spec": {
+            **_placement(run),
+            "securityContext": _pod_security(),
+            "containers": [container],
+            "volumes": [
+                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": run.spec.resources.shm_size}},
+                {"name": "cache", "emptyDir": {}},
+            ],
+        },
+    }
+
+
+def _vllm_deployment(run: Run, component: str, rollout: RolloutSpec, template: dict[str, Any]) -> dict[str, Any]:
+    name = getattr(ChildNames(run.name), component)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(run, name, component),
+        "spec": {
+            "replicas": 0 if run.spec.suspend else rollout.replicas,
+            "selector": {"matchLabels": _selector(run, component)},
+            "strategy": {"type": "Recreate"},  # GPUs: never two generations of servers at once
+            "template": template,
+        },
+    }
+
+
+def _server_args(rollout: RolloutSpec) -> list[str]:
+    args = [
+        "--tensor-parallel-size",
+        str(rollout.tensor_parallel_size),
+        "--gpu-memory-utilization",
+        str(rollout.gpu_memory_utilization),
+    ]
+    if rollout.max_model_len is not None:
+        args += ["--max-model-len", str(rollout.max_model_len)]
+    return args
+
+
+def rollout_server_command(run: Run) -> list[str]:
+    """The rollout server's command: what TRL 1.16 itself runs (``trl vllm-serve`` is deprecated and only execs
+    this; ``trl/scripts/vllm_serve.py`` ``build_command``): plain ``vllm serve`` with the NCCL weight-transfer
+    engine (the trainer pushes its weights over WEIGHT_SYNC_PORT) and processed logprobs, in dev mode
+    (VLLM_SERVER_DEV_MODE=1, set in its env)."""
+    rollout = run.spec.rollout
+    command = [
+        "vllm",
+        "serve",
+        run.spec.model,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(VLLM_PORT),
+        "--tensor-parallel-size",
+        str(rollout.tensor_parallel_size),
+        "--data-parallel-size",
+        str(rollout.gpus // rollout.tensor_parallel_size),
+        "--gpu-memory-utilization",
+        str(rollout.gpu_memory_utilization),
+        "--dtype",
+        "auto",
+        "--kv-cache-dtype",
+        "auto",
+        "--model-impl",
+        "vllm",
+        "--uvicorn-log-level",
+        "info",
+    ]
+    if rollout.max_model_len is not None:
+        command += ["--max-model-len", str(rollout.max_model_len)]
+    if run.spec.training.trust_remote_code:  # off unless the run asks: the server loads the trainer's model
+        command += ["--trust-remote-code"]
+    if _version(ROLLOUT_VLLM_VERSION) >= (0, 30, 0):  # TRL adds it for vLLM 0.30.0 and later
+        command += ["--enable-scale-out"]
+    command += [
+        "--weight-transfer-config",
+        json.dumps({"backend": "nccl"}),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--max-logprobs",
+        "-1",
+    ]
+    return command + list(rollout.args)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:3])
+
+
+def rollout_pod_template(run: Run, images: Images) -> dict[str, Any]:
+    rollout = run.spec.rollout
+    command = rollout_server_command(run)
+    ports = [
+        {"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"},
+        {"name": "weight-sync", "containerPort": WEIGHT_SYNC_PORT, "protocol": "TCP"},
+    ]
+    image = rollout.image or images.rollout
+    template = _vllm_pod_template(run, "rollout", rollout, image, command[:2], command[2:], "/health", ports)
+    # The weight-transfer endpoints the trainer calls live behind vLLM's dev mode (as `trl vllm-serve` sets it).
+    template["spec"]["containers"][0]["env"].append({"name": "VLLM_SERVER_DEV_MODE", "value": "1"})
+    return template
+
+
+def student_pod_template(run: Run, images: Images) -> dict[str, Any]:
+    student = run.spec.student
+    rollout = student.rollout
+    args = [
+        student.model,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(VLLM_PORT),
+        "--served-model-name",
+        student.model,
+        *_server_args(rollout),
+        *rollout.args,
+    ]
+    ports = [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}]
+    image = rollout.image or images.rollout
+    return _vllm_pod_template(run, "student", rollout, image, ["vllm", "serve"], args, "/health", ports)
+
+
+def rollout_deployment(run: Run, images: Images) -> dict[str, Any]:
+    return _vllm_deployment(run, "rollout", run.spec.rollout, rollout_pod_template(run, images))
+
+
+def student_deployment(run: Run, images: Images) -> dict[str, Any]:
+    return _vllm_deployment(run, "student", run.spec.student.rollout, student_pod_template(run, images))
+
+
+def service(
+    run: Run, name: str, component: str, ports: list[tuple[str, int]], selector: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(run, name, component),
+        "spec": {
+            "selector": selector or _selector(run, component),
+            "ports": [
+                {"name": port_name, "port": port, "targetPort": port_name, "protocol": "TCP"}
+                for port_name, port in ports
+            ],
+        },
+    }
+
+
+def metrics_service(run: Run) -> dict[str, Any]:
+    # Only rank 0 serves metrics: Kubeflow's Master pod (labelled with its replica type), or the JobSet trainer's
+    # pod of completion index 0.
+    rank0 = {COMPLETION_INDEX_KEY: "0"} if on_jobset(run) else {"training.kubeflow.org/replica-type": "master"}
+    selector = {**_selector(run, "trainer"), **rank0}
+    return service(run, ChildNames(run.name).metrics, "trainer", [("metrics", TRAINER_METRICS_PORT)], selector)

@@ -1,0 +1,185 @@
+"""The trainer's pod: its launch command, environment and template (both backends), and a job's identity hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from atlas_contract.names import (
+    ACCELERATE_CONFIG_FILE,
+    CONFIG_DIR,
+    CONFIG_HASH_ANNOTATION,
+    ENV_KIND,
+    ENV_NAMESPACE,
+    ENV_RESULT_FILE,
+    ENV_RUN,
+    ENV_RUN_UID,
+    QUEUE_NAME_LABEL,
+    RENDEZVOUS_PORT,
+    RUN_CONFIG_FILE,
+    TERMINATION_MESSAGE_PATH,
+    TRAINER_METRICS_PORT,
+    WATCHDOG_EXIT_CODE,
+    WATCHDOG_MARK,
+    ChildNames,
+)
+from atlas_operator.config import Images
+from atlas_operator.render.common import (
+    _CONTAINER_SECURITY,
+    COMPLETION_INDEX_KEY,
+    NCCL_ENV,
+    REWARD_REF_DIR,
+    _placement,
+    _pod_security,
+    _resources,
+    labels,
+    on_jobset,
+    trainer_container,
+)
+from atlas_operator.spec import Run
+
+
+def launch_command(run: Run) -> list[str]:
+    """The trainer container's command, the same on both backends: accelerate on every node with the topology
+    Kubeflow injects (PET_NNODES, PET_NODE_RANK = node index, PET_NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT), or
+    that a JobSet's trainer gets from :func:`jobset_topology_env`.
+
+    The launcher's exit code is torch elastic's (1 for any failed worker), so a worker the step watchdog ended
+    would look like any crash: when the watchdog's reason is in the termination message, the container exits
+    with WATCHDOG_EXIT_CODE instead (what a JobSet's podFailurePolicy and `kubectl describe` see). The launcher
+    runs in the background so that SIGTERM (pod deletion) is passed on to it."""
+    launch = (
+        "accelerate launch"
+        f" --config_file {CONFIG_DIR}/{ACCELERATE_CONFIG_FILE}"
+        ' --num_machines "$PET_NNODES" --machine_rank "$PET_NODE_RANK"'
+        ' --num_processes "$((PET_NNODES * PET_NPROC_PER_NODE))"'
+        ' --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT"'
+        f" -m atlas_core.cli.train recipe={CONFIG_DIR}/{RUN_CONFIG_FILE}"
+    )
+    script = f"""set -u
+{launch} &
+launcher=$!
+trap 'kill -TERM "$launcher" 2>/dev/null' TERM INT
+while true; do
+  code=0
+  wait "$launcher" || code=$?
+  kill -0 "$launcher" 2>/dev/null || break  # still running: a signal interrupted the wait
+done
+if [ "$code" -ne 0 ] && grep -qs '^{WATCHDOG_MARK}' "${ENV_RESULT_FILE}"; then
+  exit {WATCHDOG_EXIT_CODE}
+fi
+exit "$code"
+"""
+    return ["/bin/bash", "-c", script]
+
+
+def _env(run: Run) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": ENV_RUN, "value": run.name},
+        {"name": ENV_KIND, "value": run.kind},
+        # Checkpoints record the run that wrote them: a re-created run of the same name never resumes them.
+        *([{"name": ENV_RUN_UID, "value": run.uid}] if run.uid else []),
+        # Rank 0 writes the run's result there; Kubernetes hands it to the operator as the termination message.
+        {"name": ENV_RESULT_FILE, "value": TERMINATION_MESSAGE_PATH},
+        {"name": "HF_HOME", "value": f"{run.spec.checkpoint.path.rstrip('/')}/.cache/huggingface"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    env += [{"name": k, "value": v} for k, v in NCCL_ENV.items()]
+    own = {e["name"] for e in env}
+    for var in run.spec.env:  # the user's values win over ours
+        entry = {"name": var.name}
+        if var.value_from is not None:
+            entry["valueFrom"] = var.value_from
+        else:
+            entry["value"] = var.value or ""
+        if var.name in own:
+            env = [e for e in env if e["name"] != var.name]
+        env.append(entry)
+    return env
+
+
+def jobset_topology_env(run: Run) -> list[dict[str, Any]]:
+    """What Kubeflow injects into PyTorchJob pods, for the JobSet trainer: the node rank is the pod's completion
+    index (Indexed Job), the master the first trainer pod's stable hostname."""
+    res = run.spec.resources
+    return [
+        {"name": "PET_NNODES", "value": str(res.nodes)},
+        {"name": "PET_NPROC_PER_NODE", "value": str(res.processes())},
+        {
+            "name": "PET_NODE_RANK",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_KEY}']"}},
+        },
+        {"name": "MASTER_ADDR", "value": ChildNames(run.name).host("trainer")},
+        {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
+    ]
+
+
+def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
+    spec = run.spec
+    res, checkpoint = spec.resources, spec.checkpoint
+    mounts = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "checkpoints", "mountPath": checkpoint.path},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": ChildNames(run.name).config_map}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size}},
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": checkpoint.pvc}}
+        if checkpoint.pvc
+        else {"name": "checkpoints", "emptyDir": {}},
+    ]
+    if spec.reward.config_map_ref:
+        mounts.append({"name": "reward-config", "mountPath": REWARD_REF_DIR, "readOnly": True})
+        volumes.append({"name": "reward-config", "configMap": {"name": spec.reward.config_map_ref.name}})
+    container = {
+        "name": trainer_container(run),
+        "image": image,
+        "command": launch_command(run),
+        "env": (jobset_topology_env(run) if on_jobset(run) else []) + _env(run),
+        "ports": [
+            {
+                "name": "rendezvous" if on_jobset(run) else "pytorchjob-port",
+                "containerPort": RENDEZVOUS_PORT,
+                "protocol": "TCP",
+            },
+            {"name": "metrics", "containerPort": TRAINER_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "volumeMounts": mounts,
+        "securityContext": dict(_CONTAINER_SECURITY),
+        # The finished Master's result (atlas_contract.results) reaches .status.result through this file: only
+        # the file counts (never a log tail, which would not parse as a result anyway).
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "File",
+    }
+    resources = _resources(res.gpus_per_node, res.cpu, res.memory)
+    if resources:
+        container["resources"] = resources
+    return {
+        "metadata": {"labels": labels(run, "trainer")},
+        "spec": {**_placement(run), "securityContext": _pod_security(), "containers": [container], "volumes": volumes},
+    }
+
+
+def _configured_trainer_template(run: Run, images: Images, config: dict[str, Any] | None) -> dict[str, Any]:
+    """The trainer pod template; ``config`` is the run's ConfigMap: its checksum in the template makes a
+    configuration change a spec change (the trainer reads run.yaml once, at start)."""
+    template = trainer_pod_template(run, run.spec.image or images.trainer)
+    if config is not None:
+        checksum = hashlib.sha256(json.dumps(config["data"], sort_keys=True).encode()).hexdigest()[:16]
+        template["metadata"]["annotations"] = {CONFIG_HASH_ANNOTATION: checksum}
+    return template
+
+
+def job_spec_hash(job: dict[str, Any]) -> str:
+    """Identity of what a running job's pods were made from: everything but the suspend flag (PyTorchJob
+    runPolicy.suspend, JobSet spec.suspend), which the job's controller applies in place; and its Kueue queue (a
+    label Kueue refuses to change on a job it admitted: a queue change is a new job)."""
+    spec = json.loads(json.dumps(job["spec"]))
+    spec.get("runPolicy", {}).pop("suspend", None)
+    if job["kind"] == "JobSet":
+        spec.pop("suspend", None)
+    identity = {"spec": spec, "queue": job["metadata"].get("labels", {}).get(QUEUE_NAME_LABEL)}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

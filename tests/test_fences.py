@@ -1,0 +1,44 @@
+"""Each private third-party API the project uses sits behind one fence that fails loudly, naming what changed, when
+an upgrade moves it (atlas_operator/kopf_compat.py, atlas_core/training/algorithms/trl_hooks.py)."""
+
+from __future__ import annotations
+
+import importlib
+
+import kopf
+import pytest
+import trl
+
+
+def test_the_trl_fence_passes_on_the_pinned_trl_and_names_a_changed_hook():
+    from atlas_core.training.algorithms import trl_hooks
+    from atlas_core.training.algorithms.grpo import GRPOTrainer
+
+    assert trl.__version__ == trl_hooks.TESTED_TRL and trl_hooks.fence_problems() == []
+
+    class Upgraded(trl.GRPOTrainer):  # what a TRL release that reshaped two hooks would look like
+        def _generate(self, prompts, images):
+            raise NotImplementedError
+
+        _calculate_rewards = None
+
+    problems = trl_hooks.fence_problems(Upgraded)
+    assert "GRPOTrainer._generate takes (self, prompts, images), not (self, prompts)" in problems
+    assert any(p.startswith("GRPOTrainer._calculate_rewards") for p in problems)
+    # Our trainers override TRL's private methods only in the fenced mixin.
+    for name in trl_hooks.HOOKED:
+        owners = [cls for cls in GRPOTrainer.__mro__ if name in vars(cls)]
+        assert owners[0] is trl_hooks.TRLHooks, (name, owners)
+
+
+def test_the_kopf_fence_refuses_another_minor_release(monkeypatch):
+    from atlas_operator import kopf_compat
+
+    assert kopf_compat.INSTALLED_KOPF == kopf_compat.TESTED_KOPF
+    monkeypatch.setattr(kopf, "__version__", "1.46.0", raising=False)
+    try:
+        with pytest.raises(ImportError, match=r"kopf 1\.46\.0 is not the kopf .*\(tested with kopf 1\.45\.2\)"):
+            importlib.reload(kopf_compat)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(kopf_compat)
