@@ -90,13 +90,13 @@ def describe_training_default(field: str) -> str:
     """How a CRD description states a training field's default (per algorithm where they differ)."""
     grpo, sft = training_defaults("grpo").get(field), training_defaults("sft").get(field)
     if field in GRPO_ONLY:
-        return f"Default: {_shown(grpo)}. GRPO only (AtlasTeacher, AtlasTraining grpo)."
+        return f"Default: {_as_documented(grpo)}. GRPO only (AtlasTeacher, AtlasTraining grpo)."
     if grpo == sft:
-        return f"Default: {_shown(grpo)}."
-    return f"Default: {_shown(grpo)} (grpo, AtlasTeacher), {_shown(sft)} (sft)."
+        return f"Default: {_as_documented(grpo)}."
+    return f"Default: {_as_documented(grpo)} (grpo, AtlasTeacher), {_as_documented(sft)} (sft)."
 
 
-def _shown(value: Any) -> str:
+def _as_documented(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return value if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
@@ -117,11 +117,11 @@ class Limit:
         """``expected …`` when ``value`` is outside (None when inside)."""
         if self.minimum is not None:
             if self.exclusive_minimum and not value > self.minimum:
-                return f"expected a number > {_shown(self.minimum)}"
+                return f"expected a number > {_as_documented(self.minimum)}"
             if not self.exclusive_minimum and not value >= self.minimum:
-                return f"expected a number >= {_shown(self.minimum)}"
+                return f"expected a number >= {_as_documented(self.minimum)}"
         if self.maximum is not None and not value <= self.maximum:
-            return f"expected a number <= {_shown(self.maximum)}"
+            return f"expected a number <= {_as_documented(self.maximum)}"
         return None
 
     def schema(self) -> dict[str, Any]:

@@ -79,7 +79,7 @@ POD_SECURITY_LEVEL = "restricted"
 
 @dataclass(frozen=True)
 class ChildNames:
-    """The objects a run named ``run`` owns (design.md, "Children")."""
+    """The objects a run named ``run`` owns (docs/architecture.md, "Components")."""
 
     run: str
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from atlas_contract.names import ENV_REWARD_SYSTEM_DIR, REWARD_SYSTEM_DIR
+from atlas_contract.text import bounded_repr
 
 
 def _same(name: str) -> str:
@@ -182,7 +183,7 @@ def setting_problem(name: str, value, accepted: tuple) -> str | None:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     for kind in accepted:
         if kind is float and number and not math.isfinite(value):
-            return f"expected a finite number, got {_shown(value)}"
+            return f"expected a finite number, got {bounded_repr(value)}"
         if (
             (kind is bool and isinstance(value, bool))
             or (kind is int and isinstance(value, int) and not isinstance(value, bool))
@@ -192,18 +193,9 @@ def setting_problem(name: str, value, accepted: tuple) -> str | None:
             or (isinstance(kind, type) and issubclass(kind, enum.Enum) and isinstance(value, (str, kind)))
         ):
             limit_problem = LIMITS[name].problem(value) if number and name in LIMITS else None
-            return f"{limit_problem}, got {_shown(value)}" if limit_problem else None
+            return f"{limit_problem}, got {bounded_repr(value)}" if limit_problem else None
     described = [_KIND_NAMES.get(k, "a string") for k in accepted if k is not type(None)]
-    return f"expected {' or '.join(dict.fromkeys(described))}, got {_shown(value)}"
-
-
-def _shown(value) -> str:
-    """A bounded repr: a value from a manifest can be huge, and an error message must not be."""
-    import reprlib
-
-    shown = reprlib.Repr()  # Python 3.11: limits are attributes, not arguments
-    shown.maxstring, shown.maxlist, shown.maxdict, shown.maxother = 60, 6, 4, 60
-    return shown.repr(value)
+    return f"expected {' or '.join(dict.fromkeys(described))}, got {bounded_repr(value)}"
 
 
 _KIND_NAMES = {

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import codecs
+import reprlib
 from pathlib import Path
+from typing import Any
 
 from atlas_contract.errors import InvalidFields
 
@@ -36,3 +38,10 @@ def read_text(path: str | Path) -> str:
     except OSError as exc:
         raise InvalidFields([f"{path}: {exc.strerror or exc}"]) from None
     return decode_text(data, str(path))
+
+
+def bounded_repr(value: Any) -> str:
+    """A bounded repr for an error message: a value from a manifest can be huge, and a message must not be."""
+    shown = reprlib.Repr()  # Python 3.11: limits are attributes, not arguments
+    shown.maxstring, shown.maxlist, shown.maxdict, shown.maxother = 60, 6, 4, 60
+    return shown.repr(value)

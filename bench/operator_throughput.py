@@ -155,7 +155,7 @@ def bench(runs: int, interval: float, settle: float, window: float) -> dict:
         )
         log = open(workdir / "operator.log", "wb")
         operator = subprocess.Popen(
-            [sys.executable, "-m", "atlas_core.cli.main", "operator"], env=env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "atlas_cli.main", "operator"], env=env, stdout=log, stderr=subprocess.STDOUT
         )
         operator_stat = f"/proc/{operator.pid}/stat"
         figures: dict = {"runs": runs}

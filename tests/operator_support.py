@@ -368,7 +368,7 @@ class OperatorProcess:
 
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "atlas_core.cli.main", "operator", "--verbose", *self.args],
+                [sys.executable, "-m", "atlas_cli.main", "operator", "--verbose", *self.args],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -44,7 +44,7 @@ def test_sft_recipe_and_file_recipe(tmp_path, atlas_cache):
             }
         )
     )
-    proc = run([PYTHON, "-m", "atlas_core.cli.main", "train", str(recipe), "trainer.logging_steps=1"], tmp_path)
+    proc = run([PYTHON, "-m", "atlas_cli.main", "train", str(recipe), "trainer.logging_steps=1"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
@@ -113,7 +113,7 @@ def test_file_model_and_unreadable_hub_id(tmp_path, atlas_cache):
 def test_invalid_manifest_lists_every_problem(tmp_path):
     manifest = tmp_path / "run.yaml"
     manifest.write_text("apiVersion: atlas.arc.computer/v1alpha1\nkind: AtlasTraining\nmetadata: {name: r}\n")
-    proc = run([PYTHON, "-m", "atlas_core.cli.main", "train", str(manifest)], tmp_path)
+    proc = run([PYTHON, "-m", "atlas_cli.main", "train", str(manifest)], tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [
         "error: spec.model: required (HF id or path of the policy to train (the teacher for AtlasTeacher))",
@@ -226,3 +226,30 @@ def test_the_operator_watches_runs_and_children_in_the_same_namespaces(monkeypat
     assert command[start : start + len(scope)] == scope
     assert command[start + len(scope)] == "--verbose"  # kopf's own options pass through
     assert "--all-namespaces" not in command[start + len(scope) :]
+
+
+def test_the_operators_subcommands_need_no_training_library(tmp_path):
+    """`atlas render` and `atlas operator --help` with atlas_core, torch and transformers unimportable: what the
+    operator image has (it installs only the `operator` extra)."""
+    blocker = (
+        "import sys\n"
+        "class Blocked:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('atlas_core', 'torch', 'transformers', 'trl'):\n"
+        "            raise ImportError(f'{name} is not in the operator image')\n"
+        "sys.meta_path.insert(0, Blocked())\n"
+        "from atlas_cli.main import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    example = REPO / "examples" / "teacher-run.yaml"
+    rendered = subprocess.run(
+        [PYTHON, "-c", blocker, "render", str(example)], capture_output=True, text=True, env=python_env(), timeout=120
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(rendered.stdout) if doc]
+    assert "PyTorchJob" in kinds and "ConfigMap" in kinds
+    helped = subprocess.run(
+        [PYTHON, "-c", blocker, "operator", "--help"], capture_output=True, text=True, env=python_env(), timeout=120
+    )
+    assert helped.returncode == 0, helped.stderr
+    assert "is not in the operator image" not in helped.stderr

@@ -271,7 +271,7 @@ def test_the_halves_import_only_the_contract():
     for path in (REPO / "operator" / "atlas_operator").rglob("*.py"):
         offenders += [f"{path.name}: {m}" for m in _imports(path) if m.split(".")[0] == "atlas_core"]
     for path in (REPO / "atlas_core").rglob("*.py"):
-        if path.relative_to(REPO).as_posix() == "atlas_core/cli/main.py":
+        if path.relative_to(REPO).as_posix() == "atlas_cli/main.py":
             continue
         offenders += [f"{path.name}: {m}" for m in _imports(path) if m.split(".")[0] == "atlas_operator"]
     for path in (REPO / "atlas_contract").rglob("*.py"):
@@ -333,7 +333,7 @@ def test_render_prints_plain_manifests(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(manifest("AtlasTeacher", spec)))
     proc = subprocess.run(
-        [sys.executable, "-m", "atlas_core.cli.main", "render", str(path)],
+        [sys.executable, "-m", "atlas_cli.main", "render", str(path)],
         capture_output=True,
         text=True,
         cwd=REPO,

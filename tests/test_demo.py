@@ -18,7 +18,7 @@ def test_demo_end_to_end(tmp_path, atlas_cache):
     port = free_port()
     out = tmp_path / "demo"
     proc = subprocess.Popen(
-        [PYTHON, "-m", "atlas_core.cli.main", "demo", "--output", str(out), "--metrics-port", str(port)],
+        [PYTHON, "-m", "atlas_cli.main", "demo", "--output", str(out), "--metrics-port", str(port)],
         cwd=tmp_path,
         env=python_env(COLUMNS="120"),
         stdout=subprocess.PIPE,

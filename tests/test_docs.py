@@ -222,7 +222,7 @@ def documented_commands() -> dict[str, dict[str, list[str]]]:
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
-    from atlas_core.cli.main import build_parser
+    from atlas_cli.main import build_parser
 
     (action,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     return dict(action.choices)

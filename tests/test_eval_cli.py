@@ -16,8 +16,8 @@ import pytest
 from conftest import free_port
 from judge_server import Call, JudgeServer, Reply
 
+from atlas_cli.main import main as atlas
 from atlas_contract.defaults import TEACHING
-from atlas_core.cli.main import main as atlas
 from atlas_core.evaluation import TeachingEvaluation
 from atlas_core.tasks import multistep
 from atlas_core.training.teaching import GUIDANCE_INTRO, PROBE_INSTRUCTION, TEACHER_TEMPLATES

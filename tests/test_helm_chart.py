@@ -624,7 +624,7 @@ def test_dashboard_operator_metrics_are_exported():
 
 
 def test_dashboard_metrics_only_from_known_families():
-    """Operator names must also be the contract's (design.md), whatever the operator module exports."""
+    """Operator names must also be the contract's (atlas_contract/names.py), whatever the operator module exports."""
     contract = {
         "atlas_operator_reconcile_total",
         "atlas_operator_reconcile_duration_seconds_bucket",

@@ -1,6 +1,6 @@
 """The local JobSet executor (tests/pod_executor.py ``JobSetExecutor``) on the API emulator, with real processes.
 
-JobSets built by hand in the shape the operator renders for ``spec.backend: JobSet`` (design.md "Children"):
+JobSets built by hand in the shape the operator renders for ``spec.backend: JobSet`` (docs/architecture.md):
 replicated jobs ``rollout`` (and ``student``), one pod each, a ``vllm serve`` container (run as the executor's
 local HTTP stand-in) with a readiness probe; ``trainer``, Indexed, one pod per node, ``dependsOn`` the servers
 Ready; ``enableDNSHostnames``; ``successPolicy`` on the trainer; ``failurePolicy.maxRestarts``; every Job

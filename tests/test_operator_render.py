@@ -388,7 +388,7 @@ JOBSET_RUNS = {
 @pytest.mark.parametrize("manifest", list(JOBSET_RUNS.values()), ids=list(JOBSET_RUNS))
 def test_rendered_jobset_matches_the_crd_and_the_webhook(manifest):
     """Against the real JobSet v0.12.0 CRD schema (third-party test data: nothing pruned) and its admission webhook;
-    the shape design.md's "Children" gives: servers first, the Indexed trainer once they are Ready, success on the
+    the shape docs/architecture.md gives: servers first, the Indexed trainer once they are Ready, success on the
     trainer, whole-gang restarts up to spec.maxRestarts, pods reaching each other by JobSet hostnames."""
     name, spec = manifest["metadata"]["name"], manifest["spec"]
     nodes = spec["resources"]["nodes"]
@@ -445,7 +445,7 @@ def test_rendered_jobset_matches_the_crd_and_the_webhook(manifest):
 
     assert js["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["trainer"]}
     failure = js["spec"]["failurePolicy"]
-    assert failure["maxRestarts"] == spec.get("maxRestarts", 3)  # design.md: [3]
+    assert failure["maxRestarts"] == spec.get("maxRestarts", 3)  # the CRD default (spec.maxRestarts)
     assert failure.get("restartStrategy", "Recreate") == "Recreate"
     # One rule: a trainer the step watchdog ended (exit code 75 → its Job's podFailurePolicy FailJob → reason
     # PodFailurePolicy) restarts the gang under a reason the operator recognises; anything else, the default action.
@@ -607,7 +607,7 @@ def test_atlas_render_default_backend(tmp_path):
 
     def render(*args, **env):
         proc = subprocess.run(
-            [PYTHON, "-m", "atlas_core.cli.main", "render", *args, str(path)],
+            [PYTHON, "-m", "atlas_cli.main", "render", *args, str(path)],
             capture_output=True,
             text=True,
             env=python_env(**env),
@@ -665,7 +665,7 @@ def test_max_restarts_sets_both_backends_retries():
         _, js = jobset_of(with_spec(manifest, backend="JobSet"))
         assert js["spec"]["failurePolicy"]["maxRestarts"] == max_restarts
     default = children(teacher())[("PyTorchJob", "teacher-run")]
-    assert default["spec"]["runPolicy"]["backoffLimit"] == 3  # design.md: maxRestarts [3]
+    assert default["spec"]["runPolicy"]["backoffLimit"] == 3  # the CRD default (spec.maxRestarts)
 
 
 def test_jobset_without_a_pvc_warns_that_a_restart_starts_over(tmp_path):
@@ -680,7 +680,7 @@ def test_jobset_without_a_pvc_warns_that_a_restart_starts_over(tmp_path):
         [
             PYTHON,
             "-m",
-            "atlas_core.cli.main",
+            "atlas_cli.main",
             "render",
             "--default-backend",
             "JobSet",
@@ -823,7 +823,7 @@ def test_every_problem_is_reported_at_once():
 def test_atlas_render_cli(tmp_path):
     good = manifest_file(tmp_path, teacher(checkpoint={"pvc": "atlas-ckpt"}))
     proc = subprocess.run(
-        [PYTHON, "-m", "atlas_core.cli.main", "render", str(good)], capture_output=True, text=True, env=python_env()
+        [PYTHON, "-m", "atlas_cli.main", "render", str(good)], capture_output=True, text=True, env=python_env()
     )
     assert proc.returncode == 0, proc.stderr
     kinds = [d["kind"] for d in yaml.safe_load_all(proc.stdout)]
@@ -831,7 +831,7 @@ def test_atlas_render_cli(tmp_path):
     assert "warning" not in proc.stderr  # checkpoints on a shared PVC
     unshared = manifest_file(tmp_path, teacher())
     proc = subprocess.run(
-        [PYTHON, "-m", "atlas_core.cli.main", "render", str(unshared)], capture_output=True, text=True, env=python_env()
+        [PYTHON, "-m", "atlas_cli.main", "render", str(unshared)], capture_output=True, text=True, env=python_env()
     )
     # 2 nodes and no spec.checkpoint.pvc: the warning of the operator's CheckpointsShared condition.
     assert proc.returncode == 0 and proc.stderr.startswith("warning: teacher-run: spec.checkpoint.pvc: not set")
@@ -840,7 +840,7 @@ def test_atlas_render_cli(tmp_path):
         tmp_path, teacher(training={"perDeviceTrainBatchSize": 3, "numGenerations": 5}, deepspeed="zero9")
     )
     proc = subprocess.run(
-        [PYTHON, "-m", "atlas_core.cli.main", "render", str(bad)], capture_output=True, text=True, env=python_env()
+        [PYTHON, "-m", "atlas_cli.main", "render", str(bad)], capture_output=True, text=True, env=python_env()
     )
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
@@ -903,7 +903,7 @@ def test_local_teacher_example_trains_here(tmp_path, tiny_model_dir):
         [
             PYTHON,
             "-m",
-            "atlas_core.cli.main",
+            "atlas_cli.main",
             "train",
             str(REPO / "examples/local-teacher.yaml"),
             "trainer.metrics_port=0",

@@ -15,6 +15,8 @@ import types
 import typing
 from typing import Any, Union
 
+from atlas_contract.text import bounded_repr
+
 REQUIRED = "required"
 
 
@@ -196,7 +198,7 @@ def parse(cls: type, data: Any, path: str, problems: list[str]) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        problems.append(f"{path}: expected an object, got {_shown(data)}")
+        problems.append(f"{path}: expected an object, got {bounded_repr(data)}")
         data = {}
     hints = _type_hints(cls)
     fields = {camel(f.name): f for f in _fields(cls)}
@@ -251,7 +253,7 @@ def _parse_value(annotation: Any, value: Any, where: str, problems: list[str]) -
             parsed = {k: _parse_value(item, v, f"{where}.{k}", problems) for k, v in value.items()}
             return _INVALID if any(p is _INVALID for p in parsed.values()) else parsed
     if expected:
-        problems.append(f"{where}: expected {expected}, got {_shown(value)}")
+        problems.append(f"{where}: expected {expected}, got {bounded_repr(value)}")
         return _INVALID
     return float(value) if annotation is float else value
 
@@ -260,21 +262,16 @@ def _constraint_problem(meta: dict, value: Any, where: str, problems: list[str])
     enum, minimum, maximum, pattern = meta.get("enum"), meta.get("minimum"), meta.get("maximum"), meta.get("pattern")
     problem = None
     if enum is not None and value not in enum:
-        problem = f"expected one of {', '.join(map(str, enum))}, got {_shown(value)}"
+        problem = f"expected one of {', '.join(map(str, enum))}, got {bounded_repr(value)}"
     elif minimum is not None and isinstance(value, (int, float)):
         if meta.get("exclusive_minimum") and value <= minimum:
-            problem = f"expected a number > {minimum}, got {_shown(value)}"
+            problem = f"expected a number > {minimum}, got {bounded_repr(value)}"
         elif value < minimum:
-            problem = f"expected a number >= {minimum}, got {_shown(value)}"
+            problem = f"expected a number >= {minimum}, got {bounded_repr(value)}"
     if problem is None and maximum is not None and isinstance(value, (int, float)) and value > maximum:
-        problem = f"expected a number <= {maximum}, got {_shown(value)}"
+        problem = f"expected a number <= {maximum}, got {bounded_repr(value)}"
     if problem is None and pattern is not None and isinstance(value, str) and not re.fullmatch(pattern, value):
-        problem = f"expected {meta.get('pattern_doc') or 'a value matching ' + pattern}, got {_shown(value)}"
+        problem = f"expected {meta.get('pattern_doc') or 'a value matching ' + pattern}, got {bounded_repr(value)}"
     if problem:
         problems.append(f"{where}: {problem}")
     return problem is not None
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -17,7 +17,7 @@ from atlas_operator.spec import CHILD_KEYS, ConditionType
 WATCHDOG_RESTART_RULE = "WatchdogExit"
 WATCHDOG_RESTART_REASON = f"FailurePolicy_{WATCHDOG_RESTART_RULE}"
 
-# PyTorchJob condition type → run phase (design.md: Restarting counts as Running).
+# PyTorchJob condition type → run phase (Restarting counts as Running: the job is still at work).
 JOB_PHASES = {
     "Created": "Pending",
     "Running": "Running",
@@ -133,7 +133,7 @@ def jobset_state(job: dict[str, Any]) -> tuple[str, str, str]:
             return "Running", "Restarting", (restarting.get("message") or "restarting") + attempt
         return "Running", "Running", "the trainer is running" + (attempt if restarts else "")
     waiting = servers_waiting(job)
-    if restarting:  # design.md: a restart counts as Running
+    if restarting:  # a restart counts as Running, as on PyTorchJob
         return "Running", "Restarting", (restarting.get("message") or "restarting") + attempt
     if waiting:
         return "Pending", "ServersStarting", "the trainer starts once the servers are Ready: " + ", ".join(waiting)

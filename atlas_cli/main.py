@@ -1,7 +1,8 @@
 """The ``atlas`` command: ``atlas demo``, ``atlas train``, ``atlas eval``, ``atlas render``, ``atlas operator``.
 
 The thin CLI over both halves: the only module that imports both ``atlas_core`` (training) and
-``atlas_operator`` (manifests), each lazily, so ``atlas render`` needs no training library.
+``atlas_operator`` (manifests), each lazily and only for its own subcommands, so ``atlas render`` and
+``atlas operator`` need no training library (the operator image installs none).
 """
 
 from __future__ import annotations
