@@ -112,13 +112,18 @@ def find_reward_config(config: str | os.PathLike) -> Path | None:
 def reward_problems(
     funcs: list[str], judges: bool, weights: list[float] | None, name: Callable[[str], str] = _same
 ) -> list[str]:
-    """Unknown reward names, and a weight count that is not one per function plus one for RIM."""
+    """Unknown reward names, a weight that is not a finite number, and a weight count that is not one per
+    function plus one for RIM."""
     problems = [
         f"{name('funcs')}: unknown reward {func!r} (available: {', '.join(REWARD_FUNCTIONS)})"
         for func in funcs
         if func not in REWARD_FUNCTIONS
     ]
     expected = len(funcs) + (1 if judges else 0)
+    for index, weight in enumerate(weights or []):
+        problem = setting_problem("reward_weight", weight, (float,))
+        if problem:  # nan or inf would score every completion nan or 0: refused, not trained on
+            problems.append(f"{name('weights')}[{index}]: {problem}")
     if weights is not None and len(weights) != expected:
         problems.append(
             f"{name('weights')}: expected {expected} weights (one per reward function, then RIM), got {len(weights)}"

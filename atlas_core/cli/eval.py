@@ -351,37 +351,20 @@ _DATASET_FIELDS = {"dataset.source": "--dataset", "dataset.split": "--split", "d
 
 def _load_rows(source: str, split: str, limit: int | None, seed: int, notes: list[str], problems: list[str]):
     """The problems to evaluate (at most ``limit``), or None with the problems named."""
-    from atlas_core.training.data import (
-        BUILTIN_ARITHMETIC,
-        BUILTIN_MULTISTEP,
-        BUILTIN_SOURCES,
-        DatasetSourceError,
-        load_run_dataset,
-    )
+    from atlas_core.training.data import DatasetSourceError, load_evaluation_dataset
 
-    if source.startswith("builtin://") and source not in (BUILTIN_ARITHMETIC, BUILTIN_MULTISTEP):
-        known = ", ".join(s for s in BUILTIN_SOURCES if s in (BUILTIN_ARITHMETIC, BUILTIN_MULTISTEP))
-        what = "a training (SFT) dataset" if source in BUILTIN_SOURCES else "not a builtin dataset"
-        problems.append(f"--dataset: '{source}' is {what}; expected a dataset of problems ({known}, a file, hf://…)")
-        return None
-    num_samples = limit or BUILTIN_DEFAULT_PROBLEMS
-    if source == BUILTIN_MULTISTEP and split == "test":
-        whole = whole_test_mix()
-        if limit and limit > whole:
-            notes.append(f"--limit {limit}: the test split of {source} holds {whole} problems; evaluating all of them")
-        num_samples = min(limit or whole, whole)
+    shown: list[str] = []
     try:
-        dataset = load_run_dataset(source, split=split, algorithm="grpo", num_samples=num_samples, seed=seed)
+        dataset = load_evaluation_dataset(
+            source, split, limit, BUILTIN_DEFAULT_PROBLEMS, seed, prefix="dataset", notes=shown
+        )
     except DatasetSourceError as exc:
         for line in str(exc).splitlines():
             name, _, rest = line.partition(": ")
             problems.append(f"{_DATASET_FIELDS[name]}: {rest}" if name in _DATASET_FIELDS else f"--dataset: {line}")
         return None
-    rows = dataset.select(range(min(len(dataset), limit))).to_list() if limit else dataset.to_list()
-    if not rows:
-        problems.append(f"--dataset: '{source}' (split {split}) has no problems")
-        return None
-    return rows
+    notes += [f"--{note}" for note in shown]  # "limit N: …" → "--limit N: …"
+    return dataset.to_list()
 
 
 def check(args: argparse.Namespace) -> tuple[Plan | None, list[str], list[str]]:

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from atlas_contract import defaults, rules
+from atlas_contract import datasets, defaults, rules
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import (
     API_VERSION,
@@ -663,6 +663,7 @@ def validate_run(run: Run) -> list[str]:
         )
     if spec.algorithm in ("grpo", "teacher"):
         problems += _batch_problems(training, res.nodes * res.processes())
+    problems += dataset_problems(spec)
     problems += _rollout_problems(spec.rollout, "spec.rollout", policy=True)
     if spec.rollout.mode == "colocate":
         if res.gpus_per_node == 0:
@@ -739,6 +740,22 @@ def validate_run(run: Run) -> list[str]:
     if spec.algorithm == "grpo" and not reward_funcs(run) and not has_judges(run):
         problems.append("spec.reward: expected at least one reward function (funcs) or RIM judges (config)")
     return problems
+
+
+def dataset_problems(spec: RunSpec) -> list[str]:
+    """Every dataset the run reads, training and evaluation, checked as far as the manifest tells
+    (atlas_contract.datasets: builtins, their kinds and splits; a file on the checkpoint volume is checked by the
+    trainer at start-up, before any model loads)."""
+    training = datasets.dataset_problems(
+        spec.dataset.source, spec.dataset.split, spec.algorithm, "spec.dataset", local=False
+    )
+    evaluation = getattr(spec, "evaluation", None)
+    if evaluation is None or (evaluation.dataset.source is None and training):
+        return training  # an unset evaluation source is the training one: named once, above
+    source = evaluation.dataset.source or spec.dataset.source
+    return training + datasets.evaluation_problems(
+        source, evaluation.dataset.split, "spec.evaluation.dataset", local=False
+    )
 
 
 # Trainer fields the operator writes into run.yaml itself (render.run_config), and where a user sets them.
