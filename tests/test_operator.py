@@ -529,6 +529,28 @@ def test_a_finished_runs_result_is_read_from_its_master_pod(cluster):
     assert len(cluster.emu.writes(name="result-run")) == writes
 
 
+def test_a_run_whose_evaluation_failed_succeeds_with_its_result_and_a_warning(cluster):
+    """The trainer trained and saved, then its evaluation failed: it reported the step, the reward and the
+    evaluation's error (exit 0); the run is Succeeded, shows all three, and a Warning Event names the error."""
+    from atlas_contract.results import result_message
+
+    manifest = teacher("eval-failed-run", evaluation={"samples": 1})
+    cluster.apply(manifest)
+    wait_children(cluster, "eval-failed-run")
+    error = "evaluation.dataset.source: cannot load 'hf://org/held-out': no network"
+    cluster.finish_master_pod("eval-failed-run", result_message(5, 0.3, evaluation_error=error))
+    cluster.set_job_conditions("eval-failed-run", "Created", "Running", "Succeeded")
+    status = cluster.wait_status(manifest, lambda s: "result" in s, ".status.result")
+    assert status["phase"] == "Succeeded"
+    assert status["result"] == {"step": 5, "reward": 0.3, "evaluationError": error}
+    warnings = wait_for(
+        lambda: [e for e in cluster.events("eval-failed-run") if e["reason"] == "EvaluationFailed"],
+        timeout=TIMEOUT,
+        what="the EvaluationFailed event",
+    )
+    assert warnings[0]["type"] == "Warning" and error in warnings[0]["message"]
+
+
 def test_a_finished_run_without_a_readable_result_shows_none_and_does_not_loop(cluster):
     """A message that is not a result (a log tail, garbage) or no Master pod at all: no .status.result, the operator
     keeps serving, the pod is read a bounded number of times and the run's status is not rewritten."""

@@ -184,14 +184,16 @@ def last_reward(log_history: list[dict[str, Any]]) -> float | None:
     return None
 
 
-def write_result(step: int, reward: float | None, evaluation: dict[str, Any] | None) -> Path | None:
+def write_result(
+    step: int, reward: float | None, evaluation: dict[str, Any] | None, evaluation_error: str | None = None
+) -> Path | None:
     """Write the result to ``$ATLAS_RESULT_FILE`` when set (a pod's termination message); the path written."""
     target = os.environ.get(ENV_RESULT_FILE)
     if not target:
         return None
     path = Path(target)
     try:
-        path.write_text(result_message(step, reward, evaluation))
+        path.write_text(result_message(step, reward, evaluation, evaluation_error))
     except OSError as exc:  # the result is a report, not the run: never fail a finished run over it
         logger.warning("could not write the run's result to %s: %s", path, exc)
         return None

@@ -581,6 +581,10 @@ class RunResult:
     step: int | None = spec_field("last global optimizer step")
     reward: float | None = spec_field("mean reward of the last logged step")
     evaluation: EvaluationResult | None = spec_field("the evaluation after training (AtlasTeacher spec.evaluation)")
+    evaluation_error: str | None = spec_field(
+        "why the evaluation after training failed, in one line (the trained run still succeeded; a Warning Event "
+        "EvaluationFailed says the same)"
+    )
 
 
 @dataclass
