@@ -131,6 +131,26 @@ def reward_problems(
     return problems
 
 
+# ------------------------------------------------------------------ vLLM servers
+
+#: Why a vLLM server runs one data-parallel rank: TRL 1.16 (trl/scripts/vllm_serve.py) says
+#: ``--data-parallel-size`` > 1 "is not supported/useful and will error out" for dense models (vLLM PR #30739).
+DATA_PARALLEL_REASON = "vllm serve --data-parallel-size > 1 errors out for dense models (TRL 1.16, vLLM PR #30739)"
+
+
+def server_gpu_problems(gpus: int, tensor_parallel_size: int, where: str, scale_hint: str) -> list[str]:
+    """GPUs requested = GPUs used: a server uses tensorParallelSize x dataParallelSize GPUs, and its data
+    parallelism is 1 (:data:`DATA_PARALLEL_REASON`), so ``gpus`` must equal ``tensorParallelSize`` (unset, it
+    does). ``scale_hint``: how this server gets more throughput instead."""
+    if gpus == tensor_parallel_size:
+        return []
+    return [
+        f"{where}.gpus: expected {tensor_parallel_size} (= {where}.tensorParallelSize; a server uses "
+        f"tensorParallelSize x data-parallel GPUs and runs one data-parallel rank: {DATA_PARALLEL_REASON}), "
+        f"got {gpus}; {scale_hint}"
+    ]
+
+
 # ------------------------------------------------------------------ model references
 
 BUILTIN_SCHEME = "builtin://"

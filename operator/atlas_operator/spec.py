@@ -223,8 +223,15 @@ class RolloutSpec:
         1,
         minimum=0,
     )
-    gpus: int = spec_field("GPUs per server (tensorParallelSize x data parallel)", 1, minimum=1)
-    tensor_parallel_size: int = spec_field("tensor parallel size; must divide gpus", 1, minimum=1)
+    gpus: int | None = spec_field(
+        "GPUs per server: tensorParallelSize x data parallel, and data parallelism is 1 (vllm serve "
+        "--data-parallel-size > 1 errors out for dense models), so it equals tensorParallelSize",
+        unset="tensorParallelSize",
+        minimum=1,
+    )
+    tensor_parallel_size: int = spec_field(
+        "GPUs one server shards the model over (vllm serve --tensor-parallel-size)", 1, minimum=1
+    )
     image: str | None = spec_field("vLLM image", unset="the operator's rollout image")
     gpu_memory_utilization: float = spec_field(
         "vLLM --gpu-memory-utilization", 0.9, minimum=0, maximum=1, exclusive_minimum=True
@@ -249,7 +256,10 @@ class PolicyRolloutSpec(RolloutSpec):
         minimum=0,
     )
     gpus: int | None = spec_field(
-        "GPUs per server (tensorParallelSize x data parallel); mode server only", unset="1", minimum=1
+        "GPUs per server: tensorParallelSize x data parallel, and data parallelism is 1 (TRL's server: "
+        "--data-parallel-size > 1 errors out for dense models), so it equals tensorParallelSize; mode server only",
+        unset="tensorParallelSize",
+        minimum=1,
     )
     gpu_memory_utilization: float | None = spec_field(
         "share of each GPU vLLM takes: a server's --gpu-memory-utilization, or vllm_gpu_memory_utilization "
@@ -288,7 +298,7 @@ def resolve_rollout(raw: Any, rollout: PolicyRolloutSpec, algorithm: str, proble
                     f"spec.rollout.{camel(name)}: a rollout-server setting, and mode colocate runs vLLM inside the "
                     "trainer processes, with no server; remove it"
                 )
-        rollout.replicas, rollout.gpus = 0, rollout.gpus or 1
+        rollout.replicas, rollout.gpus = 0, rollout.gpus or rollout.tensor_parallel_size
         if rollout.gpu_memory_utilization is None:
             rollout.gpu_memory_utilization = COLOCATED_GPU_MEMORY_UTILIZATION
         return
@@ -300,7 +310,7 @@ def resolve_rollout(raw: Any, rollout: PolicyRolloutSpec, algorithm: str, proble
         rollout.replicas = 0 if algorithm == "sft" else 1
     if rollout.mode == "server" and rollout.replicas == 0:
         problems.append("spec.rollout.replicas: expected at least 1 with mode server, got 0")
-    rollout.gpus = rollout.gpus or 1
+    rollout.gpus = rollout.gpus or rollout.tensor_parallel_size
     if rollout.gpu_memory_utilization is None:
         rollout.gpu_memory_utilization = SERVER_GPU_MEMORY_UTILIZATION
 
@@ -633,6 +643,9 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None, default_ba
     spec = parse(SPEC_TYPES[kind], manifest.get("spec"), "spec", problems)
     # Unset rollout fields take their mode's values (SFT generates nothing: no server unless one is asked for).
     resolve_rollout((manifest.get("spec") or {}).get("rollout"), spec.rollout, spec.algorithm, problems)
+    student = getattr(spec, "student", None)
+    if student is not None and student.rollout.gpus is None:  # unset: every GPU the server shards over
+        student.rollout.gpus = student.rollout.tensor_parallel_size
     run = Run(
         kind=kind,
         name=name,
@@ -807,14 +820,17 @@ def _whole(value: Any) -> int | None:
 
 def _rollout_problems(rollout: RolloutSpec, where: str, policy: bool) -> list[str]:
     problems = []
-    if rollout.replicas and rollout.gpus % rollout.tensor_parallel_size:
-        problems.append(
-            f"{where}.tensorParallelSize: {rollout.tensor_parallel_size} does not divide {where}.gpus ({rollout.gpus})"
+    if rollout.replicas:
+        hint = (
+            f"to use more GPUs, raise {where}.tensorParallelSize"
+            if policy
+            else f"to use more GPUs, raise {where}.tensorParallelSize or {where}.replicas (PyTorchJob backend)"
         )
+        problems += rules.server_gpu_problems(rollout.gpus, rollout.tensor_parallel_size, where, hint)
     if policy and rollout.replicas > 1:
         problems.append(
             f"{where}.replicas: expected 0 or 1 (the trainer syncs weights into one rollout server; "
-            f"scale it with {where}.gpus = tensorParallelSize x data parallel), got {rollout.replicas}"
+            f"scale it with {where}.tensorParallelSize), got {rollout.replicas}"
         )
     return problems
 
