@@ -159,7 +159,8 @@ class TrainingSpec:
         f"thread's stack and what it was waiting for, and exits with code {WATCHDOG_EXIT_CODE}, so its job restarts "
         "it (the whole gang on JobSet) and it resumes from the newest checkpoint; a rollout server unreachable for "
         f"{defaults.SERVER_TIMEOUT_S:g} s ends it the same way. The first step gets 4 times as long, at least "
-        f"{defaults.FIRST_STEP_MIN_S:g} s (extra.first_step_timeout_seconds sets it). 0 = off",
+        f"{defaults.FIRST_STEP_MIN_S:g} s (extra.first_step_timeout_seconds sets it; 0 there = no limit on the "
+        "first step). 0 = off, the rollout-server check included",
         trainer_default=True,
         **defaults.LIMITS["step_timeout_seconds"].schema(),
     )
