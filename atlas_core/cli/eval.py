@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
@@ -297,7 +298,13 @@ def endpoint_problem(option: str, url: str, timeout_s: float = ENDPOINT_CHECK_TI
     import socket
 
     target = models_url(url)
-    request = urllib.request.Request(target, headers={"Accept": "application/json", "Authorization": "Bearer EMPTY"})
+    try:
+        request = urllib.request.Request(
+            target, headers={"Accept": "application/json", "Authorization": "Bearer EMPTY"}
+        )
+        urllib.parse.urlsplit(target).port  # noqa: B018 - raises ValueError on a malformed host or port
+    except ValueError as exc:
+        return f"{option}: '{url}' is not a valid URL ({' '.join(str(exc).split())}); expected http(s)://host:port[/v1]"
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             body = response.read(4_000_000)
@@ -478,7 +485,8 @@ def done_before(plan: Plan) -> int:
     path = plan.output / EVAL_PROBLEMS_FILE
     if not path.exists():
         return 0
-    return sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    done = sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    return min(done, len(plan.rows))  # a smaller --limit than before: its problems are all done
 
 
 # ---------------------------------------------------------------------------------------------- running
