@@ -130,6 +130,9 @@ class Limit:
 
 
 POSITIVE, AT_LEAST_ONE, NON_NEGATIVE = Limit(0, exclusive_minimum=True), Limit(1), Limit(0)
+# Student answers per problem (K) and problems per evaluation at most: far above any real evaluation (ATLAS
+# uses K <= 16 and a few thousand problems), far below what overflows a count.
+MAX_EVALUATION_SAMPLES, MAX_EVALUATION_PROBLEMS = 1024, 10_000_000
 # Trainer and teaching settings (snake_case): the one statement of each range, for the spec and run.yaml.
 LIMITS: dict[str, Limit] = {
     "learning_rate": POSITIVE,
@@ -161,9 +164,10 @@ LIMITS: dict[str, Limit] = {
     "student_samples": AT_LEAST_ONE,
     "student_max_tokens": AT_LEAST_ONE,
     "student_temperature": NON_NEGATIVE,
-    # The evaluation after training (run.yaml `evaluation.samples` / `evaluation.limit`).
-    "evaluation_samples": AT_LEAST_ONE,
-    "evaluation_limit": AT_LEAST_ONE,
+    # The evaluation (run.yaml `evaluation.samples` / `evaluation.limit`, spec.evaluation, atlas eval -k / --limit):
+    # bounded so that a typo is refused up front instead of overflowing after training.
+    "evaluation_samples": Limit(1, MAX_EVALUATION_SAMPLES),
+    "evaluation_limit": Limit(1, MAX_EVALUATION_PROBLEMS),
 }
 GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
 REWARD_SCALINGS = ("group", "batch", "none")

@@ -42,6 +42,9 @@ RESULT_RANGES: dict[str, tuple[float | None, float | None]] = {
     "nonDegradationRate": (0.0, 1.0),
     "guidanceTokensMean": (0.0, None),
 }
+#: ``.status.result.evaluationError``: why the evaluation after training failed (the run still succeeded), in
+#: one line of at most this many characters.
+MAX_EVALUATION_ERROR = 500
 
 
 def evaluation_summary(report: dict[str, Any]) -> dict[str, Any]:
@@ -49,8 +52,17 @@ def evaluation_summary(report: dict[str, Any]) -> dict[str, Any]:
     return {key: report[field] for field, key in EVALUATION_SUMMARY.items() if report.get(field) is not None}
 
 
-def result_message(step: int, reward: float | None, evaluation: dict[str, Any] | None = None) -> str:
-    """The termination message of a finished trainer: compact JSON, always under the size limit."""
+def one_line(text: str, limit: int = MAX_EVALUATION_ERROR) -> str:
+    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def result_message(
+    step: int, reward: float | None, evaluation: dict[str, Any] | None = None, evaluation_error: str | None = None
+) -> str:
+    """The termination message of a finished trainer: compact JSON, always under the size limit.
+    ``evaluation_error``: the evaluation after training failed (the trained run did not)."""
     result: dict[str, Any] = {"step": int(step)}
     if reward is not None and math.isfinite(reward):
         result["reward"] = round(float(reward), 6)
@@ -58,6 +70,8 @@ def result_message(step: int, reward: float | None, evaluation: dict[str, Any] |
         result["evaluation"] = {
             k: (round(float(v), 6) if isinstance(v, float) else v) for k, v in evaluation_summary(evaluation).items()
         }
+    if evaluation_error:
+        result["evaluationError"] = one_line(evaluation_error)
     text = json.dumps(result, separators=(",", ":"), sort_keys=True)
     if len(text.encode()) > MAX_MESSAGE_BYTES:  # cannot happen with the fixed keys above; stay safe anyway
         text = json.dumps({"step": int(step)})
@@ -98,6 +112,9 @@ def parse_result(text: str | None) -> tuple[dict[str, Any] | None, list[str]]:
         }
         if kept:
             result["evaluation"] = kept
+    error = raw.get("evaluationError")
+    if isinstance(error, str) and error.strip():
+        result["evaluationError"] = one_line(error)
     return result, dropped
 
 

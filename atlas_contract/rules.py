@@ -113,18 +113,43 @@ def find_reward_config(config: str | os.PathLike) -> Path | None:
 def reward_problems(
     funcs: list[str], judges: bool, weights: list[float] | None, name: Callable[[str], str] = _same
 ) -> list[str]:
-    """Unknown reward names, and a weight count that is not one per function plus one for RIM."""
+    """Unknown reward names, a weight that is not a finite number, and a weight count that is not one per
+    function plus one for RIM."""
     problems = [
         f"{name('funcs')}: unknown reward {func!r} (available: {', '.join(REWARD_FUNCTIONS)})"
         for func in funcs
         if func not in REWARD_FUNCTIONS
     ]
     expected = len(funcs) + (1 if judges else 0)
+    for index, weight in enumerate(weights or []):
+        problem = setting_problem("reward_weight", weight, (float,))
+        if problem:  # nan or inf would score every completion nan or 0: refused, not trained on
+            problems.append(f"{name('weights')}[{index}]: {problem}")
     if weights is not None and len(weights) != expected:
         problems.append(
             f"{name('weights')}: expected {expected} weights (one per reward function, then RIM), got {len(weights)}"
         )
     return problems
+
+
+# ------------------------------------------------------------------ vLLM servers
+
+#: Why a vLLM server runs one data-parallel rank: TRL 1.16 (trl/scripts/vllm_serve.py) says
+#: ``--data-parallel-size`` > 1 "is not supported/useful and will error out" for dense models (vLLM PR #30739).
+DATA_PARALLEL_REASON = "vllm serve --data-parallel-size > 1 errors out for dense models (TRL 1.16, vLLM PR #30739)"
+
+
+def server_gpu_problems(gpus: int, tensor_parallel_size: int, where: str, scale_hint: str) -> list[str]:
+    """GPUs requested = GPUs used: a server uses tensorParallelSize x dataParallelSize GPUs, and its data
+    parallelism is 1 (:data:`DATA_PARALLEL_REASON`), so ``gpus`` must equal ``tensorParallelSize`` (unset, it
+    does). ``scale_hint``: how this server gets more throughput instead."""
+    if gpus == tensor_parallel_size:
+        return []
+    return [
+        f"{where}.gpus: expected {tensor_parallel_size} (= {where}.tensorParallelSize; a server uses "
+        f"tensorParallelSize x data-parallel GPUs and runs one data-parallel rank: {DATA_PARALLEL_REASON}), "
+        f"got {gpus}; {scale_hint}"
+    ]
 
 
 # ------------------------------------------------------------------ model references

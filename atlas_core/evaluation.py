@@ -67,15 +67,17 @@ class EvaluationSettings:
 
     def problems(self) -> list[str]:
         """Every out-of-range setting, named."""
+        from atlas_contract.rules import setting_problem
+
         found = []
-        for name in ("samples", "batch_size", "max_probe_tokens", "teacher_max_tokens", "student_max_tokens"):
+        for name, value in (("samples", self.samples), ("limit", self.limit)):
+            limited = value is not None and setting_problem(f"evaluation_{name}", value, (int,))
+            if limited:  # the bounds the CRD states (atlas_contract.defaults.LIMITS)
+                found.append(f"{name}: {limited}")
+        for name in ("batch_size", "max_probe_tokens", "teacher_max_tokens", "student_max_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 found.append(f"{name}: expected an integer >= 1, got {value!r}")
-        if self.limit is not None and (
-            isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1
-        ):
-            found.append(f"limit: expected an integer >= 1, got {self.limit!r}")
         if not isinstance(self.max_guidance_tokens, int) or self.max_guidance_tokens < 10:
             found.append(f"max_guidance_tokens: expected an integer >= 10, got {self.max_guidance_tokens!r}")
         for name in ("teacher_temperature", "student_temperature"):
@@ -376,7 +378,7 @@ def resumable_records(path: Path | None, rows: list[dict[str, Any]], key: str) -
     another evaluation (the user chooses: another output folder, or remove it)."""
     if path is None or not path.exists():
         return []
-    records = []
+    records, cut = [], False
     lines = path.read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -385,13 +387,15 @@ def resumable_records(path: Path | None, rows: list[dict[str, Any]], key: str) -
             record = json.loads(line)
         except ValueError:
             if number == len(lines):
+                cut = True
                 break  # a line cut by a crash: that problem is evaluated again
             raise ValueError(f"output: {path} line {number} is not JSON; remove the file to start over") from None
         index = len(records)
+        if index >= len(rows):
+            break  # a smaller limit: these problems are done; the file keeps the rest for a larger one
         if (
             record.get("fingerprint") != key
             or record.get("index") != index
-            or index >= len(rows)
             or record.get("task") != teaching.task_text(rows[index]["prompt"])
         ):
             raise ValueError(
@@ -399,6 +403,6 @@ def resumable_records(path: Path | None, rows: list[dict[str, Any]], key: str) -
                 "use another output folder or remove the file"
             )
         records.append(record)
-    if records:
+    if cut:  # drop the cut line, so that the next problem is appended on a line of its own
         path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     return records

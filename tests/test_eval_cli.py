@@ -323,6 +323,14 @@ def _jsonl(path: Path, rows: list[dict]) -> str:
         (["--dataset", "{no_truth}"], "--dataset"),
         (["--dataset", "builtin://teacher-multistep"], "--dataset"),
         (["--split", "validation"], "--split"),
+        (["--dataset", "builtin://arithmetic", "--split", "validation"], "--split"),
+        (["--dataset", "{no_split}"], "--split"),
+        (["--dataset", "{empty}"], "--dataset"),
+        (["--teacher", "http://[::1"], "--teacher"),
+        (["-k", "99999999999999999999"], "--samples"),
+        (["--limit", "99999999999"], "--limit"),
+        (["--reward-funcs", "exact_match", "--reward-weights", "nan"], "--reward-weights[0]"),
+        (["--reward-funcs", "exact_match", "--reward-weights", "inf"], "--reward-weights[0]"),
         (["--reward-funcs", "exact_match,telepathy"], "--reward-funcs"),
         (["--reward-funcs", "exact_match", "--reward-weights", "1,2"], "--reward-weights"),
         (["--reward-config", "no-such-config"], "--reward-config"),
@@ -337,7 +345,9 @@ def test_bad_input_exits_2_naming_the_option(tmp_path, capsys, case, field):
         "missing": str(tmp_path / "missing"),
         "file": str(tmp_path / "model.bin"),
         "empty_dir": str(tmp_path / "empty"),
-        "no_truth": _jsonl(tmp_path / "q.jsonl", [{"prompt": "What is 1 + 1?"}, {"prompt": "What is 2 + 2?"}]),
+        "no_truth": _jsonl(tmp_path / "q.jsonl", [{"prompt": f"What is {i} + 1?", "split": "test"} for i in range(2)]),
+        "no_split": _jsonl(tmp_path / "train.jsonl", [{"prompt": "What is 1 + 1?", "ground_truth": "2"}]),
+        "empty": _jsonl(tmp_path / "empty.jsonl", []),
     }
     case = [arg.format(**paths) for arg in case]
     options = dict(zip(case[::2], case[1::2], strict=True))
@@ -380,7 +390,7 @@ def test_every_problem_at_once_and_no_ground_truth_is_fine_with_a_scorer(tmp_pat
         ["--samples", "--limit", "--reward-funcs", "--reward-weights", "--teacher", "--student", "--dataset"]
     )
     # with a scorer, rows without ground_truth are accepted (here a bad weight is the only problem left)
-    rows = _jsonl(tmp_path / "q.jsonl", [{"prompt": "What is 1 + 1?"}])
+    rows = _jsonl(tmp_path / "q.jsonl", [{"prompt": "What is 1 + 1?", "split": "test"}])
     assert (
         atlas(
             eval_cmd(
@@ -401,7 +411,10 @@ def test_every_problem_at_once_and_no_ground_truth_is_fine_with_a_scorer(tmp_pat
 
 def test_another_evaluations_problems_file_is_refused_and_a_larger_limit_resumes(tmp_path, capsys):
     output = tmp_path / "shared"
-    rows = [{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in multistep.problems("two-step", "test")]
+    rows = [
+        {"prompt": r["prompt"], "ground_truth": r["ground_truth"], "split": "test"}
+        for r in multistep.problems("two-step", "test")
+    ]
     dataset = _jsonl(tmp_path / "two-step.jsonl", rows[:5])
     with JudgeServer(teacher_script, "teacher-model") as teacher_server, JudgeServer(Student(), "m") as sv:
 
@@ -417,7 +430,13 @@ def test_another_evaluations_problems_file_is_refused_and_a_larger_limit_resumes
         # a larger --limit over the same rows is the same evaluation: it resumes, asking only the new problems
         assert run("--limit", "3", "-k", "1") == 0
         assert len(sv.calls) == calls + 3
-    assert json.loads((output / "eval.json").read_text())["problems"] == 3
+        assert json.loads((output / "eval.json").read_text())["problems"] == 3
+        # a smaller --limit is the same evaluation too: its problems are done, nothing is asked, nothing lost
+        calls = len(sv.calls)
+        assert run("--limit", "2", "-k", "1") == 0
+        assert len(sv.calls) == calls
+    assert json.loads((output / "eval.json").read_text())["problems"] == 2
+    assert len((output / "problems.jsonl").read_text().splitlines()) == 3
 
 
 def test_the_whole_test_mix_is_the_largest_the_task_accepts():

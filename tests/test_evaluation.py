@@ -223,7 +223,28 @@ def test_evaluation_section_is_checked(tmp_path):
         "evaluation.extra: unknown",
         "evaluation.dataset.bogus: unknown",
         "evaluation.dataset.source: expected a non-empty string",
-        "evaluation.samples: expected an integer >= 1, got 0",
-        "evaluation.limit: expected an integer >= 1, got -1",
+        "evaluation.samples: expected a number >= 1, got 0",
+        "evaluation.limit: expected a number >= 1, got -1",
     ):
         assert expected in text, proc.stderr
+
+
+def test_an_evaluation_that_fails_after_training_never_fails_the_run(tmp_path, monkeypatch, capsys):
+    """A hub dataset is only known when it loads (here: offline): the trained run still exits 0 and reports
+    its step, its reward and the evaluation's error, in one line, naming the evaluation's field."""
+    from atlas_core.cli.train import _finish
+    from atlas_core.training.run_config import load_run_config, validate_run_config
+    from atlas_core.training.runner import RunResult
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("ATLAS_RESULT_FILE", str(tmp_path / "termination-log"))
+    cfg = load_run_config(
+        ["recipe=tiny_teacher", f"output_dir={tmp_path}", "+evaluation={dataset: {source: 'hf://nobody/nothing'}}"]
+    )
+    assert validate_run_config(cfg) == []  # not knowable before the run
+    trained = RunResult(output_dir=tmp_path, global_step=3, resumed_from=None, log_history=[{"reward": 0.25}])
+    assert _finish(cfg, trained) == 0
+    result = results.parse_result_message((tmp_path / "termination-log").read_text())
+    assert (result["step"], result["reward"]) == (3, 0.25)
+    assert result["evaluationError"].startswith("evaluation.dataset.source: cannot load 'hf://nobody/nothing'")
+    assert "\n" not in result["evaluationError"] and "evaluation failed" in capsys.readouterr().err

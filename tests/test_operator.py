@@ -187,7 +187,7 @@ def test_invalid_spec_gets_every_problem_and_no_children(cluster):
     status = cluster.wait_status(manifest, lambda s: s.get("phase") == "Invalid", "Invalid")
     message = cluster.condition(manifest, "Valid")["message"]
     assert "spec.training.numGenerations: 5 does not divide" in message
-    assert "spec.rollout.tensorParallelSize: 2 does not divide spec.rollout.gpus (3)" in message
+    assert "spec.rollout.gpus: expected 2 (= spec.rollout.tensorParallelSize" in message
     assert "children" not in status
     assert not any(cluster.emu.get(r, NS, n) for r, n in children_of("invalid-run", False).values())
     assert not cluster.emu.writes("v1/configmaps", name="invalid-run-config")
@@ -290,7 +290,7 @@ def test_spec_change_recreates_the_job_from_the_checkpoint_volume(cluster):
         manifest,
         {
             "training": {"perDeviceTrainBatchSize": 4, "numGenerations": 4, "maxSteps": 10, "learningRate": 2e-6},
-            "rollout": {"replicas": 1, "gpus": 4, "tensorParallelSize": 2},
+            "rollout": {"replicas": 1, "gpus": 4, "tensorParallelSize": 4},
         },
     )
     old_uid = objects["job"]["metadata"]["uid"]
@@ -527,6 +527,28 @@ def test_a_finished_runs_result_is_read_from_its_master_pod(cluster):
     wait_for(lambda: cluster.operator.output().count("Timer 'observe_run' succeeded") > ticks + 6, timeout=TIMEOUT)
     assert len(cluster.pod_reads("result-run-master-0")) == reads
     assert len(cluster.emu.writes(name="result-run")) == writes
+
+
+def test_a_run_whose_evaluation_failed_succeeds_with_its_result_and_a_warning(cluster):
+    """The trainer trained and saved, then its evaluation failed: it reported the step, the reward and the
+    evaluation's error (exit 0); the run is Succeeded, shows all three, and a Warning Event names the error."""
+    from atlas_contract.results import result_message
+
+    manifest = teacher("eval-failed-run", evaluation={"samples": 1})
+    cluster.apply(manifest)
+    wait_children(cluster, "eval-failed-run")
+    error = "evaluation.dataset.source: cannot load 'hf://org/held-out': no network"
+    cluster.finish_master_pod("eval-failed-run", result_message(5, 0.3, evaluation_error=error))
+    cluster.set_job_conditions("eval-failed-run", "Created", "Running", "Succeeded")
+    status = cluster.wait_status(manifest, lambda s: "result" in s, ".status.result")
+    assert status["phase"] == "Succeeded"
+    assert status["result"] == {"step": 5, "reward": 0.3, "evaluationError": error}
+    warnings = wait_for(
+        lambda: [e for e in cluster.events("eval-failed-run") if e["reason"] == "EvaluationFailed"],
+        timeout=TIMEOUT,
+        what="the EvaluationFailed event",
+    )
+    assert warnings[0]["type"] == "Warning" and error in warnings[0]["message"]
 
 
 def test_a_finished_run_without_a_readable_result_shows_none_and_does_not_loop(cluster):

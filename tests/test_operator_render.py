@@ -121,6 +121,52 @@ def test_examples_match_the_crd_and_render(path):
         assert render_children(parse_run(document))
 
 
+def _containers(value):
+    """Every container of every pod template in rendered objects (Deployments, JobSets, PyTorchJobs)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "containers" and isinstance(item, list):
+                yield from item
+            else:
+                yield from _containers(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _containers(item)
+
+
+def _option(argv: list[str], name: str, default: int = 1) -> int:
+    return int(argv[argv.index(name) + 1]) if name in argv else default
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("backend", ["PyTorchJob", "JobSet"])
+def test_every_vllm_server_of_the_examples_uses_every_gpu_it_requests(path, backend):
+    """GPUs requested = GPUs used: each vLLM server's nvidia.com/gpu is its --tensor-parallel-size x
+    --data-parallel-size."""
+    for document in yaml.safe_load_all(path.read_text()):
+        document["spec"]["backend"] = backend
+        servers = [c for c in _containers(render_children(parse_run(document))) if "vllm" in c.get("command", [])]
+        for server in servers:
+            argv = server["command"] + server.get("args", [])
+            used = _option(argv, "--tensor-parallel-size") * _option(argv, "--data-parallel-size")
+            assert server["resources"]["limits"]["nvidia.com/gpu"] == used, argv
+
+
+def test_a_server_that_would_hold_idle_gpus_is_refused():
+    """gpus > tensorParallelSize means data parallelism, which TRL's and vLLM's servers refuse for dense models:
+    Invalid naming gpus, for the policy's server and the student's; unset gpus follows tensorParallelSize."""
+    manifest = teacher(rollout={"replicas": 1, "gpus": 2, "tensorParallelSize": 1})
+    manifest["spec"]["student"] = {"model": "m/s", "rollout": {"replicas": 1, "gpus": 4, "tensorParallelSize": 2}}
+    with pytest.raises(InvalidRun) as caught:
+        parse_run(manifest)
+    assert [p.split(":")[0] for p in caught.value.problems] == ["spec.rollout.gpus", "spec.student.rollout.gpus"]
+    assert "--data-parallel-size > 1 errors out for dense models" in caught.value.problems[0]
+    manifest = teacher(rollout={"replicas": 1, "tensorParallelSize": 2})
+    manifest["spec"]["student"] = {"model": "m/s", "rollout": {"replicas": 1, "tensorParallelSize": 4}}
+    run = parse_run(manifest)
+    assert (run.spec.rollout.gpus, run.spec.student.rollout.gpus) == (2, 4)
+
+
 def test_every_training_field_is_a_trainer_field():
     from atlas_core.training.algorithms.grpo_config import GRPOConfig
 
@@ -770,7 +816,7 @@ def test_rendered_run_config_is_accepted_by_the_trainer(tmp_path, tiny_model_dir
         ),
         (
             {"rollout": {"replicas": 1, "gpus": 3, "tensorParallelSize": 2}},
-            "spec.rollout.tensorParallelSize: 2 does not divide",
+            "spec.rollout.gpus: expected 2 (= spec.rollout.tensorParallelSize",
         ),
         ({"rollout": {"replicas": 2}}, "spec.rollout.replicas: expected 0 or 1"),
         ({"deepspeed": "zero4"}, "spec.deepspeed: expected one of zero1, zero2, zero3, zero3-offload"),
@@ -807,15 +853,15 @@ def test_every_problem_is_reported_at_once():
     del manifest["spec"]["student"]
     assert problem_fields(manifest) == [
         "spec.deepspeed",
-        "spec.rollout.tensorParallelSize",
+        "spec.rollout.gpus",
         "spec.student",
         "spec.training.numGenerations",
     ]
     manifest["spec"]["student"] = {"model": "m/s", "rollout": {"gpus": 3, "tensorParallelSize": 2}}
     assert problem_fields(manifest) == [
         "spec.deepspeed",
-        "spec.rollout.tensorParallelSize",
-        "spec.student.rollout.tensorParallelSize",
+        "spec.rollout.gpus",
+        "spec.student.rollout.gpus",
         "spec.training.numGenerations",
     ]
 
@@ -1452,10 +1498,11 @@ def test_result_status_schema_is_the_contracts_summary():
         crd = custom_resource_definition(kind)
         status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
         result = status["properties"]["result"]
-        assert set(result["properties"]) == {"step", "reward", "evaluation"}
+        assert set(result["properties"]) == {"step", "reward", "evaluation", "evaluationError"}
         assert set(result["properties"]["evaluation"]["properties"]) == set(results.EVALUATION_SUMMARY.values())
         report = {field: 0.5 for field in results.EVALUATION_SUMMARY} | {"problems": 40}
-        parsed = results.parse_result_message(results.result_message(12, 0.25, report))
+        parsed = results.parse_result_message(results.result_message(12, 0.25, report, "evaluation: failed"))
+        assert parsed["evaluationError"] == "evaluation: failed"
         assert (
             pruned_fields({"status": {"result": parsed}}, crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]) == []
         )
@@ -1758,8 +1805,8 @@ def trl_rollout_command(model: str, **script_args) -> list[str]:
 @pytest.mark.parametrize(
     "rollout",
     [
-        {"replicas": 1, "gpus": 2},
-        {"replicas": 1, "gpus": 4, "tensorParallelSize": 2, "gpuMemoryUtilization": 0.8, "maxModelLen": 4096},
+        {"replicas": 1},
+        {"replicas": 1, "tensorParallelSize": 2, "gpuMemoryUtilization": 0.8, "maxModelLen": 4096},
     ],
 )
 @pytest.mark.parametrize("backend", ["PyTorchJob", "JobSet"])
@@ -1778,7 +1825,7 @@ def test_the_rollout_server_runs_what_trl_runs(rollout, backend):
         manifest["spec"]["model"],
         port=8000,
         tensor_parallel_size=rollout.get("tensorParallelSize", 1),
-        data_parallel_size=rollout["gpus"] // rollout.get("tensorParallelSize", 1),
+        data_parallel_size=1,
         gpu_memory_utilization=rollout.get("gpuMemoryUtilization", 0.9),
         max_model_len=rollout.get("maxModelLen"),
     )

@@ -166,7 +166,7 @@ GENERATE_WITH_A_SILENT_SERVER = textwrap.dedent(
     args = GRPOConfig(
         output_dir=sys.argv[1], model_name_or_path=sys.argv[2], max_steps=2, per_device_train_batch_size=4,
         num_generations=4, max_completion_length=8, report_to=[], save_strategy="no", disable_tqdm=True,
-        server_timeout_seconds=2.0,
+        server_timeout_seconds=2.0, step_timeout_seconds=600.0,
     )
     trainer = GRPOTrainer(
         reward_funcs=[lambda completions, **kw: [0.0] * len(completions)], args=args,
@@ -228,3 +228,22 @@ def test_watchdog_settings_are_checked_and_documented():
             config(output_dir="/tmp/x", step_timeout_seconds=2000, first_step_timeout_seconds=9, report_to=[])
         )
         assert (watchdog.step_timeout_s, watchdog.first_step_timeout_s) == (2000, 9)
+
+
+def test_a_step_timeout_of_0_is_off_and_a_first_step_allowance_of_0_is_no_limit():
+    """stepTimeoutSeconds 0 = off: no watchdog and no rollout-server check that could end the process;
+    first_step_timeout_seconds 0 = no limit on the first step (not "the default"), unset = the default."""
+    from types import SimpleNamespace
+
+    from atlas_contract import defaults
+    from atlas_core.training.watchdog import StepWatchdog, first_step_timeout, server_check_timeout
+
+    assert server_check_timeout(SimpleNamespace(step_timeout_seconds=0.0, server_timeout_seconds=300.0)) is None
+    assert server_check_timeout(SimpleNamespace(step_timeout_seconds=60.0, server_timeout_seconds=300.0)) == 300.0
+    assert first_step_timeout(1800.0, None) == defaults.first_step_timeout(1800.0)
+    assert first_step_timeout(1800.0, 0.0) == 0.0
+    watchdog = StepWatchdog(10.0, first_step_timeout(10.0, 0.0), on_stall=lambda reason: None)
+    long_after = watchdog._last + 1e6
+    assert watchdog.stalled(long_after) is None  # the first step: no limit
+    watchdog.on_step_end(None, SimpleNamespace(global_step=1), None)
+    assert "after step 1; limit 10 s" in watchdog.stalled(watchdog._last + 11)

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
@@ -297,7 +298,13 @@ def endpoint_problem(option: str, url: str, timeout_s: float = ENDPOINT_CHECK_TI
     import socket
 
     target = models_url(url)
-    request = urllib.request.Request(target, headers={"Accept": "application/json", "Authorization": "Bearer EMPTY"})
+    try:
+        request = urllib.request.Request(
+            target, headers={"Accept": "application/json", "Authorization": "Bearer EMPTY"}
+        )
+        urllib.parse.urlsplit(target).port  # noqa: B018 - raises ValueError on a malformed host or port
+    except ValueError as exc:
+        return f"{option}: '{url}' is not a valid URL ({' '.join(str(exc).split())}); expected http(s)://host:port[/v1]"
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             body = response.read(4_000_000)
@@ -351,37 +358,20 @@ _DATASET_FIELDS = {"dataset.source": "--dataset", "dataset.split": "--split", "d
 
 def _load_rows(source: str, split: str, limit: int | None, seed: int, notes: list[str], problems: list[str]):
     """The problems to evaluate (at most ``limit``), or None with the problems named."""
-    from atlas_core.training.data import (
-        BUILTIN_ARITHMETIC,
-        BUILTIN_MULTISTEP,
-        BUILTIN_SOURCES,
-        DatasetSourceError,
-        load_run_dataset,
-    )
+    from atlas_core.training.data import DatasetSourceError, load_evaluation_dataset
 
-    if source.startswith("builtin://") and source not in (BUILTIN_ARITHMETIC, BUILTIN_MULTISTEP):
-        known = ", ".join(s for s in BUILTIN_SOURCES if s in (BUILTIN_ARITHMETIC, BUILTIN_MULTISTEP))
-        what = "a training (SFT) dataset" if source in BUILTIN_SOURCES else "not a builtin dataset"
-        problems.append(f"--dataset: '{source}' is {what}; expected a dataset of problems ({known}, a file, hf://…)")
-        return None
-    num_samples = limit or BUILTIN_DEFAULT_PROBLEMS
-    if source == BUILTIN_MULTISTEP and split == "test":
-        whole = whole_test_mix()
-        if limit and limit > whole:
-            notes.append(f"--limit {limit}: the test split of {source} holds {whole} problems; evaluating all of them")
-        num_samples = min(limit or whole, whole)
+    shown: list[str] = []
     try:
-        dataset = load_run_dataset(source, split=split, algorithm="grpo", num_samples=num_samples, seed=seed)
+        dataset = load_evaluation_dataset(
+            source, split, limit, BUILTIN_DEFAULT_PROBLEMS, seed, prefix="dataset", notes=shown
+        )
     except DatasetSourceError as exc:
         for line in str(exc).splitlines():
             name, _, rest = line.partition(": ")
             problems.append(f"{_DATASET_FIELDS[name]}: {rest}" if name in _DATASET_FIELDS else f"--dataset: {line}")
         return None
-    rows = dataset.select(range(min(len(dataset), limit))).to_list() if limit else dataset.to_list()
-    if not rows:
-        problems.append(f"--dataset: '{source}' (split {split}) has no problems")
-        return None
-    return rows
+    notes += [f"--{note}" for note in shown]  # "limit N: …" → "--limit N: …"
+    return dataset.to_list()
 
 
 def check(args: argparse.Namespace) -> tuple[Plan | None, list[str], list[str]]:
@@ -495,7 +485,8 @@ def done_before(plan: Plan) -> int:
     path = plan.output / EVAL_PROBLEMS_FILE
     if not path.exists():
         return 0
-    return sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    done = sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    return min(done, len(plan.rows))  # a smaller --limit than before: its problems are all done
 
 
 # ---------------------------------------------------------------------------------------------- running

@@ -2,21 +2,29 @@
 
 * ``builtin://arithmetic`` — the bundled verifiable task (prompt + ground_truth; prompt +
   completion for SFT); ``builtin://teacher-arithmetic`` — teacher-format SFT examples;
-* a ``.jsonl``/``.json``/``.csv``/``.parquet`` file, or a folder written by ``save_to_disk``
-  (in a pod: a path on the mounted PVC);
+  ``builtin://multistep`` and ``builtin://teacher-multistep`` — the teaching task and its teacher warm-up;
+* a ``.jsonl``/``.json``/``.csv``/``.parquet`` file (its ``split`` column assigns rows to splits; without
+  one the whole file is split ``train``), a folder of one such file per split (``train.jsonl``,
+  ``test.jsonl``), or a folder written by ``save_to_disk`` (in a pod: a path on the mounted PVC);
 * ``hf://org/name`` — a hub dataset (needs network; ``HF_HUB_OFFLINE=1`` forbids it).
+
+Every split is real: a split the source does not have is an error (atlas_contract.datasets).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from atlas_contract import datasets
+
 BUILTIN_ARITHMETIC = "builtin://arithmetic"
 BUILTIN_TEACHER_ARITHMETIC = "builtin://teacher-arithmetic"
 BUILTIN_MULTISTEP = "builtin://multistep"
 BUILTIN_TEACHER_MULTISTEP = "builtin://teacher-multistep"
-BUILTIN_SOURCES = (BUILTIN_ARITHMETIC, BUILTIN_TEACHER_ARITHMETIC, BUILTIN_MULTISTEP, BUILTIN_TEACHER_MULTISTEP)
-FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+BUILTIN_SOURCES = tuple(datasets.BUILTINS)
+FILE_FORMATS = datasets.FILE_FORMATS
+# save_to_disk writes one of these into its folder; another folder of data files holds one file per split.
+_SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json", "dataset_info.json")
 
 
 class DatasetSourceError(ValueError):
@@ -31,61 +39,142 @@ def load_run_dataset(
     max_operand: int = 9,
     seed: int = 0,
     guided_fraction: float = 0.0,
+    prefix: str = "dataset",
+    evaluation: bool = False,
 ):
-    """Load the dataset and check its columns for ``algorithm`` (grpo needs ``prompt``)."""
-    from datasets import Dataset, load_dataset, load_from_disk
+    """Load ``split`` of the dataset and check its columns for ``algorithm`` (grpo needs ``prompt``).
+
+    ``evaluation``: problems to evaluate a teacher on (not SFT demonstrations); ``prefix`` names the fields in
+    errors (``evaluation.dataset`` → ``evaluation.dataset.split: …``). A split the source does not have is an
+    error (atlas_contract.datasets)."""
+
+    def name(field: str) -> str:
+        return f"{prefix}.{field}"
+
+    if source.startswith(datasets.BUILTIN_SCHEME):
+        problems = (
+            datasets.evaluation_problems(source, split, prefix)
+            if evaluation
+            else datasets.dataset_problems(source, split, algorithm, prefix)
+        )
+        if problems:
+            raise DatasetSourceError("\n".join(problems))
+        try:
+            return _builtin(source, split, algorithm, num_samples, max_operand, seed, guided_fraction)
+        except ValueError as exc:
+            raise DatasetSourceError(f"{name('num_samples')}: {exc}") from None
+    dataset = _load_external(source, split, name, evaluation)
+    _check_columns(dataset.column_names, algorithm, source, name)
+    _check_rows(dataset, algorithm, source, name)
+    return dataset
+
+
+def _builtin(source: str, split: str, algorithm: str, num_samples: int, max_operand: int, seed: int, guided: float):
+    from datasets import Dataset
 
     from atlas_core.tasks.arithmetic import make_arithmetic_dataset, make_sft_dataset
 
     if source == BUILTIN_ARITHMETIC:
         make = make_sft_dataset if algorithm == "sft" else make_arithmetic_dataset
-        rows = make(num_samples, seed=seed, max_operand=max_operand)
-        if algorithm == "sft" and guided_fraction > 0:
-            rows = _with_guidance(rows, guided_fraction, seed, max_operand)
+        rows = make(num_samples, seed=seed, max_operand=max_operand, split=split)
+        if algorithm == "sft" and guided > 0:
+            rows = _with_guidance(rows, guided, seed, max_operand)
         return Dataset.from_list(rows)
     if source == BUILTIN_TEACHER_ARITHMETIC:
         from atlas_core.training.teaching import make_teacher_sft_dataset
 
-        if algorithm != "sft":
-            raise DatasetSourceError(f"dataset.source: '{source}' is an SFT dataset (use algorithm sft)")
-        return Dataset.from_list(make_teacher_sft_dataset(num_samples, seed=seed, max_operand=max_operand))
-    if source in (BUILTIN_MULTISTEP, BUILTIN_TEACHER_MULTISTEP):
-        return Dataset.from_list(_multistep_rows(source, split, algorithm, num_samples, seed))
+        return Dataset.from_list(make_teacher_sft_dataset(num_samples, seed=seed, max_operand=max_operand, split=split))
+    from atlas_core.tasks import multistep
+
+    if source == BUILTIN_TEACHER_MULTISTEP:
+        return Dataset.from_list(multistep.make_teacher_sft_dataset(num_samples, seed=seed))
+    if algorithm == "sft":
+        return Dataset.from_list(multistep.make_student_sft_dataset(num_samples, seed=seed))
+    return Dataset.from_list(multistep.make_multistep_dataset(num_samples, split, seed=seed))
+
+
+def _load_external(source: str, split: str, name, evaluation: bool):
+    """A hub dataset's split, a file's (by its ``split`` column), a folder's (one file per split, or the
+    splits save_to_disk wrote)."""
+    from datasets import load_dataset, load_from_disk
+
     try:
-        if source.startswith("hf://"):
-            dataset = load_dataset(source.removeprefix("hf://"), split=split)
-        else:
-            path = Path(source).expanduser()
-            if not path.exists():
-                raise DatasetSourceError(f"dataset.source: '{source}' does not exist")
-            if path.is_dir():
-                dataset = load_from_disk(str(path))
-                if hasattr(dataset, "keys"):  # a DatasetDict
-                    if split not in dataset:
-                        raise DatasetSourceError(
-                            f"dataset.split: '{split}' not in '{source}' (splits: {', '.join(dataset.keys())})"
-                        )
-                    dataset = dataset[split]
-            elif path.suffix in FILE_FORMATS:
-                dataset = load_dataset(FILE_FORMATS[path.suffix], data_files=str(path), split="train")
-            else:
-                raise DatasetSourceError(
-                    f"dataset.source: '{source}' has an unknown format (expected {', '.join(FILE_FORMATS)})"
-                )
+        if source.startswith(datasets.HUB_SCHEME):
+            return _hub_split(load_dataset, source, split, name)
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise DatasetSourceError(f"{name('source')}: '{source}' does not exist")
+        if path.is_dir():
+            files = split_files(path)
+            if files:
+                if split not in files:
+                    raise DatasetSourceError(
+                        datasets.missing_split(source, split, sorted(files), name("split"), evaluation)
+                    )
+                return _load_file(load_dataset, files[split], source, name)
+            dataset = load_from_disk(str(path))
+            if hasattr(dataset, "keys"):  # a DatasetDict
+                if split not in dataset:
+                    raise DatasetSourceError(
+                        datasets.missing_split(source, split, list(dataset.keys()), name("split"), evaluation)
+                    )
+                return dataset[split]
+            return _select_split(dataset, source, split, name, evaluation)
+        if path.suffix in FILE_FORMATS:
+            return _select_split(_load_file(load_dataset, path, source, name), source, split, name, evaluation)
+        raise DatasetSourceError(
+            f"{name('source')}: '{source}' has an unknown format (expected {', '.join(FILE_FORMATS)})"
+        )
     except DatasetSourceError:
         raise
     except Exception as exc:  # datasets raises many types; the user needs the source and the reason
-        reason = " ".join(str(exc).split())[:300]
-        raise DatasetSourceError(f"dataset.source: cannot load '{source}': {reason}") from None
-    _check_columns(dataset.column_names, algorithm, source)
-    _check_rows(dataset, algorithm, source)
-    return dataset
+        raise DatasetSourceError(f"{name('source')}: cannot load '{source}': {_reason(exc)}") from None
+
+
+def split_files(folder: Path) -> dict[str, Path]:
+    """A folder's data files by split (``test.jsonl`` is split test); empty for a save_to_disk folder."""
+    if any((folder / marker).exists() for marker in _SAVED_DATASET_MARKERS):
+        return {}
+    return {p.stem: p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in FILE_FORMATS}
+
+
+def _load_file(load_dataset, path: Path, source: str, name):
+    if not path.read_bytes().strip():
+        raise DatasetSourceError(f"{name('source')}: '{source}' is empty (expected one problem per row)")
+    return load_dataset(FILE_FORMATS[path.suffix], data_files=str(path), split="train")
+
+
+def _select_split(dataset, source: str, split: str, name, evaluation: bool):
+    """The rows of ``split``: by the ``split`` column when there is one; else the whole file is split train."""
+    if datasets.SPLIT_COLUMN not in dataset.column_names:
+        if split != datasets.WHOLE_FILE_SPLIT:
+            raise DatasetSourceError(
+                datasets.missing_split(source, split, [datasets.WHOLE_FILE_SPLIT], name("split"), evaluation)
+            )
+        return dataset
+    labels = [str(value) for value in dataset[datasets.SPLIT_COLUMN]]
+    if split not in labels:
+        raise DatasetSourceError(datasets.missing_split(source, split, sorted(set(labels)), name("split"), evaluation))
+    return dataset.select([index for index, label in enumerate(labels) if label == split])
+
+
+def _hub_split(load_dataset, source: str, split: str, name):
+    try:
+        return load_dataset(source.removeprefix(datasets.HUB_SCHEME), split=split)
+    except ValueError as exc:
+        if "Unknown split" in str(exc) or "Bad split" in str(exc):  # datasets' words for a split it lacks
+            raise DatasetSourceError(f"{name('split')}: '{source}' has no split '{split}' ({_reason(exc)})") from None
+        raise
+
+
+def _reason(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
 
 
 _SHOWN_ROWS = 3  # rows named per problem; the count says how many more
 
 
-def _check_rows(dataset, algorithm: str, source: str) -> None:
+def _check_rows(dataset, algorithm: str, source: str, name) -> None:
     """Every row's text columns before training starts: a prompt (and, for SFT, a completion or text) that
     is a non-empty string or a non-empty list of chat messages, the same kind in every row."""
     if algorithm == "sft":
@@ -107,11 +196,11 @@ def _check_rows(dataset, algorithm: str, source: str) -> None:
                 f" and {len(rows) - _SHOWN_ROWS} more" if len(rows) > _SHOWN_ROWS else ""
             )
             problems.append(
-                f"dataset.source: '{source}' column {column!r}: {problem} (row{'s' if len(rows) > 1 else ''} {shown})"
+                f"{name('source')}: '{source}' column {column!r}: {problem} (row{'s' if len(rows) > 1 else ''} {shown})"
             )
         if len(kinds) > 1:
             problems.append(
-                f"dataset.source: '{source}' column {column!r}: mixes plain-text and chat rows "
+                f"{name('source')}: '{source}' column {column!r}: mixes plain-text and chat rows "
                 f"(row {kinds['text']} is text, row {kinds['chat']} is chat); use one kind"
             )
     if problems:
@@ -140,38 +229,50 @@ def _with_guidance(rows: list[dict], fraction: float, seed: int, max_operand: in
     from atlas_core.training.teaching import enhanced_messages
 
     rng = random.Random(seed)
-    problems = make_arithmetic_dataset(len(rows), seed=seed, max_operand=max_operand)
+    problems = make_arithmetic_dataset(len(rows), seed=seed, max_operand=max_operand, split="train")
     for row, problem in zip(rows, problems, strict=True):
         if rng.random() < fraction:
             row["prompt"] = enhanced_messages(problem["prompt"][0]["content"], guidance_text(problem))
     return rows
 
 
-def _multistep_rows(source: str, split: str, algorithm: str, num_samples: int, seed: int) -> list[dict]:
-    from atlas_core.tasks import multistep
-
-    if split not in multistep.SPLITS:
-        raise DatasetSourceError(f"dataset.split: '{source}' has splits {', '.join(multistep.SPLITS)}, got '{split}'")
-    if algorithm == "sft" and split != "train":
-        raise DatasetSourceError(f"dataset.split: '{source}' trains only on its 'train' split, got '{split}'")
-    try:
-        if source == BUILTIN_TEACHER_MULTISTEP:
-            if algorithm != "sft":
-                raise DatasetSourceError(f"dataset.source: '{source}' is an SFT dataset (use algorithm sft)")
-            return multistep.make_teacher_sft_dataset(num_samples, seed=seed)
-        if algorithm == "sft":
-            return multistep.make_student_sft_dataset(num_samples, seed=seed)
-        return multistep.make_multistep_dataset(num_samples, split, seed=seed)
-    except ValueError as exc:
-        raise DatasetSourceError(f"dataset.num_samples: {exc}") from None
-
-
-def _check_columns(columns: list[str], algorithm: str, source: str) -> None:
+def _check_columns(columns: list[str], algorithm: str, source: str, name) -> None:
     if algorithm == "sft":
         if not ({"prompt", "completion"} <= set(columns) or {"messages"} & set(columns) or "text" in columns):
             raise DatasetSourceError(
-                f"dataset.source: '{source}' needs prompt+completion, messages or text columns for SFT "
+                f"{name('source')}: '{source}' needs prompt+completion, messages or text columns for SFT "
                 f"(columns: {', '.join(columns)})"
             )
     elif "prompt" not in columns:
-        raise DatasetSourceError(f"dataset.source: '{source}' has no 'prompt' column (columns: {', '.join(columns)})")
+        raise DatasetSourceError(f"{name('source')}: '{source}' has no 'prompt' column (columns: {', '.join(columns)})")
+
+
+def load_evaluation_dataset(
+    source: str,
+    split: str,
+    limit: int | None,
+    default_problems: int,
+    seed: int = 0,
+    max_operand: int = 9,
+    prefix: str = "evaluation.dataset",
+    notes: list[str] | None = None,
+):
+    """The problems an evaluation answers: at most ``limit`` of ``split`` (all of a file's split; a generated
+    builtin draws ``limit`` or ``default_problems``; builtin://multistep's test split holds a fixed mix, all
+    of it at most). The one loader of ``atlas eval``, the evaluation after training and its start-up check."""
+    wanted = limit or default_problems
+    if source == BUILTIN_MULTISTEP and split == "test":
+        from atlas_core.tasks import multistep
+
+        whole = multistep.test_mix_size()
+        if limit and limit > whole and notes is not None:
+            notes.append(f"limit {limit}: the test split of {source} holds {whole} problems; evaluating all of them")
+        wanted = min(limit or whole, whole)
+    dataset = load_run_dataset(
+        source, split, "grpo", wanted, max_operand=max_operand, seed=seed, prefix=prefix, evaluation=True
+    )
+    if limit and len(dataset) > limit:
+        dataset = dataset.select(range(limit))
+    if len(dataset) == 0:
+        raise DatasetSourceError(f"{prefix}.source: '{source}' (split {split}) has no problems")
+    return dataset

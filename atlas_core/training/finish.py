@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from atlas_contract import rules
 from atlas_contract.defaults import EVALUATION
 from atlas_contract.names import ENV_RESULT_FILE, EVAL_DIR
 from atlas_contract.results import result_message
@@ -50,9 +51,51 @@ def evaluation_problems(cfg: DictConfig) -> list[str]:
         value = section.get(key)
         if value is None:
             continue  # samples: the default; limit: every problem
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            problems.append(f"evaluation.{key}: expected an integer >= 1, got {value!r}")
+        problem = rules.setting_problem(f"evaluation_{key}", value, (int,))
+        if problem:
+            problems.append(f"evaluation.{key}: {problem}")
+    if not problems:
+        problems += evaluation_dataset_problems(cfg)
     return problems
+
+
+def evaluation_dataset_problems(cfg: DictConfig) -> list[str]:
+    """The evaluation's dataset, checked at start-up as it will load after training (atlas_contract.datasets's
+    rules, then the data itself: a file's splits, a builtin's problem count). A hub dataset is checked when
+    it loads (it needs the network)."""
+    from atlas_contract import datasets
+    from atlas_core.training.data import DatasetSourceError
+
+    request = evaluation_request(cfg)
+    if request is None or OmegaConf.is_missing(cfg.dataset, "source"):
+        return []
+    training = str(cfg.dataset.source)
+    if request["source"] == training and datasets.dataset_problems(training, str(cfg.dataset.split), cfg.algorithm):
+        return []  # the run's own source is wrong: its dataset.source check names it once
+    problems = datasets.evaluation_problems(request["source"], request["split"])
+    if problems or request["source"].startswith(datasets.HUB_SCHEME):
+        return problems
+    try:
+        load_evaluation_dataset(cfg, request)
+    except DatasetSourceError as exc:
+        return str(exc).splitlines()
+    except (TypeError, ValueError):  # dataset.num_samples/seed/max_operand of the wrong kind: named by their check
+        return []
+    return []
+
+
+def load_evaluation_dataset(cfg: DictConfig, request: dict[str, Any]):
+    """The problems the evaluation after training answers (``evaluation.dataset.*`` named in errors)."""
+    from atlas_core.training import data
+
+    return data.load_evaluation_dataset(
+        request["source"],
+        request["split"],
+        request["limit"],
+        default_problems=int(cfg.dataset.num_samples),
+        seed=int(cfg.dataset.seed),
+        max_operand=int(cfg.dataset.max_operand),
+    )
 
 
 def evaluation_request(cfg: DictConfig) -> dict[str, Any] | None:
@@ -95,18 +138,10 @@ def evaluate_trained_teacher(cfg: DictConfig, args: Any):
     from atlas_core.evaluation import evaluate_teaching
     from atlas_core.models.tiny import resolve_model_path
     from atlas_core.tasks.arithmetic import REWARD_FUNCTIONS
-    from atlas_core.training.data import load_run_dataset
     from atlas_core.training.student import load_student
 
     request = evaluation_request(cfg)
-    dataset = load_run_dataset(
-        request["source"],
-        split=request["split"],
-        algorithm="teacher",
-        num_samples=request["limit"] or int(cfg.dataset.num_samples),
-        max_operand=int(cfg.dataset.max_operand),
-        seed=int(cfg.dataset.seed),
-    )
+    dataset = load_evaluation_dataset(cfg, request)
     scorers = [REWARD_FUNCTIONS[name] for name in cfg.reward.funcs or []]
     if cfg.reward.get("config"):
         from atlas_core.reward.interpretation import RIMReward
@@ -149,14 +184,16 @@ def last_reward(log_history: list[dict[str, Any]]) -> float | None:
     return None
 
 
-def write_result(step: int, reward: float | None, evaluation: dict[str, Any] | None) -> Path | None:
+def write_result(
+    step: int, reward: float | None, evaluation: dict[str, Any] | None, evaluation_error: str | None = None
+) -> Path | None:
     """Write the result to ``$ATLAS_RESULT_FILE`` when set (a pod's termination message); the path written."""
     target = os.environ.get(ENV_RESULT_FILE)
     if not target:
         return None
     path = Path(target)
     try:
-        path.write_text(result_message(step, reward, evaluation))
+        path.write_text(result_message(step, reward, evaluation, evaluation_error))
     except OSError as exc:  # the result is a report, not the run: never fail a finished run over it
         logger.warning("could not write the run's result to %s: %s", path, exc)
         return None

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from atlas_contract import rules
+from atlas_contract import datasets, rules
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import ALGORITHMS
 from atlas_contract.text import read_text
@@ -192,7 +192,7 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
     if OmegaConf.is_missing(cfg.dataset, "source"):
         problems.append("dataset.source: required (builtin://arithmetic, a file, a folder or hf://org/name)")
     else:
-        problems += _dataset_problems(str(cfg.dataset.source))
+        problems += datasets.dataset_problems(str(cfg.dataset.source), str(cfg.dataset.get("split")), cfg.algorithm)
 
     problems += _output_dir_problems(str(cfg.output_dir))
     for name in ("num_samples", "max_operand", "seed"):
@@ -263,23 +263,6 @@ def _output_dir_problems(output_dir: str) -> list[str]:
         return [f"output_dir: '{output_dir}' is a file; expected a folder (checkpoints, final model, metrics)"]
     if not os.access(existing, os.W_OK | os.X_OK):
         return [f"output_dir: '{existing}' is not writable"]
-    return []
-
-
-def _dataset_problems(source: str) -> list[str]:
-    """Local sources are checked up front so that they are listed with every other problem;
-    columns are checked when the dataset loads."""
-    from atlas_core.training.data import BUILTIN_SOURCES, FILE_FORMATS
-
-    if source in BUILTIN_SOURCES or source.startswith("hf://"):
-        return []
-    if source.startswith("builtin://"):
-        return [f"dataset.source: unknown builtin '{source}' (available: {', '.join(BUILTIN_SOURCES)})"]
-    path = Path(os.path.expanduser(source))
-    if not path.exists():
-        return [f"dataset.source: '{source}' does not exist"]
-    if path.is_file() and path.suffix not in FILE_FORMATS:
-        return [f"dataset.source: '{source}' has an unknown format (expected {', '.join(FILE_FORMATS)})"]
     return []
 
 

@@ -124,21 +124,27 @@ class StepWatchdog(TrainerCallback):
         self._stop.set()
 
     def limit(self) -> float:
+        """Seconds the step in flight may take; 0 = no limit (a first-step allowance of 0 is off)."""
         return self.first_step_timeout_s if self._steps == 0 else self.step_timeout_s
+
+    def stalled(self, now: float) -> str | None:
+        """Why the process must end at ``now`` (the step in flight is over its limit), else None."""
+        idle, limit = now - self._last, self.limit()
+        if limit <= 0 or idle <= limit:
+            return None
+        what, waited = current_activity()
+        first = "the first optimizer step" if self._steps == 0 else f"an optimizer step after step {self._step}"
+        return (
+            f"no optimizer step completed in {idle:.0f} s ({first}; limit {limit:g} s); "
+            f"last waiting for {what} (for {waited:.0f} s)"
+        )
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
-            idle = time.monotonic() - self._last
-            limit = self.limit()
-            if idle <= limit:
-                continue
-            what, waited = current_activity()
-            first = "the first optimizer step" if self._steps == 0 else f"an optimizer step after step {self._step}"
-            self.on_stall(
-                f"no optimizer step completed in {idle:.0f} s ({first}; limit {limit:g} s); "
-                f"last waiting for {what} (for {waited:.0f} s)"
-            )
-            return
+            reason = self.stalled(time.monotonic())
+            if reason:
+                self.on_stall(reason)
+                return
 
 
 def _set_activity(what: str) -> None:
@@ -147,8 +153,19 @@ def _set_activity(what: str) -> None:
 
 
 def first_step_timeout(step_timeout_s: float, first_step_timeout_s: float | None) -> float:
-    """The first step's allowance: as set, else the contract's default for this step timeout."""
-    return float(first_step_timeout_s) if first_step_timeout_s else defaults.first_step_timeout(step_timeout_s)
+    """The first step's allowance: as set (0 = no limit on the first step), else (None) the contract's default for
+    this step timeout."""
+    if first_step_timeout_s is None:
+        return defaults.first_step_timeout(step_timeout_s)
+    return float(first_step_timeout_s)
+
+
+def server_check_timeout(args) -> float | None:
+    """How long generation waits for an unreachable rollout server before the watchdog's exit; None when the
+    watchdog is off (``step_timeout_seconds`` 0: nothing ends the process, generation waits as TRL does)."""
+    if float(getattr(args, "step_timeout_seconds", 0) or 0) <= 0:
+        return None
+    return float(args.server_timeout_seconds)
 
 
 def watchdog_callbacks(args) -> list[TrainerCallback]:

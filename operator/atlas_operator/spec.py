@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from atlas_contract import defaults, rules
+from atlas_contract import datasets, defaults, rules
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import (
     API_VERSION,
@@ -162,7 +162,8 @@ class TrainingSpec:
         f"thread's stack and what it was waiting for, and exits with code {WATCHDOG_EXIT_CODE}, so its job restarts "
         "it (the whole gang on JobSet) and it resumes from the newest checkpoint; a rollout server unreachable for "
         f"{defaults.SERVER_TIMEOUT_S:g} s ends it the same way. The first step gets 4 times as long, at least "
-        f"{defaults.FIRST_STEP_MIN_S:g} s (extra.first_step_timeout_seconds sets it). 0 = off",
+        f"{defaults.FIRST_STEP_MIN_S:g} s (extra.first_step_timeout_seconds sets it; 0 there = no limit on the "
+        "first step). 0 = off, the rollout-server check included",
         trainer_default=True,
         **defaults.LIMITS["step_timeout_seconds"].schema(),
     )
@@ -226,8 +227,15 @@ class RolloutSpec:
         1,
         minimum=0,
     )
-    gpus: int = spec_field("GPUs per server (tensorParallelSize x data parallel)", 1, minimum=1)
-    tensor_parallel_size: int = spec_field("tensor parallel size; must divide gpus", 1, minimum=1)
+    gpus: int | None = spec_field(
+        "GPUs per server: tensorParallelSize x data parallel, and data parallelism is 1 (vllm serve "
+        "--data-parallel-size > 1 errors out for dense models), so it equals tensorParallelSize",
+        unset="tensorParallelSize",
+        minimum=1,
+    )
+    tensor_parallel_size: int = spec_field(
+        "GPUs one server shards the model over (vllm serve --tensor-parallel-size)", 1, minimum=1
+    )
     image: str | None = spec_field("vLLM image", unset="the operator's rollout image")
     gpu_memory_utilization: float = spec_field(
         "vLLM --gpu-memory-utilization", 0.9, minimum=0, maximum=1, exclusive_minimum=True
@@ -252,7 +260,10 @@ class PolicyRolloutSpec(RolloutSpec):
         minimum=0,
     )
     gpus: int | None = spec_field(
-        "GPUs per server (tensorParallelSize x data parallel); mode server only", unset="1", minimum=1
+        "GPUs per server: tensorParallelSize x data parallel, and data parallelism is 1 (TRL's server: "
+        "--data-parallel-size > 1 errors out for dense models), so it equals tensorParallelSize; mode server only",
+        unset="tensorParallelSize",
+        minimum=1,
     )
     gpu_memory_utilization: float | None = spec_field(
         "share of each GPU vLLM takes: a server's --gpu-memory-utilization, or vllm_gpu_memory_utilization "
@@ -291,7 +302,7 @@ def resolve_rollout(raw: Any, rollout: PolicyRolloutSpec, algorithm: str, proble
                     f"spec.rollout.{camel(name)}: a rollout-server setting, and mode colocate runs vLLM inside the "
                     "trainer processes, with no server; remove it"
                 )
-        rollout.replicas, rollout.gpus = 0, rollout.gpus or 1
+        rollout.replicas, rollout.gpus = 0, rollout.gpus or rollout.tensor_parallel_size
         if rollout.gpu_memory_utilization is None:
             rollout.gpu_memory_utilization = COLOCATED_GPU_MEMORY_UTILIZATION
         return
@@ -303,7 +314,7 @@ def resolve_rollout(raw: Any, rollout: PolicyRolloutSpec, algorithm: str, proble
         rollout.replicas = 0 if algorithm == "sft" else 1
     if rollout.mode == "server" and rollout.replicas == 0:
         problems.append("spec.rollout.replicas: expected at least 1 with mode server, got 0")
-    rollout.gpus = rollout.gpus or 1
+    rollout.gpus = rollout.gpus or rollout.tensor_parallel_size
     if rollout.gpu_memory_utilization is None:
         rollout.gpu_memory_utilization = SERVER_GPU_MEMORY_UTILIZATION
 
@@ -621,6 +632,10 @@ class RunResult:
     step: int | None = spec_field("last global optimizer step", **_result_range("step"))
     reward: float | None = spec_field("mean reward of the last logged step")
     evaluation: EvaluationResult | None = spec_field("the evaluation after training (AtlasTeacher spec.evaluation)")
+    evaluation_error: str | None = spec_field(
+        "why the evaluation after training failed, in one line (the trained run still succeeded; a Warning Event "
+        "EvaluationFailed says the same)"
+    )
 
 
 @dataclass
@@ -669,6 +684,9 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None, default_ba
     spec = parse(SPEC_TYPES[kind], manifest.get("spec"), "spec", problems)
     # Unset rollout fields take their mode's values (SFT generates nothing: no server unless one is asked for).
     resolve_rollout((manifest.get("spec") or {}).get("rollout"), spec.rollout, spec.algorithm, problems)
+    student = getattr(spec, "student", None)
+    if student is not None and student.rollout.gpus is None:  # unset: every GPU the server shards over
+        student.rollout.gpus = student.rollout.tensor_parallel_size
     run = Run(
         kind=kind,
         name=name,
@@ -703,6 +721,7 @@ def validate_run(run: Run) -> list[str]:
         )
     if spec.algorithm in ("grpo", "teacher"):
         problems += _batch_problems(training, res.nodes * res.processes())
+    problems += dataset_problems(spec)
     problems += _rollout_problems(spec.rollout, "spec.rollout", policy=True)
     if spec.rollout.mode == "colocate":
         if res.gpus_per_node == 0:
@@ -781,6 +800,22 @@ def validate_run(run: Run) -> list[str]:
     return problems
 
 
+def dataset_problems(spec: RunSpec) -> list[str]:
+    """Every dataset the run reads, training and evaluation, checked as far as the manifest tells
+    (atlas_contract.datasets: builtins, their kinds and splits; a file on the checkpoint volume is checked by the
+    trainer at start-up, before any model loads)."""
+    training = datasets.dataset_problems(
+        spec.dataset.source, spec.dataset.split, spec.algorithm, "spec.dataset", local=False
+    )
+    evaluation = getattr(spec, "evaluation", None)
+    if evaluation is None or (evaluation.dataset.source is None and training):
+        return training  # an unset evaluation source is the training one: named once, above
+    source = evaluation.dataset.source or spec.dataset.source
+    return training + datasets.evaluation_problems(
+        source, evaluation.dataset.split, "spec.evaluation.dataset", local=False
+    )
+
+
 # Trainer fields the operator writes into run.yaml itself (render.run_config), and where a user sets them.
 OPERATOR_OWNED_TRAINER_FIELDS = {
     "output_dir": "from spec.checkpoint.path and the run's name",
@@ -826,14 +861,17 @@ def _whole(value: Any) -> int | None:
 
 def _rollout_problems(rollout: RolloutSpec, where: str, policy: bool) -> list[str]:
     problems = []
-    if rollout.replicas and rollout.gpus % rollout.tensor_parallel_size:
-        problems.append(
-            f"{where}.tensorParallelSize: {rollout.tensor_parallel_size} does not divide {where}.gpus ({rollout.gpus})"
+    if rollout.replicas:
+        hint = (
+            f"to use more GPUs, raise {where}.tensorParallelSize"
+            if policy
+            else f"to use more GPUs, raise {where}.tensorParallelSize or {where}.replicas (PyTorchJob backend)"
         )
+        problems += rules.server_gpu_problems(rollout.gpus, rollout.tensor_parallel_size, where, hint)
     if policy and rollout.replicas > 1:
         problems.append(
             f"{where}.replicas: expected 0 or 1 (the trainer syncs weights into one rollout server; "
-            f"scale it with {where}.gpus = tensorParallelSize x data parallel), got {rollout.replicas}"
+            f"scale it with {where}.tensorParallelSize), got {rollout.replicas}"
         )
     return problems
 

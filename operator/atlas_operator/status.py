@@ -259,7 +259,17 @@ def status_update(old: dict[str, Any], generation: int | None, result: Outcome, 
         carried = transitioned and event.type == "Warning" and event.message == transition_message(result)
         if (event.reason, event.message) not in said and not carried:
             events.append(event)
+    events += evaluation_failed_events(old.get("result"), result.result)
     return patch, events
+
+
+def evaluation_failed_events(old_result: dict[str, Any] | None, new_result: dict[str, Any] | None) -> list[Event]:
+    """A Warning naming the evaluation's error when a result that carries one is first written: the run
+    trained and Succeeded, its evaluation after training did not."""
+    error = (new_result or {}).get("evaluationError")
+    if not error or (old_result or {}).get("evaluationError") == error:
+        return []
+    return [Event("Warning", "EvaluationFailed", f"the evaluation after training failed: {error}")]
 
 
 def progress_patch(old: dict[str, Any], progress: dict[str, Any] | None, at: str) -> dict[str, Any]:

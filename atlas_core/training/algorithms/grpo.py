@@ -27,7 +27,13 @@ from atlas_core.tasks.arithmetic import completion_text
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
 from atlas_core.training.algorithms.trl_hooks import TRLHooks
 from atlas_core.training.callbacks import telemetry_callbacks
-from atlas_core.training.watchdog import rollout_server_url, wait_for_server, waiting_for, watchdog_callbacks
+from atlas_core.training.watchdog import (
+    rollout_server_url,
+    server_check_timeout,
+    wait_for_server,
+    waiting_for,
+    watchdog_callbacks,
+)
 
 RewardFunc = Callable[..., Sequence[float]] | str | torch.nn.Module
 
@@ -260,7 +266,9 @@ class GRPOTrainer(TRLHooks, trl.GRPOTrainer):
         if url is None:
             with waiting_for("generation"):
                 return self.trl_generate(prompts)
-        wait_for_server(f"{url}/health", float(self.args.server_timeout_seconds))
+        limit = server_check_timeout(self.args)
+        if limit is not None:  # the watchdog is on: a server gone for good ends the process
+            wait_for_server(f"{url}/health", limit)
         with waiting_for(f"generation by the rollout server at {url}"):
             return self.trl_generate(prompts)
 

@@ -47,11 +47,12 @@ class AtlasArguments:
             every thread's stack and what it was waiting for, and exits with code 75 (``WATCHDOG_EXIT_CODE``) for
             its job to restart it. ``0`` turns it off (cluster runs get 1800, ``spec.training.stepTimeoutSeconds``).
         first_step_timeout_seconds (`float`, *optional*):
-            The allowance of the first step (model loading, compilation, the first generation). Defaults to four
-            times ``step_timeout_seconds``, and at least 3600.
+            The allowance of the first step (model loading, compilation, the first generation). Unset: four
+            times ``step_timeout_seconds``, and at least 3600; ``0``: no limit on the first step.
         server_timeout_seconds (`float`, *optional*, defaults to `300`):
-            With a rollout server (``vllm_mode="server"``): how long generation waits for the server's
-            ``/health`` before the process exits as the watchdog does, naming the server's URL.
+            With a rollout server (``vllm_mode="server"``) and the watchdog on: how long generation waits for the
+            server's ``/health`` before the process exits as the watchdog does, naming the server's URL. With
+            ``step_timeout_seconds`` 0 nothing is checked and generation waits as TRL does.
     """
 
     model_name_or_path: str | None = field(
@@ -83,7 +84,7 @@ class AtlasArguments:
     )
     first_step_timeout_seconds: float | None = field(
         default=None,
-        metadata={"help": "The first step's allowance (default: 4 x step_timeout_seconds, at least 3600)."},
+        metadata={"help": "The first step's allowance (unset: 4 x step_timeout_seconds, at least 3600; 0 = no limit)."},
     )
     server_timeout_seconds: float = field(
         default=SERVER_TIMEOUT_S,
