@@ -19,6 +19,8 @@ import yaml
 from conftest import free_port, python_env
 from kube_emulator import PYTORCHJOBS, TEACHERS, TRAININGS, EmulatorThread, wait_for, write_kubeconfig
 
+from atlas_contract.names import ChildNames
+
 GROUP, VERSION = "atlas.arc.computer", "v1alpha1"
 NS = "team-a"
 NETWORK_POLICIES = "networking.k8s.io/v1/networkpolicies"
@@ -545,19 +547,21 @@ class Cluster:
 
 
 def children_of(name: str, teacher_run: bool = True) -> dict[str, tuple[str, str]]:
+    """What the operator makes for a PyTorchJob run ``name`` (names from atlas_contract.names.ChildNames)."""
+    owned = ChildNames(name)
     names = {
-        "config": ("v1/configmaps", f"{name}-config"),
-        "metrics": ("v1/services", f"{name}-metrics"),
-        "rollout-svc": ("v1/services", f"{name}-rollout"),
-        "rollout": ("apps/v1/deployments", f"{name}-rollout"),
-        "job": (PYTORCHJOBS, name),
-        "network": (NETWORK_POLICIES, f"{name}-network"),
-        "trainer-network": (NETWORK_POLICIES, f"{name}-network-trainer"),
+        "config": ("v1/configmaps", owned.config_map),
+        "metrics": ("v1/services", owned.metrics),
+        "rollout-svc": ("v1/services", owned.rollout),
+        "rollout": ("apps/v1/deployments", owned.rollout),
+        "job": (PYTORCHJOBS, owned.job),
+        "network": (NETWORK_POLICIES, owned.network_policy),
+        "trainer-network": (NETWORK_POLICIES, owned.trainer_network_policy),
     }
     if teacher_run:
         names |= {
-            "student-svc": ("v1/services", f"{name}-student"),
-            "student": ("apps/v1/deployments", f"{name}-student"),
+            "student-svc": ("v1/services", owned.student),
+            "student": ("apps/v1/deployments", owned.student),
         }
     return names
 
