@@ -50,7 +50,6 @@ import itertools
 import json
 import os
 import pathlib
-import re
 import secrets
 import signal
 import subprocess
@@ -65,6 +64,7 @@ import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
+import label_selectors
 import pytest
 from kmock._internal import dicts as _kdicts
 from kmock._internal import parsing as _kparsing
@@ -213,38 +213,10 @@ def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-_SELECTOR_TERM = re.compile(
-    r"\s*(?:(?P<absent>!)\s*(?P<akey>[\w./-]+)"
-    r"|(?P<skey>[\w./-]+)\s+(?P<setop>in|notin)\s*\((?P<values>[^()]*)\)"
-    r"|(?P<key>[\w./-]+)\s*(?:(?P<op>==|!=|=)\s*(?P<value>[\w.-]*))?)\s*(?:,|$)"
-)
-
-
 def label_selector(selector: str) -> Callable[[Mapping[str, str]], bool]:
-    """A predicate on labels for a Kubernetes label selector (k8s.io/apimachinery/pkg/labels): ``k=v``,
-    ``k==v``, ``k!=v`` (true where ``k`` is absent), ``k``, ``!k``, ``k in (a,b)``, ``k notin (a,b)``, all ANDed."""
-    terms: list[Callable[[Mapping[str, str]], bool]] = []
-    position = 0
-    while position < len(selector):
-        match = _SELECTOR_TERM.match(selector, position)
-        if match is None or match.end() == position:
-            raise ValueError(f"unable to parse requirement: {selector[position:]!r}")
-        position = match.end()
-        if match["absent"]:
-            terms.append(lambda labels, k=match["akey"]: k not in labels)
-        elif match["setop"]:
-            values = {v.strip() for v in match["values"].split(",")}
-            if match["setop"] == "in":
-                terms.append(lambda labels, k=match["skey"], vs=values: labels.get(k) in vs)
-            else:
-                terms.append(lambda labels, k=match["skey"], vs=values: labels.get(k) not in vs)
-        elif match["op"] == "!=":
-            terms.append(lambda labels, k=match["key"], v=match["value"]: labels.get(k) != v)
-        elif match["op"]:
-            terms.append(lambda labels, k=match["key"], v=match["value"]: labels.get(k) == v)
-        else:
-            terms.append(lambda labels, k=match["key"]: k in labels)
-    return lambda labels: all(term(labels) for term in terms)
+    """A predicate on labels for a query-string label selector (label_selectors.parse; ValueError: a 400)."""
+    parsed = label_selectors.parse(selector)
+    return lambda labels: label_selectors.matches(parsed, labels)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -14,9 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
+import label_selectors
 import yaml
 from conftest import free_port, python_env
 from kube_emulator import PYTORCHJOBS, TEACHERS, TRAININGS, EmulatorThread, wait_for, write_kubeconfig
+
+from atlas_contract.names import ChildNames
 
 GROUP, VERSION = "atlas.arc.computer", "v1alpha1"
 NS = "team-a"
@@ -544,19 +547,21 @@ class Cluster:
 
 
 def children_of(name: str, teacher_run: bool = True) -> dict[str, tuple[str, str]]:
+    """What the operator makes for a PyTorchJob run ``name`` (names from atlas_contract.names.ChildNames)."""
+    owned = ChildNames(name)
     names = {
-        "config": ("v1/configmaps", f"{name}-config"),
-        "metrics": ("v1/services", f"{name}-metrics"),
-        "rollout-svc": ("v1/services", f"{name}-rollout"),
-        "rollout": ("apps/v1/deployments", f"{name}-rollout"),
-        "job": (PYTORCHJOBS, name),
-        "network": (NETWORK_POLICIES, f"{name}-network"),
-        "trainer-network": (NETWORK_POLICIES, f"{name}-network-trainer"),
+        "config": ("v1/configmaps", owned.config_map),
+        "metrics": ("v1/services", owned.metrics),
+        "rollout-svc": ("v1/services", owned.rollout),
+        "rollout": ("apps/v1/deployments", owned.rollout),
+        "job": (PYTORCHJOBS, owned.job),
+        "network": (NETWORK_POLICIES, owned.network_policy),
+        "trainer-network": (NETWORK_POLICIES, owned.trainer_network_policy),
     }
     if teacher_run:
         names |= {
-            "student-svc": ("v1/services", f"{name}-student"),
-            "student": ("apps/v1/deployments", f"{name}-student"),
+            "student-svc": ("v1/services", owned.student),
+            "student": ("apps/v1/deployments", owned.student),
         }
     return names
 
@@ -800,28 +805,6 @@ class PodAt:
         return {"kubernetes.io/metadata.name": self.namespace}  # what the API server sets on every namespace
 
 
-def label_selector_matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
-    """A metav1.LabelSelector: matchLabels and matchExpressions (In, NotIn, Exists, DoesNotExist) all hold; an
-    empty selector matches everything."""
-    selector = selector or {}
-    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
-        return False
-    for expression in selector.get("matchExpressions") or []:
-        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
-        present = key in labels
-        if operator == "In" and not (present and labels[key] in values):
-            return False
-        if operator == "NotIn" and present and labels[key] in values:
-            return False
-        if operator == "Exists" and not present:
-            return False
-        if operator == "DoesNotExist" and present:
-            return False
-        if operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
-            raise ValueError(f"unknown selector operator {operator!r}")
-    return True
-
-
 def _policy_types(spec: dict[str, Any]) -> list[str]:
     """spec.policyTypes, defaulted as the API server does: Ingress always, Egress when egress rules exist."""
     return spec.get("policyTypes") or (["Ingress"] + (["Egress"] if spec.get("egress") else []))
@@ -834,8 +817,8 @@ def _peer_matches(peer: dict[str, Any], policy_namespace: str, source: PodAt) ->
     if namespaces is None:  # podSelector alone: pods of the policy's own namespace
         in_namespace = source.namespace == policy_namespace
     else:
-        in_namespace = label_selector_matches(namespaces, source.namespace_labels)
-    return in_namespace and label_selector_matches(pods, source.labels)
+        in_namespace = label_selectors.matches(namespaces, source.namespace_labels)
+    return in_namespace and label_selectors.matches(pods, source.labels)
 
 
 def _port_matches(ports: list[dict[str, Any]] | None, port: int, protocol: str, target: PodAt) -> bool:
@@ -865,7 +848,7 @@ def ingress_allowed(
         for p in policies
         if p["metadata"]["namespace"] == target.namespace
         and "Ingress" in _policy_types(p["spec"])
-        and label_selector_matches(p["spec"].get("podSelector"), target.labels)
+        and label_selectors.matches(p["spec"].get("podSelector"), target.labels)
     ]
     if not applicable:
         return True

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 from atlas_operator import kube
 from atlas_operator.informer import Informer
 from atlas_operator.kopf_compat import Bookmark
@@ -117,3 +118,35 @@ def test_a_failing_handler_is_logged_and_the_stream_goes_on(caplog):
     assert calls == ["a", "b"]
     assert held.get(kube.CONFIG_MAP, "team-a", "b") is not None
     assert "handling a ADDED event of ConfigMap failed" in caplog.text
+
+
+def test_one_label_selector_matcher_for_query_strings_and_label_selectors():
+    """tests/label_selectors.py: the query-string form a watch sends means what the same LabelSelector means."""
+    import label_selectors
+
+    labels = {"app.kubernetes.io/instance": "run", "tier": "web"}
+    for text, selector, expected in (
+        ("app.kubernetes.io/instance=run", {"matchLabels": {"app.kubernetes.io/instance": "run"}}, True),
+        ("tier!=db", {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["db"]}]}, True),
+        ("zone!=a", {"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["a"]}]}, True),
+        ("!tier", {"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}, False),
+        (
+            "tier in (api, web)",
+            {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["api", "web"]}]},
+            True,
+        ),
+        (
+            "tier notin (web),zone",
+            {
+                "matchExpressions": [
+                    {"key": "tier", "operator": "NotIn", "values": ["web"]},
+                    {"key": "zone", "operator": "Exists"},
+                ]
+            },
+            False,
+        ),
+    ):
+        assert label_selectors.matches(label_selectors.parse(text), labels) is expected, text
+        assert label_selectors.matches(selector, labels) is expected, text
+    with pytest.raises(ValueError, match="unable to parse"):
+        label_selectors.parse("tier in web")

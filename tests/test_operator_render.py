@@ -10,6 +10,7 @@ import subprocess
 
 import jsonschema
 import kubernetes_validate
+import label_selectors
 import pytest
 import yaml
 from atlas_operator.crd import custom_resource_definition
@@ -34,7 +35,6 @@ from operator_support import (
     jobset_openapi_schema,
     jobset_schema,
     jobset_webhook_problems,
-    label_selector_matches,
     manifest_file,
     openapi_validate,
     pruned_fields,
@@ -403,10 +403,6 @@ def pod_of(rjob):
     return rjob["template"]["spec"]["template"]
 
 
-def selects(selector, pod_labels):
-    return all(pod_labels.get(key) == value for key, value in selector.items())
-
-
 JOBSET_RUNS = {
     "teacher": teacher(backend="JobSet"),
     "teacher-queued-suspended-pvc": teacher(
@@ -543,10 +539,12 @@ def test_rendered_jobset_matches_the_crd_and_the_webhook(manifest):
     metrics = next(o for o in objects if o["kind"] == "Service")
     selector = metrics["spec"]["selector"]
     trainer_pod = {**pod_of(trainer)["metadata"]["labels"], COMPLETION_INDEX: "0"}
-    assert selects(selector, trainer_pod)
-    assert not selects(selector, {**trainer_pod, COMPLETION_INDEX: "1"})
+    assert label_selectors.matches({"matchLabels": selector}, trainer_pod)
+    assert not label_selectors.matches({"matchLabels": selector}, {**trainer_pod, COMPLETION_INDEX: "1"})
     for server in servers:
-        assert not selects(selector, {**pod_of(rjobs[server])["metadata"]["labels"], COMPLETION_INDEX: "0"})
+        assert not label_selectors.matches(
+            {"matchLabels": selector}, {**pod_of(rjobs[server])["metadata"]["labels"], COMPLETION_INDEX: "0"}
+        )
     assert metrics["spec"]["ports"][0]["targetPort"] in [p["name"] for p in container["ports"]]
 
 
@@ -1358,8 +1356,8 @@ def test_the_network_policy_evaluator_follows_the_api_semantics():
     assert not ingress_allowed(ports, web_b, target, 8011) and not ingress_allowed(ports, web_b, target, 5432, "UDP")
     expressions = {"matchExpressions": [{"key": "app", "operator": "In", "values": ["web", "api"]}]}
     assert ingress_allowed([policy({}, [{"from": [{"podSelector": expressions}]}])], web_a, target, 1)
-    assert not label_selector_matches({"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]}, {"app": "x"})
-    assert label_selector_matches({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["x"]}]}, {})
+    assert not label_selectors.matches({"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]}, {"app": "x"})
+    assert label_selectors.matches({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["x"]}]}, {})
 
 
 def test_network_policies_follow_the_operator_settings():

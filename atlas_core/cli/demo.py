@@ -31,6 +31,7 @@ from rich.table import Table
 from transformers import TrainerCallback
 
 from atlas_contract.names import METRICS_LOG_FILE, TRAINER_METRICS_PORT
+from atlas_core.cli.display import points, quiet_libraries
 
 METRICS_FILE = METRICS_LOG_FILE
 CURVES_FILE = "curves.png"
@@ -208,10 +209,6 @@ def evaluate_teachers(output: Path, teacher_args, problems: int = EVAL_PROBLEMS,
     return reports
 
 
-def _points(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:+.1f}"
-
-
 def _evaluation_table(reports: dict) -> Table:
     first = next(iter(reports.values()))
     table = Table(title=f"teaching evaluation: {first.problems} held-out problems (builtin://multistep, test split)")
@@ -223,7 +220,7 @@ def _evaluation_table(reports: dict) -> Table:
         table.add_row(
             f"+ {label}",
             f"{r.guided_accuracy:.1%}",
-            f"{_points(r.accuracy_delta)} [{_points(r.accuracy_delta_low)}, {_points(r.accuracy_delta_high)}]",
+            f"{points(r.accuracy_delta)} [{points(r.accuracy_delta_low)}, {points(r.accuracy_delta_high)}]",
             f"{r.non_degradation_rate:.1%}",
             f"{r.guidance_tokens_mean:.1f}",
             f"{r.teaching_reward_mean:.3f}",
@@ -266,19 +263,6 @@ def plot_curves(records: list[dict], path: Path, reports: dict | None = None) ->
     plt.close(fig)
 
 
-def _quiet_libraries() -> None:
-    """The demo shows its own progress; library warnings and bars would bury it."""
-    import warnings
-
-    import datasets
-    import transformers
-
-    warnings.filterwarnings("ignore")
-    datasets.disable_progress_bars()
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-
-
 def run_demo(
     output: Path,
     grpo_steps: int = 200,
@@ -293,7 +277,7 @@ def run_demo(
     from atlas_core.training.run_config import RunConfigError, load_run_config, validate_run_config
     from atlas_core.training.runner import run_training
 
-    _quiet_libraries()
+    quiet_libraries(hide_warnings=True)
     console = Console()
     output.mkdir(parents=True, exist_ok=True)
     metrics_path = output / METRICS_FILE

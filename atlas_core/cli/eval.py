@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from atlas_contract.names import ENV_KIND, ENV_NAMESPACE, ENV_RUN, EVAL_PROBLEMS_FILE, EVAL_REPORT_FILE
+from atlas_core.cli.display import points, quiet_libraries
 
 #: Problems drawn from a generated builtin dataset that has no fixed test mix (``builtin://arithmetic``,
 #: the ``train`` split of ``builtin://multistep``) when no ``--limit`` is given.
@@ -566,10 +567,6 @@ def _percent(value: float | None) -> str:
     return "–" if value is None else f"{value:.1%}"
 
 
-def _points(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:+.1f}"
-
-
 def _number_text(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -592,8 +589,8 @@ def report_table(report: Any, title: str):
             lambda f: (
                 "–"
                 if f["accuracy_delta"] is None
-                else f"{_points(f['accuracy_delta'])} [{_points(f['accuracy_delta_low'])}, "
-                f"{_points(f['accuracy_delta_high'])}]"
+                else f"{points(f['accuracy_delta'])} [{points(f['accuracy_delta_low'])}, "
+                f"{points(f['accuracy_delta_high'])}]"
             ),
         ),
         ("non-degradation", lambda f: _percent(f["non_degradation_rate"])),
@@ -612,17 +609,6 @@ def report_table(report: Any, title: str):
     for label, shown in rows:
         table.add_row(label, *(shown(f) for f in columns.values()))
     return table
-
-
-def _quiet_libraries() -> None:
-    """The command shows its own progress: no library bars or load reports."""
-    try:
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
-    except ImportError:  # an endpoint-only install
-        pass
 
 
 def run(plan: Plan, notes: list[str] = ()) -> int:
@@ -669,7 +655,7 @@ def run(plan: Plan, notes: list[str] = ()) -> int:
             highlight=False,
             soft_wrap=True,
         )
-    _quiet_libraries()
+    quiet_libraries()
     teacher, student, problems = load_models(plan)
     if problems:
         for problem in problems:
