@@ -168,6 +168,8 @@ LIMITS: dict[str, Limit] = {
     # bounded so that a typo is refused up front instead of overflowing after training.
     "evaluation_samples": Limit(1, MAX_EVALUATION_SAMPLES),
     "evaluation_limit": Limit(1, MAX_EVALUATION_PROBLEMS),
+    "evaluation_batch_size": AT_LEAST_ONE,  # problems generated together (atlas eval --batch-size)
+    "teacher_temperature": NON_NEGATIVE,  # the evaluated teacher's sampling (0: greedy, the default)
 }
 GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
 REWARD_SCALINGS = ("group", "batch", "none")

@@ -66,28 +66,19 @@ class EvaluationSettings:
     """Teaching reward: penalty when guidance makes the student worse."""
 
     def problems(self) -> list[str]:
-        """Every out-of-range setting, named."""
+        """Every out-of-range setting, named: each range is the contract's (atlas_contract.defaults.LIMITS), the
+        one the CRD's spec.teaching and spec.evaluation state."""
         from atlas_contract.rules import setting_problem
 
         found = []
-        for name, value in (("samples", self.samples), ("limit", self.limit)):
-            limited = value is not None and setting_problem(f"evaluation_{name}", value, (int,))
-            if limited:  # the bounds the CRD states (atlas_contract.defaults.LIMITS)
-                found.append(f"{name}: {limited}")
-        for name in ("batch_size", "max_probe_tokens", "teacher_max_tokens", "student_max_tokens"):
+        for name, limit in SETTING_LIMITS.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                found.append(f"{name}: expected an integer >= 1, got {value!r}")
-        if not isinstance(self.max_guidance_tokens, int) or self.max_guidance_tokens < 10:
-            found.append(f"max_guidance_tokens: expected an integer >= 10, got {self.max_guidance_tokens!r}")
-        for name in ("teacher_temperature", "student_temperature"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
-                found.append(f"{name}: expected a number in [0, 10], got {value!r}")
-        if not isinstance(self.efficiency_horizon, (int, float)) or self.efficiency_horizon <= 0:
-            found.append(f"efficiency_horizon: expected a number > 0, got {self.efficiency_horizon!r}")
-        if not isinstance(self.degradation_penalty, (int, float)) or self.degradation_penalty < 0:
-            found.append(f"degradation_penalty: expected a number >= 0, got {self.degradation_penalty!r}")
+            if name == "limit" and value is None:
+                continue  # every problem
+            accepted = (int,) if name in INTEGER_SETTINGS else (int, float)
+            problem = setting_problem(limit, value, accepted)
+            if problem:
+                found.append(f"{name}: {problem}")
         return found
 
     def protocol_settings(self) -> ProtocolSettings:
@@ -99,6 +90,26 @@ class EvaluationSettings:
             efficiency_horizon=self.efficiency_horizon,
             degradation_penalty=self.degradation_penalty,
         )
+
+
+# Each setting of EvaluationSettings → its range in atlas_contract.defaults.LIMITS.
+SETTING_LIMITS = {
+    "samples": "evaluation_samples",
+    "limit": "evaluation_limit",
+    "batch_size": "evaluation_batch_size",
+    "max_probe_tokens": "max_probe_tokens",
+    "max_guidance_tokens": "max_guidance_tokens",
+    "teacher_max_tokens": "max_completion_length",
+    "student_max_tokens": "student_max_tokens",
+    "teacher_temperature": "teacher_temperature",
+    "student_temperature": "student_temperature",
+    "efficiency_horizon": "efficiency_horizon",
+    "degradation_penalty": "degradation_penalty",
+}
+INTEGER_SETTINGS = frozenset(
+    {"samples", "limit", "batch_size", "max_probe_tokens", "max_guidance_tokens", "teacher_max_tokens"}
+    | {"student_max_tokens"}
+)
 
 
 @dataclass

@@ -248,3 +248,22 @@ def test_an_evaluation_that_fails_after_training_never_fails_the_run(tmp_path, m
     assert (result["step"], result["reward"]) == (3, 0.25)
     assert result["evaluationError"].startswith("evaluation.dataset.source: cannot load 'hf://nobody/nothing'")
     assert "\n" not in result["evaluationError"] and "evaluation failed" in capsys.readouterr().err
+
+
+def test_evaluation_settings_take_their_ranges_from_the_contract():
+    """EvaluationSettings has no ranges of its own: each setting is checked against atlas_contract.defaults.LIMITS
+    (what the CRD states for spec.teaching and spec.evaluation), at both ends."""
+    import dataclasses
+
+    from atlas_contract.defaults import LIMITS
+    from atlas_core.evaluation import SETTING_LIMITS, EvaluationSettings
+
+    assert set(SETTING_LIMITS) == {f.name for f in dataclasses.fields(EvaluationSettings)} - {"seed"}
+    for name, key in SETTING_LIMITS.items():
+        limit = LIMITS[key]
+        below = limit.minimum if limit.exclusive_minimum else limit.minimum - 1
+        assert [p for p in EvaluationSettings(**{name: below}).problems() if p.startswith(f"{name}:")], name
+        if limit.maximum is not None:
+            assert EvaluationSettings(**{name: limit.maximum + 1}).problems(), name
+            assert not EvaluationSettings(**{name: limit.maximum}).problems(), name
+    assert EvaluationSettings(student_temperature=11).problems() == []  # the contract has no upper bound
