@@ -234,7 +234,7 @@ def test_an_evaluation_that_fails_after_training_never_fails_the_run(tmp_path, m
     its step, its reward and the evaluation's error, in one line, naming the evaluation's field."""
     from atlas_core.cli.train import _finish
     from atlas_core.training.run_config import load_run_config, validate_run_config
-    from atlas_core.training.runner import RunResult
+    from atlas_core.training.runner import FinishedRun
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("ATLAS_RESULT_FILE", str(tmp_path / "termination-log"))
@@ -242,7 +242,7 @@ def test_an_evaluation_that_fails_after_training_never_fails_the_run(tmp_path, m
         ["recipe=tiny_teacher", f"output_dir={tmp_path}", "+evaluation={dataset: {source: 'hf://nobody/nothing'}}"]
     )
     assert validate_run_config(cfg) == []  # not knowable before the run
-    trained = RunResult(output_dir=tmp_path, global_step=3, resumed_from=None, log_history=[{"reward": 0.25}])
+    trained = FinishedRun(output_dir=tmp_path, global_step=3, resumed_from=None, log_history=[{"reward": 0.25}])
     assert _finish(cfg, trained) == 0
     result = results.parse_result_message((tmp_path / "termination-log").read_text())
     assert (result["step"], result["reward"]) == (3, 0.25)

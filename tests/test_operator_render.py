@@ -23,7 +23,7 @@ from atlas_operator.render import (
     render_children,
     run_config,
 )
-from atlas_operator.spec import InvalidRun, TrainingSpec, parse_run
+from atlas_operator.spec import TrainingSpec, parse_run
 from atlas_operator.status import Outcome, job_phase, merge_conditions, parse_progress, status_update
 from conftest import PYTHON, REPO, python_env
 from kube_emulator import wait_for
@@ -46,6 +46,7 @@ from operator_support import (
     with_spec,
 )
 
+from atlas_contract.errors import InvalidFields
 from atlas_contract.names import (
     JOBSET_REPLICATED_JOBS,
     OPERATOR_POD_LABELS,
@@ -157,7 +158,7 @@ def test_a_server_that_would_hold_idle_gpus_is_refused():
     Invalid naming gpus, for the policy's server and the student's; unset gpus follows tensorParallelSize."""
     manifest = teacher(rollout={"replicas": 1, "gpus": 2, "tensorParallelSize": 1})
     manifest["spec"]["student"] = {"model": "m/s", "rollout": {"replicas": 1, "gpus": 4, "tensorParallelSize": 2}}
-    with pytest.raises(InvalidRun) as caught:
+    with pytest.raises(InvalidFields) as caught:
         parse_run(manifest)
     assert [p.split(":")[0] for p in caught.value.problems] == ["spec.rollout.gpus", "spec.student.rollout.gpus"]
     assert "--data-parallel-size > 1 errors out for dense models" in caught.value.problems[0]
@@ -322,12 +323,12 @@ def test_backend_queue_name_and_max_restarts_fields():
     assert on_jobset.backend == "JobSet"
     assert [c["kind"] for c in render_children(on_jobset)] == [*POLICIES, "ConfigMap", "Service", "JobSet"]
     assert parse_run(teacher()).backend == "PyTorchJob"  # unset, and no operator default: PyTorchJob
-    with pytest.raises(InvalidRun, match="spec.backend"):
+    with pytest.raises(InvalidFields, match="spec.backend"):
         parse_run(teacher(backend="Deployment"))
-    with pytest.raises(InvalidRun, match="spec.maxRestarts"):
+    with pytest.raises(InvalidFields, match="spec.maxRestarts"):
         parse_run(teacher(maxRestarts=-1))
     for bad in ("-q", "a b", "x" * 64):
-        with pytest.raises(InvalidRun, match="spec.queueName"):
+        with pytest.raises(InvalidFields, match="spec.queueName"):
             parse_run(teacher(queueName=bad))
 
 
@@ -338,7 +339,7 @@ def test_queue_name_is_what_kueues_webhook_accepts():
     crd = custom_resource_definition("AtlasTeacher")
     pattern = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["queueName"]
     for bad in ("Team_A.x", "team_a", "Team-A", "a..b", "team-a.", ".team"):
-        with pytest.raises(InvalidRun, match=r"spec.queueName: expected a LocalQueue name as Kueue accepts it"):
+        with pytest.raises(InvalidFields, match=r"spec.queueName: expected a LocalQueue name as Kueue accepts it"):
             parse_run(teacher(queueName=bad))
         assert not re.search(pattern["pattern"], bad), bad
     for good in ("q", "team-a", "team-a.gpus", "0team", "a" * 63):
@@ -689,7 +690,7 @@ def test_run_name_too_long_for_jobset_is_invalid(nodes):
     assert jobset_webhook_problems(js) == []
     too_long = training("r" * (longest + 1), backend="JobSet", resources=resources)
     assert problem_fields(too_long) == ["metadata.name"]
-    with pytest.raises(InvalidRun, match="JobSet backend"):
+    with pytest.raises(InvalidFields, match="JobSet backend"):
         parse_run(too_long)
     assert parse_run(with_spec(too_long, backend="PyTorchJob")).backend == "PyTorchJob"
     # The limit is not stricter than JobSet's: rendered anyway, the webhook would refuse that name.
@@ -831,13 +832,13 @@ def test_rendered_run_config_is_accepted_by_the_trainer(tmp_path, tiny_model_dir
     ],
 )
 def test_invalid_specs_name_the_field(change, expected):
-    with pytest.raises(InvalidRun) as caught:
+    with pytest.raises(InvalidFields) as caught:
         parse_run(with_spec(training(), **change))
     assert any(expected in p for p in caught.value.problems), caught.value.problems
 
 
 def problem_fields(manifest) -> list[str]:
-    with pytest.raises(InvalidRun) as caught:
+    with pytest.raises(InvalidFields) as caught:
         parse_run(manifest)
     return sorted(p.split(":")[0] for p in caught.value.problems)
 
@@ -974,7 +975,7 @@ def test_quantities_are_checked_as_kubernetes_checks_them(resources, field):
     server rejects over and over."""
     import jsonschema
 
-    with pytest.raises(InvalidRun) as caught:
+    with pytest.raises(InvalidFields) as caught:
         parse_run(with_spec(training(), resources=resources))
     assert caught.value.problems == [
         f"spec.resources.{field}: expected a Kubernetes quantity such as 32, 500m, 16Gi or 1.5e3, "
@@ -1443,7 +1444,7 @@ def test_evaluation_renders_into_run_yaml():
     ],
 )
 def test_invalid_evaluation_names_the_field(evaluation, expected):
-    with pytest.raises(InvalidRun) as caught:
+    with pytest.raises(InvalidFields) as caught:
         parse_run(teacher(evaluation=evaluation))
     assert any(p.startswith(expected) for p in caught.value.problems), caught.value.problems
 
@@ -1456,7 +1457,7 @@ def test_evaluation_problems_come_with_every_other_problem_and_only_for_teachers
         "spec.evaluation.samples",
         "spec.training.numGenerations",
     ]
-    with pytest.raises(InvalidRun) as caught:  # AtlasTraining has no evaluation: the teacher is evaluated
+    with pytest.raises(InvalidFields) as caught:  # AtlasTraining has no evaluation: the teacher is evaluated
         parse_run(training(evaluation={"samples": 2}))
     assert [p.split(" (known")[0] for p in caught.value.problems] == ["spec.evaluation: unknown field"]
     assert (
@@ -1765,7 +1766,7 @@ def test_jobset_takes_one_replica_per_server():
     replica would hold GPUs and serve nothing, so more than one is Invalid, naming the field (PyTorchJob's Service
     spreads them; the rollout server is one on either backend)."""
     manifest = teacher(backend="JobSet", student={"model": "m/s", "rollout": {"replicas": 3}})
-    with pytest.raises(InvalidRun) as invalid:
+    with pytest.raises(InvalidFields) as invalid:
         parse_run(manifest)
     (problem,) = invalid.value.problems
     assert problem.startswith("spec.student.rollout.replicas: expected 0 or 1 with the JobSet backend"), problem
@@ -1862,7 +1863,7 @@ def test_remote_code_is_off_unless_the_run_asks():
         ]["properties"]["training"]["properties"]["trustRemoteCode"]
         assert field["default"] is False and "false never runs such code" in field["description"]
     with pytest.raises(
-        InvalidRun, match="spec.training.extra.trust_remote_code: set it as spec.training.trustRemoteCode"
+        InvalidFields, match="spec.training.extra.trust_remote_code: set it as spec.training.trustRemoteCode"
     ):
         parse_run(training(training={**base, "extra": {"trust_remote_code": True}}))
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 from atlas_operator.cli import render_main
-from atlas_operator.spec import InvalidRun, parse_run
+from atlas_operator.spec import parse_run
 
 from atlas_cli.main import main as atlas
+from atlas_contract.errors import InvalidFields
 from atlas_core.training import data
 from atlas_core.training.data import BUILTIN_SOURCES, DatasetSourceError, load_run_dataset
 from atlas_core.training.run_config import load_run_config, validate_run_config
@@ -51,7 +52,7 @@ def teacher(evaluation: dict, **spec) -> dict:
 
 
 def invalid_fields(manifest: dict) -> list[str]:
-    with pytest.raises(InvalidRun) as raised:
+    with pytest.raises(InvalidFields) as raised:
         parse_run(manifest)
     return [problem.split(":")[0] for problem in raised.value.problems]
 

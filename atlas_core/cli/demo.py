@@ -270,11 +270,12 @@ def run_demo(
     teacher_steps: int = 150,
     metrics_port: int = TRAINER_METRICS_PORT,
 ) -> int:
+    from atlas_contract.errors import InvalidFields
     from atlas_core.cli.train import report_problems
     from atlas_core.models.tiny import build_tiny_model
     from atlas_core.telemetry.metrics import stop_metrics_servers
     from atlas_core.training.callbacks import JsonlMetricsCallback
-    from atlas_core.training.run_config import RunConfigError, load_run_config, validate_run_config
+    from atlas_core.training.run_config import load_run_config, validate_run_config
     from atlas_core.training.runner import run_training
 
     quiet_libraries(hide_warnings=True)
@@ -302,7 +303,7 @@ def run_demo(
                 cfg = load_run_config(_stage_overrides(recipe, extra, stage, output, steps, metrics_port))
                 problems = validate_run_config(cfg)
                 if problems:
-                    raise RunConfigError(problems)
+                    raise InvalidFields(problems)
                 started = time.perf_counter()
                 callbacks = [
                     _ProgressCallback(progress, stage, steps),
@@ -313,7 +314,7 @@ def run_demo(
             started = time.perf_counter()
             reports = evaluate_teachers(output, result.args, progress=progress)
             summaries.append(StageSummary("eval", 0, time.perf_counter() - started, None, None, None, None))
-    except RunConfigError as exc:
+    except InvalidFields as exc:
         report_problems(exc.problems)
         return 2
     finally:

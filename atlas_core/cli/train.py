@@ -28,7 +28,7 @@ def report_problems(problems: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from atlas_core.training.run_config import (
-        RunConfigError,
+        InvalidFields,
         available_recipes,
         load_run_config,
         validate_run_config,
@@ -49,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         problems = validate_run_config(cfg)
         if problems:
-            raise RunConfigError(problems)
+            raise InvalidFields(problems)
         from atlas_core.training.runner import run_training
 
         result = run_training(cfg)
-    except RunConfigError as exc:
+    except InvalidFields as exc:
         report_problems(exc.problems)
         return 2
     _leave_process_group()  # the evaluation runs on rank 0 alone: no rank waits on it in a collective

@@ -25,9 +25,6 @@ from atlas_contract.text import read_text
 CONFIG_MODULE = "atlas_core.configs"
 PRIMARY_CONFIG = "train"
 
-# "These fields are wrong": the one error type of atlas_contract, under the name the trainer uses.
-RunConfigError = InvalidFields
-
 
 def available_recipes() -> list[str]:
     recipe_dir = Path(__file__).resolve().parent.parent / "configs" / "recipe"
@@ -126,7 +123,7 @@ def _unknown_key_problems(cfg: DictConfig) -> list[str]:
 
 
 def load_run_config(overrides: list[str] | None = None) -> DictConfig:
-    """Compose the run configuration; raises :class:`RunConfigError` on unknown recipes or keys.
+    """Compose the run configuration; raises :class:`InvalidFields` on unknown recipes or keys.
 
     ``recipe=<name>`` picks ``atlas_core/configs/recipe/<name>.yaml``; ``recipe=path/to/run.yaml``
     uses that file as the recipe (what ``atlas train FILE.yaml`` and trainer pods do).
@@ -155,7 +152,7 @@ def load_run_config(overrides: list[str] | None = None) -> DictConfig:
         GlobalHydra.instance().clear()
         staging.cleanup()
     if problems:
-        raise RunConfigError(problems)
+        raise InvalidFields(problems)
     return cfg
 
 

@@ -16,7 +16,7 @@ from atlas_contract.names import METRICS_LOG_FILE
 from atlas_core.training.callbacks import RunIdentityCallback
 from atlas_core.training.resume import IDENTITY_TRAINER_FIELDS, agree_on_checkpoint, resume_policy, run_identity
 from atlas_core.training.run_config import (
-    RunConfigError,
+    InvalidFields,
     trainer_config_class,
     trainer_kwargs,
 )
@@ -25,7 +25,7 @@ METRICS_FILE = METRICS_LOG_FILE
 
 
 @dataclass
-class RunResult:
+class FinishedRun:
     """What a finished run left behind."""
 
     output_dir: Path
@@ -39,7 +39,7 @@ class RunResult:
 
 
 def build_trainer(cfg: DictConfig, callbacks: list | None = None):
-    """The trainer ``cfg`` describes, ready to ``train()``; raises RunConfigError on bad input."""
+    """The trainer ``cfg`` describes, ready to ``train()``; raises InvalidFields on bad input."""
     from atlas_core.models.tiny import resolve_model_path
     from atlas_core.tasks.arithmetic import REWARD_FUNCTIONS
     from atlas_core.training.callbacks import JsonlMetricsCallback
@@ -57,7 +57,7 @@ def build_trainer(cfg: DictConfig, callbacks: list | None = None):
             guided_fraction=float(cfg.dataset.get("guided_fraction", 0.0)),
         )
     except DatasetSourceError as exc:
-        raise RunConfigError(str(exc).splitlines()) from None
+        raise InvalidFields(str(exc).splitlines()) from None
 
     # exact_match scores against ground_truth: the policy's answers (grpo) or the student's (teacher, by
     # default when no reward is named).
@@ -65,7 +65,7 @@ def build_trainer(cfg: DictConfig, callbacks: list | None = None):
     needs_truth = "exact_match" in funcs and algorithm in ("grpo", "teacher")
     needs_truth |= algorithm == "teacher" and not funcs and not cfg.reward.get("config")
     if needs_truth and "ground_truth" not in dataset.column_names:
-        raise RunConfigError(
+        raise InvalidFields(
             [
                 f"dataset.source: '{cfg.dataset.source}' has no 'ground_truth' column, which exact-match scoring "
                 f"needs (columns: {', '.join(dataset.column_names)})"
@@ -79,7 +79,7 @@ def build_trainer(cfg: DictConfig, callbacks: list | None = None):
     try:
         args = trainer_config_class(algorithm)(output_dir=str(cfg.output_dir), model_name_or_path=model, **kwargs)
     except (ValueError, TypeError) as exc:
-        raise RunConfigError([f"trainer: {' '.join(str(exc).split())}"]) from None
+        raise InvalidFields([f"trainer: {' '.join(str(exc).split())}"]) from None
 
     callbacks = [JsonlMetricsCallback(Path(cfg.output_dir) / METRICS_FILE), *(callbacks or [])]
     try:
@@ -109,12 +109,12 @@ def build_trainer(cfg: DictConfig, callbacks: list | None = None):
         return SFTTrainer(model=model, args=args, train_dataset=dataset, callbacks=callbacks)
     except OSError as exc:  # from_pretrained: missing files, no network for a hub id, unreadable weights
         reason = " ".join(str(exc).split())[:300]
-        raise RunConfigError([f"model: cannot load '{cfg.model}': {reason}"]) from None
+        raise InvalidFields([f"model: cannot load '{cfg.model}': {reason}"]) from None
     except (ValueError, TypeError) as exc:  # the trainers name the argument at fault
-        raise RunConfigError([" ".join(str(exc).split())]) from None
+        raise InvalidFields([" ".join(str(exc).split())]) from None
 
 
-def run_training(cfg: DictConfig, callbacks: list | None = None, quiet: bool = False) -> RunResult:
+def run_training(cfg: DictConfig, callbacks: list | None = None, quiet: bool = False) -> FinishedRun:
     """Train per ``cfg``, resuming as ``cfg.resume`` says (the newest checkpoint every rank can load); saves the final
     model (and tokenizer) into ``output_dir``. ``quiet`` drops the trainer's own console output
     (its progress bar and printed logs) for callers that show progress themselves."""
@@ -137,7 +137,7 @@ def run_training(cfg: DictConfig, callbacks: list | None = None, quiet: bool = F
             trainer.save_model(str(cfg.output_dir))
     finally:
         agreement.release()
-    return RunResult(
+    return FinishedRun(
         output_dir=Path(cfg.output_dir),
         global_step=trainer.state.global_step if finished_at is None else finished_at,
         resumed_from=agreement.checkpoint,

@@ -10,35 +10,36 @@ from typing import Any
 
 import yaml
 
+from atlas_contract.errors import InvalidFields
 from atlas_contract.names import BACKENDS, OPERATOR_METRICS_PORT
 from atlas_contract.text import decode_text, read_text
-from atlas_operator.spec import InvalidRun, Run, parse_run
+from atlas_operator.spec import Run, parse_run
 
 
 def load_manifests(path: str) -> list[dict[str, Any]]:
-    """The documents of a YAML file; raises InvalidRun with a readable problem."""
+    """The documents of a YAML file; raises InvalidFields with a readable problem."""
     text = decode_text(sys.stdin.buffer.read(), "stdin") if path == "-" else read_text(path)
     try:
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
-        raise InvalidRun([f"{path}: not valid YAML ({' '.join(str(exc).split())})"]) from exc
+        raise InvalidFields([f"{path}: not valid YAML ({' '.join(str(exc).split())})"]) from exc
     if not documents:
-        raise InvalidRun([f"{path}: no YAML document"])
+        raise InvalidFields([f"{path}: no YAML document"])
     return documents
 
 
 def parse_file(path: str, namespace: str | None = None, default_backend: str | None = None) -> list[Run]:
-    """Every run in the file; InvalidRun lists every problem of every document."""
+    """Every run in the file; InvalidFields lists every problem of every document."""
     runs, problems = [], []
     documents = load_manifests(path)
     for index, document in enumerate(documents):
         try:
             runs.append(parse_run(document, namespace, default_backend))
-        except InvalidRun as invalid:
+        except InvalidFields as invalid:
             prefix = f"document {index + 1}: " if len(documents) > 1 else ""
             problems += [prefix + p for p in invalid.problems]
     if problems:
-        raise InvalidRun(problems)
+        raise InvalidFields(problems)
     return runs
 
 
@@ -69,7 +70,7 @@ def render_main(argv: list[str] | None = None) -> int:
         documents = [
             child for run in runs for child in render_children(run, images, reward_yaml(run), settings.network)
         ]
-    except InvalidRun as invalid:
+    except InvalidFields as invalid:
         for problem in invalid.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -129,7 +130,7 @@ def local_run_config(run: Run) -> tuple[dict[str, Any], list[str]]:
     if run.spec.reward.config:
         config["reward"]["config"] = run.spec.reward.config
     if run.spec.reward.config_map_ref:
-        raise InvalidRun(["spec.reward.configMapRef: a ConfigMap cannot be read locally; use spec.reward.config"])
+        raise InvalidFields(["spec.reward.configMapRef: a ConfigMap cannot be read locally; use spec.reward.config"])
     nodes = run.spec.resources.nodes * run.spec.resources.processes()
     if nodes > 1:
         notes.append(
@@ -141,10 +142,10 @@ def local_run_config(run: Run) -> tuple[dict[str, Any], list[str]]:
 
 def manifest_run_config(path: str) -> tuple[str, dict[str, Any], list[str]]:
     """``atlas train run.yaml``: (run name, the run configuration to train here in one process, notes on
-    what differs from the cluster). Raises InvalidRun with every problem."""
+    what differs from the cluster). Raises InvalidFields with every problem."""
     runs = parse_file(path)
     if len(runs) != 1:
-        raise InvalidRun([f"{path}: expected one run, found {len(runs)}"])
+        raise InvalidFields([f"{path}: expected one run, found {len(runs)}"])
     config, notes = local_run_config(runs[0])
     return runs[0].name, config, notes
 

@@ -33,7 +33,7 @@ from atlas_contract.names import (
 from atlas_contract.results import RESULT_RANGES
 from atlas_operator.schema import camel, parse, spec_field
 
-__all__ = ["API_VERSION", "GROUP", "KINDS", "SHORT_NAMES", "VERSION", "PHASES", "InvalidRun", "parse_run"]
+__all__ = ["API_VERSION", "GROUP", "KINDS", "SHORT_NAMES", "VERSION", "PHASES", "InvalidFields", "parse_run"]
 
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3", "zero3-offload")
 ROLLOUT_MODES = ("server", "colocate")  # spec.rollout.mode: TRL's vllm_mode values
@@ -658,19 +658,15 @@ class RunStatus:
     kopf: dict[str, Any] = spec_field("the operator framework's bookkeeping (last handled spec, handler progress)", {})
 
 
-# "These fields are wrong": the one error type of atlas_contract, under the name the operator uses.
-InvalidRun = InvalidFields
-
-
 def parse_run(manifest: dict[str, Any], namespace: str | None = None, default_backend: str | None = None) -> Run:
-    """A manifest (or a kopf body) → :class:`Run`; raises :class:`InvalidRun` with every problem.
+    """A manifest (or a kopf body) → :class:`Run`; raises :class:`InvalidFields` with every problem.
     ``default_backend`` (the operator's setting) applies when spec.backend is unset."""
     problems: list[str] = []
     if not isinstance(manifest, dict):
-        raise InvalidRun([f"manifest: expected a mapping, got {type(manifest).__name__}"])
+        raise InvalidFields([f"manifest: expected a mapping, got {type(manifest).__name__}"])
     kind = manifest.get("kind")
     if kind not in SPEC_TYPES:
-        raise InvalidRun([f"kind: expected {' or '.join(SPEC_TYPES)}, got {kind!r}"])
+        raise InvalidFields([f"kind: expected {' or '.join(SPEC_TYPES)}, got {kind!r}"])
     if manifest.get("apiVersion") != API_VERSION:
         problems.append(f"apiVersion: expected {API_VERSION}, got {manifest.get('apiVersion')!r}")
     meta = manifest.get("metadata") or {}
@@ -706,7 +702,7 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None, default_ba
         semantic = [f"spec: cannot be validated ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"]
     problems += [p for p in semantic if p.split(":")[0] not in reported]
     if problems:
-        raise InvalidRun(problems)
+        raise InvalidFields(problems)
     return run
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from atlas_contract.errors import InvalidFields
 from atlas_contract.names import ChildNames
 from atlas_operator import kube
 from atlas_operator.config import OperatorConfig
@@ -28,7 +29,7 @@ from atlas_operator.render import (
 )
 from atlas_operator.revisions import Revision, stamp
 from atlas_operator.spec import ConditionType as Condition
-from atlas_operator.spec import InvalidRun, Run, parse_run
+from atlas_operator.spec import Run, parse_run
 from atlas_operator.status import (
     Event,
     Outcome,
@@ -64,7 +65,7 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
         started_on = _backend_of(body)  # a run keeps the backend it started on when the operator's default changes
         try:
             run = parse_run(body, default_backend=started_on or self.settings.default_backend)
-        except InvalidRun as invalid:
+        except InvalidFields as invalid:
             return self.invalid(body, "; ".join(invalid.problems))
         run, revision, result = self.spec_status(run, body, started_on)
         missing = self.missing_prerequisites(run)
