@@ -14,7 +14,7 @@ from atlas_contract import results
 from atlas_core.evaluation import figures, paired_bootstrap
 from atlas_core.tasks import multistep
 from atlas_core.tasks.arithmetic import exact_match_reward
-from atlas_core.training.teaching import task_text, withhold_answer
+from atlas_core.training.teaching import make_teacher_sft_dataset, task_text, withhold_answer
 
 # ------------------------------------------------------------------ the bundled task
 
@@ -36,7 +36,7 @@ def test_test_split_is_disjoint_from_every_training_split():
     trained_on = (
         _questions(multistep.make_multistep_dataset(20000, "train", seed=3))
         | _questions(multistep.make_student_sft_dataset(20000, seed=0))
-        | _questions(multistep.make_teacher_sft_dataset(20000, seed=0))
+        | _questions(make_teacher_sft_dataset("multistep", 20000, seed=0))
     )
     assert trained_on and not (test & trained_on)
     # every training problem was drawn: the training split is all the rest

@@ -182,21 +182,3 @@ def teacher_demonstration(row: dict[str, Any], rng: random.Random, template: str
         row
     )
     return f"<thinking>{row['kind']}</thinking><teaching>{guidance}</teaching>"
-
-
-def make_teacher_sft_dataset(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """(task, probe, guidance) examples in the teacher's format, over training problems and random
-    capabilities (see the module docstring: the demonstrations follow the capability's template loosely and
-    ignore the problem)."""
-    from atlas_core.training.teaching import teacher_messages, template_for
-
-    rng = random.Random(seed)
-    rows = []
-    for row in make_multistep_dataset(n, "train", seed):
-        task = row["prompt"][0]["content"]
-        probe = rng.choice(["I would add the numbers.", "I am not sure.", "Left to right."])
-        capability = rng.random()
-        prompt = teacher_messages(task, probe, capability=capability)
-        completion = teacher_demonstration(row, rng, template_for(capability))
-        rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": completion}]})
-    return rows

@@ -83,11 +83,14 @@ def _builtin(source: str, split: str, algorithm: str, num_samples: int, max_oper
     if source == BUILTIN_TEACHER_ARITHMETIC:
         from atlas_core.training.teaching import make_teacher_sft_dataset
 
-        return Dataset.from_list(make_teacher_sft_dataset(num_samples, seed=seed, max_operand=max_operand, split=split))
+        rows = make_teacher_sft_dataset("arithmetic", num_samples, seed=seed, max_operand=max_operand, split=split)
+        return Dataset.from_list(rows)
     from atlas_core.tasks import multistep
 
     if source == BUILTIN_TEACHER_MULTISTEP:
-        return Dataset.from_list(multistep.make_teacher_sft_dataset(num_samples, seed=seed))
+        from atlas_core.training.teaching import make_teacher_sft_dataset
+
+        return Dataset.from_list(make_teacher_sft_dataset("multistep", num_samples, seed=seed))
     if algorithm == "sft":
         return Dataset.from_list(multistep.make_student_sft_dataset(num_samples, seed=seed))
     return Dataset.from_list(multistep.make_multistep_dataset(num_samples, split, seed=seed))

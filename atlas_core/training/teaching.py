@@ -112,17 +112,42 @@ def guidance_example(row: dict[str, Any]) -> str:
     return f"<thinking>The student must compute {row['question']}.</thinking><teaching>{guidance_text(row)}</teaching>"
 
 
-def make_teacher_sft_dataset(n: int, seed: int = 0, **kwargs: Any) -> list[dict[str, Any]]:
-    """(task, probe, guidance) examples in the teacher's format, for an SFT warm-up before RL."""
+# What the student "says" in a demonstration's probe, by builtin task.
+DEMONSTRATION_PROBES = {
+    "arithmetic": ("I would add the numbers.", "I am not sure.", "Count on from the first number."),
+    "multistep": ("I would add the numbers.", "I am not sure.", "Left to right."),
+}
+
+
+def make_teacher_sft_dataset(task: str, n: int, seed: int = 0, **kwargs: Any) -> list[dict[str, Any]]:
+    """builtin://teacher-<task>: (task, probe, guidance) examples in the teacher's format, for an SFT warm-up before
+    RL. The one builder of them: the bundled task only describes its problems (``arithmetic``: the worked guidance
+    of :func:`guidance_example`; ``multistep``: its demonstrations, which follow the capability's template
+    loosely, over training problems)."""
     import random
 
+    from atlas_core.tasks import multistep
     from atlas_core.tasks.arithmetic import make_arithmetic_dataset
 
+    if task == "arithmetic":
+        problems = make_arithmetic_dataset(n, seed=seed, **kwargs)
+
+        def demonstrate(row, rng, capability):
+            return guidance_example(row)
+    elif task == "multistep":
+        problems = multistep.make_multistep_dataset(n, "train", seed)
+
+        def demonstrate(row, rng, capability):
+            return multistep.teacher_demonstration(row, rng, template_for(capability))
+    else:
+        raise ValueError(f"no teacher demonstrations for task {task!r}")
     rng = random.Random(seed)
     rows = []
-    for row in make_arithmetic_dataset(n, seed=seed, **kwargs):
-        task = row["prompt"][0]["content"]
-        probe = rng.choice(["I would add the numbers.", "I am not sure.", "Count on from the first number."])
-        prompt = teacher_messages(task, probe, capability=rng.random())
-        rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": guidance_example(row)}]})
+    for row in problems:
+        task_text = row["prompt"][0]["content"]
+        probe = rng.choice(DEMONSTRATION_PROBES[task])
+        capability = rng.random()
+        prompt = teacher_messages(task_text, probe, capability=capability)
+        completion = demonstrate(row, rng, capability)
+        rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": completion}]})
     return rows
