@@ -82,20 +82,26 @@ REWARD_FUNCTIONS = ("exact_match", "boxed_format")  # verifiable rewards by name
 
 def reward_config_dirs() -> list[Path]:
     """Where a named RIM config (``interpretation``) is looked up: ``$ATLAS_REWARD_SYSTEM_DIR``,
-    ``./reward_system``, then the bundled folder of this source tree (and of the images)."""
+    ``./reward_system``, then the bundled configs (the ``reward_system`` package's data)."""
     dirs = []
     if os.environ.get(ENV_REWARD_SYSTEM_DIR):
         dirs.append(Path(os.environ[ENV_REWARD_SYSTEM_DIR]))
     dirs.append(Path.cwd() / REWARD_SYSTEM_DIR)
-    dirs.append(Path(__file__).resolve().parents[1] / REWARD_SYSTEM_DIR)
+    dirs.append(bundled_reward_dir())
     return dirs
+
+
+def bundled_reward_dir() -> Path:
+    """The bundled configs: the ``reward_system`` package's data, in the source tree or an installed wheel."""
+    import importlib.resources
+
+    return Path(str(importlib.resources.files(REWARD_SYSTEM_DIR)))
 
 
 @functools.cache  # the bundled folder does not change while a process runs
 def bundled_reward_configs() -> tuple[str, ...]:
     """Names of the RIM configs shipped in ``reward_system/`` (what ``spec.reward.config`` accepts)."""
-    bundled = Path(__file__).resolve().parents[1] / REWARD_SYSTEM_DIR
-    return tuple(sorted(p.stem for p in bundled.glob("*.yaml")))
+    return tuple(sorted(p.stem for p in bundled_reward_dir().glob("*.yaml")))
 
 
 def find_reward_config(config: str | os.PathLike) -> Path | None:

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -277,3 +278,36 @@ def test_entrypoint_without_arguments_prints_usage(stub_path):
 def test_entrypoint_unknown_command_fails(stub_path):
     proc, _ = run_entrypoint(stub_path, "definitely-not-a-command-xyz")
     assert proc.returncode == 127
+
+
+def test_the_bundled_rim_configs_ship_in_the_wheel(tmp_path):
+    """reward_system/ is package data: the wheel the images install carries every bundled config, where
+    atlas_contract.rules looks for it (the reward_system package, not a folder beside the source tree)."""
+    import zipfile
+
+    from atlas_contract.rules import bundled_reward_configs
+
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("atlas_k8s-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert bundled_reward_configs()
+    for config in bundled_reward_configs():
+        assert f"reward_system/{config}.yaml" in names
+    assert "atlas_cli/main.py" in names and "atlas_contract/rules.py" in names
