@@ -21,11 +21,11 @@ BASES = (REPO, REPO / "operator", REPO / "charts" / "atlas-operator")
 FILE_TOKEN = re.compile(
     r"(?<![\w/.-])((?:[\w*-]+/)*[\w*-]+\.(?:py|yaml|yml|json|txt|sh|md|toml)|(?:[\w-]+/)*Dockerfile)(?![\w/])"
 )
-DOTTED = re.compile(r"\b(atlas_(?:core|operator|contract)(?:\.\w+)+)")
+DOTTED = re.compile(r"\b(atlas_(?:cli|core|operator|contract)(?:\.\w+)+)")
 BACKTICK = re.compile(r"`([^`]+)`")
 OPTION = re.compile(r"(?:^|(?<=[\s\[/(]))(--?[A-Za-z][\w-]*)")
 METRIC = re.compile(r"\b(atlas_\w+)(\*|\{[\w,]*\})?(?!\w|\.(?:json|jsonl|yaml|py)\b)")  # not a file (atlas_run.json)
-MODULE_NAMES = {"atlas_core", "atlas_operator", "atlas_contract"}
+MODULE_NAMES = {"atlas_cli", "atlas_core", "atlas_operator", "atlas_contract"}
 # The operator's kopf indices (named in the architecture doc), not metrics.
 OTHER_PROGRAMS = {"python", "python3", "accelerate", "kopf", "kubectl", "helm", "make", "trl", "vllm", "docker", "pip"}
 
