@@ -1,0 +1,241 @@
+"""`atlas eval` at work: the models loaded, the two-pass evaluation run with progress, gauges and the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from atlas_contract.names import ENV_KIND, ENV_NAMESPACE, ENV_RUN, EVAL_PROBLEMS_FILE, EVAL_REPORT_FILE
+from atlas_core.cli.display import points, quiet_libraries
+from atlas_core.cli.eval_options import METRICS_KIND
+from atlas_core.cli.eval_plan import Plan, done_before
+
+
+def _device(name: str) -> str | None:
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else None
+
+
+def load_models(plan: Plan) -> tuple[Any, Any, list[str]]:
+    """(teacher, student, problems): each model loaded, or what stopped it, under its option's name."""
+    from atlas_core.training.student import is_endpoint, load_student
+
+    loaded: dict[str, Any] = {}
+    problems = []
+    device = _device(plan.device)
+    for option, ref in (("--teacher", plan.teacher), ("--student", plan.student)):
+        role = option.removeprefix("--")
+        if role == "student" and ref == plan.teacher and "teacher" in loaded and not is_endpoint(ref):
+            loaded[role] = loaded["teacher"]  # one local model teaching itself: loaded once
+            continue
+        try:
+            loaded[role] = load_student(ref, device=device, role=role)
+        except Exception as exc:  # noqa: BLE001 - any loading failure is the user's model, reported by field
+            reason = " ".join(str(exc).split()).removeprefix(f"{role}_model: ")[:300]
+            if not reason.startswith("cannot load"):
+                reason = f"cannot load {ref!r}: {type(exc).__name__}: {reason}"
+            problems.append(f"{option}: {reason}")
+    return loaded.get("teacher"), loaded.get("student"), problems
+
+
+def metric_labels(output: Path) -> dict[str, str]:
+    """namespace, run, kind of the eval gauges: ``$ATLAS_NAMESPACE`` else local, ``$ATLAS_RUN`` else the output
+    folder's name, ``$ATLAS_KIND`` else eval."""
+    return {
+        "namespace": os.environ.get(ENV_NAMESPACE) or "local",
+        "run": os.environ.get(ENV_RUN) or output.resolve().name,
+        "kind": os.environ.get(ENV_KIND) or METRICS_KIND,
+    }
+
+
+def set_gauges(figures: Any, labels: dict[str, str]) -> None:
+    from atlas_core.telemetry import metrics
+
+    for gauge, value in (
+        (metrics.eval_student_accuracy, figures.student_accuracy),
+        (metrics.eval_guided_accuracy, figures.guided_accuracy),
+        (metrics.eval_accuracy_delta, figures.accuracy_delta),
+        (metrics.eval_non_degradation_rate, figures.non_degradation_rate),
+    ):
+        if value is not None:
+            gauge.labels(**labels).set(value)
+
+
+def _live_gauges(plan: Plan, labels: dict[str, str]) -> None:
+    """The gauges from the problems finished so far (``problems.jsonl``), while the evaluation runs."""
+    from atlas_core.evaluation import figures
+
+    path = plan.output / EVAL_PROBLEMS_FILE
+    if not path.exists():
+        return
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    if records:
+        set_gauges(figures(records, plan.settings.seed), labels)
+
+
+def _percent(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1%}"
+
+
+def _number_text(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def report_table(report: Any, title: str):
+    """Every figure (rows) for all problems and each capability band (columns)."""
+    from rich.table import Table
+
+    columns = {"all": asdict(report), **{band: asdict(f) for band, f in report.by_capability.items()}}
+    table = Table(title=title)
+    table.add_column("", no_wrap=True)
+    for name in columns:
+        table.add_column(name, justify="right")
+    rows = (
+        ("problems", lambda f: str(f["problems"])),
+        ("accuracy alone", lambda f: _percent(f["student_accuracy"])),
+        ("accuracy guided", lambda f: _percent(f["guided_accuracy"])),
+        (
+            "delta, points [95% CI]",
+            lambda f: (
+                "–"
+                if f["accuracy_delta"] is None
+                else f"{points(f['accuracy_delta'])} [{points(f['accuracy_delta_low'])}, "
+                f"{points(f['accuracy_delta_high'])}]"
+            ),
+        ),
+        ("non-degradation", lambda f: _percent(f["non_degradation_rate"])),
+        ("improvement", lambda f: _percent(f["improvement_rate"])),
+        (
+            "mean degradation, points",
+            lambda f: _number_text(None if f["mean_degradation"] is None else 100 * f["mean_degradation"]),
+        ),
+        ("completion alone", lambda f: _percent(f["completion_rate_alone"])),
+        ("completion guided", lambda f: _percent(f["completion_rate_guided"])),
+        (f"guidance ({report.token_unit})", lambda f: _number_text(f["guidance_tokens_mean"])),
+        ("student tokens alone", lambda f: _number_text(f["student_tokens_alone_mean"])),
+        ("student tokens guided", lambda f: _number_text(f["student_tokens_guided_mean"])),
+        ("teaching reward", lambda f: _number_text(f["teaching_reward_mean"], 3)),
+    )
+    for label, shown in rows:
+        table.add_row(label, *(shown(f) for f in columns.values()))
+    return table
+
+
+def run(plan: Plan, notes: list[str] = ()) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from atlas_core.evaluation import EvaluationError, evaluate_teaching
+
+    err = Console(stderr=True)
+    out = Console()
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    labels = metric_labels(plan.output)
+    if plan.metrics_port:
+        from atlas_core.telemetry.metrics import serve_metrics
+
+        try:
+            port = serve_metrics(plan.metrics_port, plan.metrics_host)
+        except OSError as exc:
+            print(
+                f"error: --metrics-port: cannot serve on {plan.metrics_host}:{plan.metrics_port} "
+                f"({exc.strerror or exc})",
+                file=sys.stderr,
+            )
+            return 2
+        err.print(f"Prometheus: http://{plan.metrics_host}:{port}/metrics while it runs", soft_wrap=True)
+    total = len(plan.rows)
+    already = done_before(plan)
+    err.print(
+        "[bold]atlas eval[/]: "
+        + escape(
+            f"teacher {plan.teacher}, student {plan.student}; {total} problems of {plan.dataset} ({plan.split}), "
+            f"{plan.settings.samples} answers each alone and guided → {plan.output}"
+        ),
+        highlight=False,
+        soft_wrap=True,
+    )
+    if already:
+        err.print(
+            escape(
+                f"resuming: {min(already, total)} of {total} problems already in {plan.output / EVAL_PROBLEMS_FILE}"
+            ),
+            highlight=False,
+            soft_wrap=True,
+        )
+    quiet_libraries()
+    teacher, student, problems = load_models(plan)
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+
+    done = {"problems": 0}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=err) as progress:
+            task = progress.add_task("problems", total=total)
+
+            def on_progress(finished: int, of: int) -> None:
+                done["problems"] = finished
+                progress.update(task, completed=finished, total=of)
+                if plan.metrics_port and finished:
+                    _live_gauges(plan, labels)
+
+            report = evaluate_teaching(
+                teacher,
+                student,
+                plan.rows,
+                plan.settings,
+                output_dir=plan.output,
+                scorers=plan.scorers,
+                weights=plan.weights,
+                on_progress=on_progress,
+                names=plan.names,
+            )
+    except EvaluationError as exc:
+        cause = " ".join(str(exc.__cause__ or exc).split())[:300]
+        print(
+            f"error: evaluation stopped after {exc.done} of {exc.total} problems ({cause}); the {exc.done} finished "
+            f"are kept in {plan.output / EVAL_PROBLEMS_FILE}: run the same command again to resume",
+            file=sys.stderr,
+        )
+        return 1
+    except ValueError as exc:  # rows that cannot be scored, another evaluation's problems.jsonl
+        for line in str(exc).splitlines():
+            print(f"error: {'--' + line if line.startswith('output: ') else line}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            f"interrupted: {done['problems']} of {total} problems kept in {plan.output / EVAL_PROBLEMS_FILE}: "
+            "run the same command again to resume",
+            file=sys.stderr,
+        )
+        return 130
+    finally:
+        for scorer in plan.scorers:
+            if hasattr(scorer, "close"):
+                scorer.close()
+    if plan.metrics_port:
+        set_gauges(report, labels)
+    title = escape(
+        f"teaching evaluation: {report.problems} problems of {plan.dataset} ({plan.split}), K = {report.samples}"
+    )
+    out.print(report_table(report, title))
+    out.print(escape(f"eval.json: {plan.output / EVAL_REPORT_FILE}"), highlight=False, soft_wrap=True)
+    out.print(escape(f"problems.jsonl: {plan.output / EVAL_PROBLEMS_FILE}"), highlight=False, soft_wrap=True)
+    return 0
