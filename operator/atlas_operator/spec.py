@@ -248,7 +248,9 @@ class RolloutSpec:
     memory: str | None = spec_field(
         "memory request and limit per server", unset="no memory request or limit", **QUANTITY_FIELD
     )
-    args: list[str] = spec_field("extra command-line arguments for the server", [], max_items=MAX_LIST)
+    args: list[str] = spec_field(
+        "extra command-line arguments for the server", [], max_items=MAX_LIST, item_max_length=4096
+    )
 
 
 @dataclass
