@@ -402,3 +402,14 @@ def test_bounds_are_enforced_and_documented():
     with pytest.raises(InvalidRun) as invalid:
         parse_run(training(queueName="q" * 64))
     assert "spec.queueName: expected at most 63 characters, got 64" in invalid.value.problems
+
+
+def test_the_readme_lists_every_rule():
+    """README "Validation" names the field of every rule (the message's field, list items as `[*]`)."""
+    text = (REPO / "README.md").read_text()
+    section = re.search(r"^### Validation\n(.*?)(?=^##)", text, re.S | re.M).group(1)
+    for kind in KINDS:
+        for validation in _validations(crd_schema(kind)):
+            field = validation["message"].partition(": ")[0]
+            last = field.rsplit(".", 1)[-1]
+            assert f"`{field}" in section or f"`{last}" in section, field
