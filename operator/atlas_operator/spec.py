@@ -4,8 +4,9 @@ The one source of truth: the CRDs in ``crds/`` are generated from these dataclas
 (``python -m atlas_operator.generate``), and the operator and ``atlas render`` parse manifests
 with them. Every field documents its meaning; its default is stated by the schema generator from
 the value that applies (``default=``, ``trainer_default`` from :mod:`atlas_contract.defaults`, or
-``unset=`` where unset means something else). ``validate_run`` adds the checks a schema cannot
-express (batch divisibility, parallelism, references).
+``unset=`` where unset means something else). The cross-field rules are CEL, in the CRDs and evaluated by
+``parse_run`` (:mod:`atlas_operator.validation_rules`); ``validate_run`` adds what CEL cannot see
+(``spec.training.extra``, the bundled reward configs).
 """
 
 from __future__ import annotations

@@ -349,7 +349,7 @@ def crd_validations(kind: str) -> dict[str, list[dict[str, str]]]:
 
 @functools.cache
 def _compiled(kind: str) -> tuple[tuple[Rule, Any], ...]:
-    from cel_expr_python import cel
+    from cel_expr_python import cel  # here: writing the CRDs (python -m atlas_operator.generate) needs no runtime
 
     env = cel.NewEnv(variables={"self": cel.Type.DYN})
     return tuple((rule, env.compile(rule.expression(kind))) for rule in rules_for(kind) if not rule.transition)
