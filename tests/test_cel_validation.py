@@ -413,3 +413,13 @@ def test_the_readme_lists_every_rule():
             field = validation["message"].partition(": ")[0]
             last = field.rsplit(".", 1)[-1]
             assert f"`{field}" in section or f"`{last}" in section, field
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_crds_with_their_rules_are_valid_for_the_oldest_kubernetes_the_chart_takes(kind):
+    """x-kubernetes-validations with fieldPath is a CustomResourceDefinition field from Kubernetes 1.29 (the
+    chart's kubeVersion is >=1.29); strict: a misspelled key of a rule fails."""
+    import kubernetes_validate
+
+    (path,) = (p for p in (REPO / "crds").glob("*.yaml") if f"kind: {kind}\n" in p.read_text())
+    kubernetes_validate.validate(yaml.safe_load(path.read_text()), "1.29.0", strict=True)
