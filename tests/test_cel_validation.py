@@ -423,3 +423,17 @@ def test_the_crds_with_their_rules_are_valid_for_the_oldest_kubernetes_the_chart
 
     (path,) = (p for p in (REPO / "crds").glob("*.yaml") if f"kind: {kind}\n" in p.read_text())
     kubernetes_validate.validate(yaml.safe_load(path.read_text()), "1.29.0", strict=True)
+
+
+def test_what_cel_cannot_hold_never_stops_the_rules():
+    """A YAML date in spec.training.extra (CEL sees no unknown field, as in the API server) and a number beyond
+    64 bits (refused by the schema first, as Kubernetes stores none) leave every rule to run."""
+    import datetime
+
+    manifest = training(
+        env=[{"name": "A", "value": "1", "valueFrom": {"when": datetime.date(2024, 1, 1)}}],
+        training={"maxSteps": 10**30, "extra": {"when": datetime.date(2024, 1, 1)}},
+    )
+    with pytest.raises(InvalidRun) as invalid:
+        parse_run(manifest)
+    assert sorted(p.split(":")[0] for p in invalid.value.problems) == ["spec.env[0]", "spec.training.maxSteps"]

@@ -18,6 +18,7 @@ from typing import Any, Union
 from atlas_contract.text import bounded_repr
 
 REQUIRED = "required"
+INT64 = (-(2**63), 2**63 - 1)
 BOUND_KEYWORDS = {"max_length": "maxLength", "max_items": "maxItems", "max_properties": "maxProperties"}
 
 
@@ -229,19 +230,27 @@ def _type_schema(annotation: Any) -> dict[str, Any]:
     raise TypeError(f"no schema for {annotation!r}")
 
 
-def to_object(value: Any) -> Any:
-    """A parsed spec (dataclasses) → the camelCase object the API server would store: unset fields left out."""
+def to_object(value: Any, hide_unknown: bool = False) -> Any:
+    """A parsed spec (dataclasses) → the camelCase object the API server would store: unset fields left out.
+    ``hide_unknown``: a field that preserves unknown fields is ``{}``, which is all a CEL rule sees of it."""
     if dataclasses.is_dataclass(value):
+        hints = _type_hints(type(value))
         return {
-            camel(f.name): to_object(getattr(value, f.name))
+            camel(f.name): {}
+            if hide_unknown and _preserves_unknown(_unwrap_optional(hints[f.name]))
+            else to_object(getattr(value, f.name), hide_unknown)
             for f in _fields(type(value))
             if getattr(value, f.name) is not None
         }
     if isinstance(value, list):
-        return [to_object(v) for v in value]
+        return [to_object(v, hide_unknown) for v in value]
     if isinstance(value, dict):
-        return {k: to_object(v) for k, v in value.items()}
+        return {k: to_object(v, hide_unknown) for k, v in value.items()}
     return value
+
+
+def _preserves_unknown(annotation: Any) -> bool:
+    return annotation in (Any, dict) or typing.get_args(annotation)[1:] == (Any,)
 
 
 # --------------------------------------------------------------------------- parsing
@@ -291,6 +300,8 @@ def _parse_value(annotation: Any, value: Any, where: str, problems: list[str]) -
         expected = "true or false"
     elif annotation is int and (isinstance(value, bool) or not isinstance(value, int)):
         expected = "a whole number"
+    elif annotation is int and not INT64[0] <= value <= INT64[1]:
+        expected = "a whole number of 64 bits (as Kubernetes stores it)"
     elif annotation is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
         expected = "a number"
     elif origin is list:

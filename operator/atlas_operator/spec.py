@@ -703,7 +703,7 @@ def _rule_problems(kind: str, name: str, spec: RunSpec, backend: str, reported: 
     from atlas_operator import validation_rules  # it reads this module's types
 
     seen = {p.split(":")[0] for p in reported}
-    found = validation_rules.problems(kind, name, {**to_object(spec), "backend": backend})
+    found = validation_rules.problems(kind, name, {**to_object(spec, hide_unknown=True), "backend": backend})
     return [p for p in found if p.split(":")[0] not in seen]
 
 
