@@ -127,14 +127,22 @@ def reward_problems(
         if func not in REWARD_FUNCTIONS
     ]
     expected = len(funcs) + (1 if judges else 0)
-    for index, weight in enumerate(weights or []):
-        problem = setting_problem("reward_weight", weight, (float,))
-        if problem:  # nan or inf would score every completion nan or 0: refused, not trained on
-            problems.append(f"{name('weights')}[{index}]: {problem}")
+    problems += weight_problems(weights, name)
     if weights is not None and len(weights) != expected:
         problems.append(
             f"{name('weights')}: expected {expected} weights (one per reward function, then RIM), got {len(weights)}"
         )
+    return problems
+
+
+def weight_problems(weights: list[float] | None, name: Callable[[str], str] = _same) -> list[str]:
+    """A reward weight that is not a finite number (nan or inf would score every completion nan or 0: refused, not
+    trained on). Not a CEL rule: JSON carries no nan or inf, so only a local file or the CLI can hold one."""
+    problems = []
+    for index, weight in enumerate(weights or []):
+        problem = setting_problem("reward_weight", weight, (float,))
+        if problem:
+            problems.append(f"{name('weights')}[{index}]: {problem}")
     return problems
 
 
@@ -143,19 +151,6 @@ def reward_problems(
 #: Why a vLLM server runs one data-parallel rank: TRL 1.16 (trl/scripts/vllm_serve.py) says
 #: ``--data-parallel-size`` > 1 "is not supported/useful and will error out" for dense models (vLLM PR #30739).
 DATA_PARALLEL_REASON = "vllm serve --data-parallel-size > 1 errors out for dense models (TRL 1.16, vLLM PR #30739)"
-
-
-def server_gpu_problems(gpus: int, tensor_parallel_size: int, where: str, scale_hint: str) -> list[str]:
-    """GPUs requested = GPUs used: a server uses tensorParallelSize x dataParallelSize GPUs, and its data
-    parallelism is 1 (:data:`DATA_PARALLEL_REASON`), so ``gpus`` must equal ``tensorParallelSize`` (unset, it
-    does). ``scale_hint``: how this server gets more throughput instead."""
-    if gpus == tensor_parallel_size:
-        return []
-    return [
-        f"{where}.gpus: expected {tensor_parallel_size} (= {where}.tensorParallelSize; a server uses "
-        f"tensorParallelSize x data-parallel GPUs and runs one data-parallel rank: {DATA_PARALLEL_REASON}), "
-        f"got {gpus}; {scale_hint}"
-    ]
 
 
 # ------------------------------------------------------------------ model references

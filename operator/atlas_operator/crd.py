@@ -6,6 +6,7 @@ from typing import Any
 
 from atlas_operator.schema import openapi_schema
 from atlas_operator.spec import GROUP, KINDS, SHORT_NAMES, SPEC_TYPES, VERSION, RunStatus
+from atlas_operator.validation_rules import crd_validations
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -24,6 +25,15 @@ def printer_columns(kind: str) -> list[dict[str, str]]:
     return [*columns, *(TEACHER_COLUMNS if kind == "AtlasTeacher" else []), age]
 
 
+def schema_at(schema: dict[str, Any], level: str) -> dict[str, Any]:
+    """The schema of ``level`` (``spec.rollout``, ``spec.env[*]``: a list's items; ``""``: the whole object)."""
+    for step in level.split(".") if level else []:
+        schema = schema["properties"][step.removesuffix("[*]")]
+        if step.endswith("[*]"):
+            schema = schema["items"]
+    return schema
+
+
 def custom_resource_definition(kind: str) -> dict[str, Any]:
     plural = KINDS[kind]
     spec_schema = openapi_schema(SPEC_TYPES[kind])
@@ -31,6 +41,20 @@ def custom_resource_definition(kind: str) -> dict[str, Any]:
     status_schema["properties"]["conditions"].update(
         {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
     )
+    root = {
+        "type": "object",
+        "description": spec_schema.pop("description", kind),
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+    }
+    for level, validations in crd_validations(kind).items():  # the cross-field rules (validation_rules.py)
+        schema_at(root, level)["x-kubernetes-validations"] = validations
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -56,20 +80,7 @@ def custom_resource_definition(kind: str) -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": printer_columns(kind),
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": spec_schema.pop("description", kind),
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": spec_schema,
-                                "status": status_schema,
-                            },
-                        }
-                    },
+                    "schema": {"openAPIV3Schema": root},
                 }
             ],
         },

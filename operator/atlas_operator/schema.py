@@ -18,6 +18,8 @@ from typing import Any, Union
 from atlas_contract.text import bounded_repr
 
 REQUIRED = "required"
+INT64 = (-(2**63), 2**63 - 1)
+BOUND_KEYWORDS = {"max_length": "maxLength", "max_items": "maxItems", "max_properties": "maxProperties"}
 
 
 def spec_field(
@@ -33,6 +35,10 @@ def spec_field(
     exclusive_minimum: bool = False,
     pattern: str | None = None,
     pattern_doc: str | None = None,
+    max_length: int | None = None,
+    max_items: int | None = None,
+    item_max_length: int | None = None,
+    max_properties: int | None = None,
 ) -> Any:
     """A documented field. The description's default is generated, never written by hand:
 
@@ -41,6 +47,10 @@ def spec_field(
     - ``trainer_default``: the field stays unset in the object and the operator writes the default of
       :mod:`atlas_contract.defaults` for the run's algorithm into run.yaml;
     - ``unset``: what leaving the field unset means when no single value applies.
+
+    ``max_length`` (a string), ``max_items`` and ``item_max_length`` (a list, of strings) and ``max_properties``
+    (a map) bound the field: the API server prices a CEL rule by the largest value it may read
+    (atlas_operator/validation_rules.py), so every field a rule reads is bounded.
     """
     metadata = {
         "doc": doc,
@@ -53,6 +63,10 @@ def spec_field(
         "exclusive_minimum": exclusive_minimum,
         "pattern": pattern,
         "pattern_doc": pattern_doc,  # what the pattern means, for error messages
+        "max_length": max_length,
+        "max_items": max_items,
+        "item_max_length": item_max_length,
+        "max_properties": max_properties,
     }
     if isinstance(default, (list, dict)) or (isinstance(default, type) and dataclasses.is_dataclass(default)):
         factory = default if isinstance(default, type) else (lambda d=default: type(d)(d))
@@ -61,7 +75,27 @@ def spec_field(
 
 
 def description(f: dataclasses.Field) -> str:
-    """The field's documentation with the default that applies (what ``kubectl explain`` shows)."""
+    """The field's documentation with the default that applies and its size bound (what ``kubectl explain``
+    shows)."""
+    bound = _bound_doc(f.metadata)
+    return f"{_description(f)}{' ' + bound if bound else ''}"
+
+
+def _bound_doc(meta: dict) -> str:
+    parts = [
+        f"{what} {meta[key]} {unit}"
+        for key, what, unit in (
+            ("max_length", "at most", "characters"),
+            ("max_items", "at most", "items"),
+            ("item_max_length", "each at most", "characters"),
+            ("max_properties", "at most", "entries"),
+        )
+        if meta.get(key) is not None
+    ]
+    return f"Bound: {', '.join(parts)}." if parts else ""
+
+
+def _description(f: dataclasses.Field) -> str:
     from atlas_contract.defaults import describe_training_default
 
     meta, text = f.metadata, f.metadata["doc"]
@@ -139,6 +173,13 @@ def openapi_schema(cls: type) -> dict[str, Any]:
             prop["pattern"] = f"^(?:{meta['pattern']})$"
         if meta.get("exclusive_minimum"):
             prop["exclusiveMinimum"] = True
+        for key, schema_key in BOUND_KEYWORDS.items():
+            if meta.get(key) is not None:
+                prop[schema_key] = meta[key]
+        if meta.get("item_max_length") is not None:
+            prop["items"]["maxLength"] = meta["item_max_length"]
+        if meta.get("enum") is not None and prop.get("type") == "string":  # bounded for CEL's cost estimate
+            prop.setdefault("maxLength", max(len(v) for v in meta["enum"]))
         default = default_of(f)
         if default is not None and not dataclasses.is_dataclass(default):
             prop["default"] = default
@@ -189,6 +230,29 @@ def _type_schema(annotation: Any) -> dict[str, Any]:
     raise TypeError(f"no schema for {annotation!r}")
 
 
+def to_object(value: Any, hide_unknown: bool = False) -> Any:
+    """A parsed spec (dataclasses) → the camelCase object the API server would store: unset fields left out.
+    ``hide_unknown``: a field that preserves unknown fields is ``{}``, which is all a CEL rule sees of it."""
+    if dataclasses.is_dataclass(value):
+        hints = _type_hints(type(value))
+        return {
+            camel(f.name): {}
+            if hide_unknown and _preserves_unknown(_unwrap_optional(hints[f.name]))
+            else to_object(getattr(value, f.name), hide_unknown)
+            for f in _fields(type(value))
+            if getattr(value, f.name) is not None
+        }
+    if isinstance(value, list):
+        return [to_object(v, hide_unknown) for v in value]
+    if isinstance(value, dict):
+        return {k: to_object(v, hide_unknown) for k, v in value.items()}
+    return value
+
+
+def _preserves_unknown(annotation: Any) -> bool:
+    return annotation in (Any, dict) or typing.get_args(annotation)[1:] == (Any,)
+
+
 # --------------------------------------------------------------------------- parsing
 
 
@@ -236,6 +300,8 @@ def _parse_value(annotation: Any, value: Any, where: str, problems: list[str]) -
         expected = "true or false"
     elif annotation is int and (isinstance(value, bool) or not isinstance(value, int)):
         expected = "a whole number"
+    elif annotation is int and not INT64[0] <= value <= INT64[1]:
+        expected = "a whole number of 64 bits (as Kubernetes stores it)"
     elif annotation is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
         expected = "a number"
     elif origin is list:
@@ -272,6 +338,27 @@ def _constraint_problem(meta: dict, value: Any, where: str, problems: list[str])
         problem = f"expected a number <= {maximum}, got {bounded_repr(value)}"
     if problem is None and pattern is not None and isinstance(value, str) and not re.fullmatch(pattern, value):
         problem = f"expected {meta.get('pattern_doc') or 'a value matching ' + pattern}, got {bounded_repr(value)}"
+    if problem is None:
+        problem = _size_problem(meta, value)
     if problem:
         problems.append(f"{where}: {problem}")
     return problem is not None
+
+
+def _size_problem(meta: dict, value: Any) -> str | None:
+    """A value longer than its field's bound (maxLength, maxItems, items' maxLength, maxProperties)."""
+    bounds = (
+        ("max_length", str, "characters"),
+        ("max_items", list, "items"),
+        ("max_properties", dict, "entries"),
+    )
+    for key, kind, unit in bounds:
+        limit = meta.get(key)
+        if limit is not None and isinstance(value, kind) and len(value) > limit:
+            return f"expected at most {limit} {unit}, got {len(value)}"
+    limit = meta.get("item_max_length")
+    if limit is not None and isinstance(value, list):
+        for item in value:
+            if isinstance(item, str) and len(item) > limit:
+                return f"expected items of at most {limit} characters, got one of {len(item)}"
+    return None

@@ -4,15 +4,15 @@ The one source of truth: the CRDs in ``crds/`` are generated from these dataclas
 (``python -m atlas_operator.generate``), and the operator and ``atlas render`` parse manifests
 with them. Every field documents its meaning; its default is stated by the schema generator from
 the value that applies (``default=``, ``trainer_default`` from :mod:`atlas_contract.defaults`, or
-``unset=`` where unset means something else). ``validate_run`` adds the checks a schema cannot
-express (batch divisibility, parallelism, references).
+``unset=`` where unset means something else). The cross-field rules are CEL, in the CRDs and evaluated by
+``parse_run`` (:mod:`atlas_operator.validation_rules`); ``validate_run`` adds what CEL cannot see
+(``spec.training.extra``, the bundled reward configs).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,17 +28,16 @@ from atlas_contract.names import (
     SHORT_NAMES,
     VERSION,
     WATCHDOG_EXIT_CODE,
-    max_jobset_run_name,
 )
 from atlas_contract.results import RESULT_RANGES
-from atlas_operator.schema import camel, parse, spec_field
+from atlas_operator.schema import camel, parse, spec_field, to_object
 
 __all__ = ["API_VERSION", "GROUP", "KINDS", "SHORT_NAMES", "VERSION", "PHASES", "InvalidFields", "parse_run"]
 
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3", "zero3-offload")
 ROLLOUT_MODES = ("server", "colocate")  # spec.rollout.mode: TRL's vllm_mode values
 # A Kueue LocalQueue name as Kueue's job webhook checks the queue-name label (IsDNS1123Subdomain), which as a label
-# value is also at most 63 characters (checked in validate_run).
+# value is also at most 63 characters (the field's maxLength).
 QUEUE_NAME_PATTERN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 # A DNS-1035 label: the run's name starts the names of Services (<name>-metrics, ...) and, on JobSet, of Jobs,
 # which must begin with a letter.
@@ -48,6 +47,12 @@ QUANTITY_PATTERN = (
     r"(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?"
 )
 QUANTITY_FIELD = {"pattern": QUANTITY_PATTERN, "pattern_doc": "a Kubernetes quantity such as 32, 500m, 16Gi or 1.5e3"}
+# Bounds of the fields the CRD's CEL rules read (atlas_operator/validation_rules.py): the API server prices a rule by
+# the largest value it may meet and refuses a CRD over its budget.
+MAX_REFERENCE = 1024  # a model or dataset: a hub id (at most 96), a URL or a path on the checkpoint volume
+MAX_NAME = 253  # an object's name (a DNS subdomain), a ConfigMap key
+MAX_REWARD_FUNCS = 16
+MAX_LIST = 128  # spec.env, spec.rollout.args
 
 
 @dataclass
@@ -58,8 +63,9 @@ class DatasetSpec:
         "hf://org/name (needs hub access or a mounted HF cache), a .jsonl/.json/.csv/.parquet file or "
         "save_to_disk folder on the checkpoint volume, or builtin://arithmetic (the bundled task)",
         required=True,
+        max_length=MAX_REFERENCE,
     )
-    split: str = spec_field("dataset split", "train")
+    split: str = spec_field("dataset split", "train", max_length=MAX_NAME)
 
 
 @dataclass
@@ -69,8 +75,8 @@ class LocalObjectReference:
 
 @dataclass
 class ConfigMapKeyRef:
-    name: str = spec_field("ConfigMap in the run's namespace", required=True)
-    key: str = spec_field("key holding the RIM config YAML", "reward.yaml")
+    name: str = spec_field("ConfigMap in the run's namespace", required=True, max_length=MAX_NAME)
+    key: str = spec_field("key holding the RIM config YAML", "reward.yaml", max_length=MAX_NAME)
 
 
 @dataclass
@@ -78,7 +84,9 @@ class RewardSpec:
     """How completions are scored: verifiable functions and/or RIM judges."""
 
     config: str | None = spec_field(
-        "RIM judges: a reward_system config name (interpretation, interpretation_offline)", unset="no judges"
+        "RIM judges: a reward_system config name (interpretation, interpretation_offline)",
+        unset="no judges",
+        max_length=MAX_NAME,
     )
     config_map_ref: ConfigMapKeyRef | None = spec_field(
         "RIM judges from your own config in a ConfigMap (instead of config)"
@@ -87,8 +95,12 @@ class RewardSpec:
         "verifiable reward functions (exact_match, boxed_format)",
         unset="exact_match when no judges are configured (AtlasTraining), none for AtlasTeacher (the student's "
         "answers are checked against ground_truth)",
+        max_items=MAX_REWARD_FUNCS,
+        item_max_length=64,
     )
-    weights: list[float] | None = spec_field("one weight per reward (funcs, then RIM)", unset="every reward weighs 1.0")
+    weights: list[float] | None = spec_field(
+        "one weight per reward (funcs, then RIM)", unset="every reward weighs 1.0", max_items=MAX_REWARD_FUNCS + 1
+    )
 
 
 @dataclass
@@ -139,7 +151,7 @@ class TrainingSpec:
     epsilon: float | None = spec_field("clipping epsilon", trainer_default=True, **defaults.LIMITS["epsilon"].schema())
     loss_type: str | None = spec_field("GRPO loss", trainer_default=True, enum=defaults.GRPO_LOSS_TYPES)
     scale_rewards: str | None = spec_field("reward scaling", trainer_default=True, enum=defaults.REWARD_SCALINGS)
-    lr_scheduler_type: str | None = spec_field("learning-rate schedule", trainer_default=True)
+    lr_scheduler_type: str | None = spec_field("learning-rate schedule", trainer_default=True, max_length=64)
     warmup_steps: float | None = spec_field(
         "warm-up steps, or a fraction of all steps when < 1",
         trainer_default=True,
@@ -245,7 +257,9 @@ class RolloutSpec:
     memory: str | None = spec_field(
         "memory request and limit per server", unset="no memory request or limit", **QUANTITY_FIELD
     )
-    args: list[str] = spec_field("extra command-line arguments for the server", [])
+    args: list[str] = spec_field(
+        "extra command-line arguments for the server", [], max_items=MAX_LIST, item_max_length=4096
+    )
 
 
 @dataclass
@@ -285,36 +299,23 @@ class PolicyRolloutSpec(RolloutSpec):
     )
 
 
-# Fields of spec.rollout that only a server has: set with mode colocate, each is an error naming it.
+# Fields of spec.rollout that only a server has: set with mode colocate, each is an error naming it
+# (atlas_operator/validation_rules.py).
 SERVER_ONLY_ROLLOUT_FIELDS = ("replicas", "gpus", "image", "cpu", "memory", "args")
 # Defaults of spec.rollout fields left unset, by mode.
 SERVER_GPU_MEMORY_UTILIZATION, COLOCATED_GPU_MEMORY_UTILIZATION = 0.9, 0.3
 
 
-def resolve_rollout(raw: Any, rollout: PolicyRolloutSpec, algorithm: str, problems: list[str]) -> None:
-    """Fill spec.rollout's unset fields for its mode, and report fields that do not fit the mode (``raw``: the
-    manifest's spec.rollout, to tell a field set from one left unset)."""
-    given = {key for key, value in (raw or {}).items() if value not in (None, [])} if isinstance(raw, dict) else set()
+def resolve_rollout(rollout: PolicyRolloutSpec, algorithm: str) -> None:
+    """Fill spec.rollout's unset fields for its mode (the rules on them are in atlas_operator/validation_rules.py)."""
     if rollout.mode == "colocate":
-        for name in SERVER_ONLY_ROLLOUT_FIELDS:
-            if camel(name) in given:
-                problems.append(
-                    f"spec.rollout.{camel(name)}: a rollout-server setting, and mode colocate runs vLLM inside the "
-                    "trainer processes, with no server; remove it"
-                )
         rollout.replicas, rollout.gpus = 0, rollout.gpus or rollout.tensor_parallel_size
         if rollout.gpu_memory_utilization is None:
             rollout.gpu_memory_utilization = COLOCATED_GPU_MEMORY_UTILIZATION
         return
-    if "enableSleepMode" in given:
-        problems.append(
-            "spec.rollout.enableSleepMode: a colocate setting; set spec.rollout.mode colocate, or remove it"
-        )
     if rollout.replicas is None:
         rollout.replicas = 0 if algorithm == "sft" else 1
-    if rollout.mode == "server" and rollout.replicas == 0:
-        problems.append("spec.rollout.replicas: expected at least 1 with mode server, got 0")
-    rollout.gpus = rollout.gpus or rollout.tensor_parallel_size
+    rollout.gpus = rollout.gpus or rollout.tensor_parallel_size  # unset: every GPU the server shards over
     if rollout.gpu_memory_utilization is None:
         rollout.gpu_memory_utilization = SERVER_GPU_MEMORY_UTILIZATION
 
@@ -337,7 +338,7 @@ class CheckpointSpec:
 class StudentSpec:
     """The frozen student the teacher is rewarded for improving."""
 
-    model: str = spec_field("HF id or path of the student model", required=True)
+    model: str = spec_field("HF id or path of the student model", required=True, max_length=MAX_REFERENCE)
     rollout: RolloutSpec = spec_field(
         "vLLM servers for the student (`vllm serve`, OpenAI API); replicas 0 = load it in every trainer process",
         RolloutSpec,
@@ -431,7 +432,9 @@ class EnvVar:
 class RunSpec:
     """Spec shared by AtlasTraining and AtlasTeacher."""
 
-    model: str = spec_field("HF id or path of the policy to train (the teacher for AtlasTeacher)", required=True)
+    model: str = spec_field(
+        "HF id or path of the policy to train (the teacher for AtlasTeacher)", required=True, max_length=MAX_REFERENCE
+    )
     dataset: DatasetSpec = spec_field("training prompts", required=True)
     image: str | None = spec_field("trainer image", unset="the operator's trainer image")
     image_pull_secrets: list[LocalObjectReference] = spec_field("Secrets for pulling the images", [])
@@ -453,7 +456,9 @@ class RunSpec:
         PolicyRolloutSpec,
     )
     checkpoint: CheckpointSpec = spec_field("checkpoint volume and frequency", CheckpointSpec)
-    env: list[EnvVar] = spec_field("extra environment for the trainer pods (API keys by secretKeyRef)", [])
+    env: list[EnvVar] = spec_field(
+        "extra environment for the trainer pods (API keys by secretKeyRef)", [], max_items=MAX_LIST
+    )
     suspend: bool = spec_field(
         "true stops the run's pods (the job suspended, PyTorchJob's server Deployments scaled to 0); false "
         "resumes. With queueName, Kueue owns the job's suspend: suspending deletes the job (its quota is "
@@ -476,6 +481,7 @@ class RunSpec:
         pattern=QUEUE_NAME_PATTERN,
         pattern_doc="a LocalQueue name as Kueue accepts it: a DNS-1123 subdomain (lowercase letters, digits, '-' and "
         "'.', a letter or digit at both ends) of at most 63 characters",
+        max_length=63,  # a label value
     )
     max_restarts: int = spec_field(
         "restarts before the run fails: JobSet, whole-gang restarts (failurePolicy.maxRestarts; any pod's "
@@ -671,15 +677,14 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None, default_ba
         problems.append(f"apiVersion: expected {API_VERSION}, got {manifest.get('apiVersion')!r}")
     meta = manifest.get("metadata") or {}
     name = meta.get("name")
-    if not isinstance(name, str) or not re.fullmatch(DNS_LABEL, name) or len(name) > MAX_RUN_NAME:
-        problems.append(
-            f"metadata.name: expected a DNS label of at most {MAX_RUN_NAME} characters "
-            f"(lowercase letters, digits, '-', starting with a letter), got {name!r}"
-        )
+    if not isinstance(name, str):  # what it must be beyond a string is a rule of validation_rules
+        problems.append(f"metadata.name: expected a DNS label of at most {MAX_RUN_NAME} characters, got {name!r}")
         name = str(name or "")
     spec = parse(SPEC_TYPES[kind], manifest.get("spec"), "spec", problems)
+    backend = spec.backend or default_backend or BACKENDS[0]
+    problems += _rule_problems(kind, name, spec, backend, problems)
     # Unset rollout fields take their mode's values (SFT generates nothing: no server unless one is asked for).
-    resolve_rollout((manifest.get("spec") or {}).get("rollout"), spec.rollout, spec.algorithm, problems)
+    resolve_rollout(spec.rollout, spec.algorithm)
     student = getattr(spec, "student", None)
     if student is not None and student.rollout.gpus is None:  # unset: every GPU the server shards over
         student.rollout.gpus = student.rollout.tensor_parallel_size
@@ -691,7 +696,7 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None, default_ba
         generation=meta.get("generation"),
         spec=spec,
         labels=dict(meta.get("labels") or {}),
-        backend=spec.backend or default_backend or BACKENDS[0],
+        backend=backend,
     )
     # Semantic checks run on what did parse (a wrong field falls back to its default); a field the
     # schema already rejected is not reported twice.
@@ -706,74 +711,34 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None, default_ba
     return run
 
 
+def _rule_problems(kind: str, name: str, spec: RunSpec, backend: str, reported: list[str]) -> list[str]:
+    """The CRD's CEL rules, evaluated by the operator on the parsed spec (with the backend it will use: the API
+    server cannot know the operator's default); a field the schema already rejected is not reported twice."""
+    from atlas_operator import validation_rules  # it reads this module's types
+
+    seen = {p.split(":")[0] for p in reported}
+    found = validation_rules.problems(kind, name, {**to_object(spec, hide_unknown=True), "backend": backend})
+    return [p for p in found if p.split(":")[0] not in seen]
+
+
 def validate_run(run: Run) -> list[str]:
-    """Checks beyond the schema, each naming the field and what was expected."""
+    """Checks beyond the schema and the CRD's CEL rules (atlas_operator/validation_rules.py): what CEL cannot see
+    (spec.training.extra, the operator's bundled reward configs), each naming the field and what was expected."""
     spec, problems = run.spec, []
     res, training = spec.resources, spec.training
-    if res.gpus_per_node and res.processes_per_node and res.processes_per_node > res.gpus_per_node:
-        problems.append(
-            f"spec.resources.processesPerNode: expected at most gpusPerNode ({res.gpus_per_node}) processes "
-            f"(one per GPU), got {res.processes_per_node}"
-        )
-    if spec.algorithm in ("grpo", "teacher"):
+    if spec.algorithm in ("grpo", "teacher"):  # reads spec.training.extra, which CEL cannot
         problems += _batch_problems(training, res.nodes * res.processes())
-    problems += dataset_problems(spec)
-    problems += _rollout_problems(spec.rollout, "spec.rollout", policy=True)
-    if spec.rollout.mode == "colocate":
-        if res.gpus_per_node == 0:
-            problems.append(
-                "spec.rollout.mode: colocate runs vLLM on the trainer's GPUs, and spec.resources.gpusPerNode is 0 "
-                "(on CPU leave mode unset and set spec.rollout.replicas: 0: the trainer generates)"
-            )
-        elif res.processes() % spec.rollout.tensor_parallel_size:
-            problems.append(
-                "spec.rollout.tensorParallelSize: colocated vLLM shards the model over a node's trainer processes; "
-                f"expected a divisor of {res.processes()}, got {spec.rollout.tensor_parallel_size}"
-            )
-        if spec.algorithm == "sft":
-            problems.append("spec.rollout.mode: algorithm sft generates nothing; remove mode colocate")
-    if spec.algorithm == "sft" and spec.rollout.replicas:
-        problems.append(
-            f"spec.rollout.replicas: expected 0 for algorithm sft (SFT generates nothing), got {spec.rollout.replicas}"
-        )
-    student = getattr(spec, "student", None)
-    if run.backend == "JobSet" and student is not None and student.rollout.replicas > 1:
-        problems.append(
-            "spec.student.rollout.replicas: expected 0 or 1 with the JobSet backend (the trainer reaches the "
-            "student server by its pod's stable hostname, so more replicas would hold GPUs and serve nothing), "
-            f"got {student.rollout.replicas}"
-        )
-    if run.backend == "JobSet" and len(run.name) > max_jobset_run_name(res.nodes):
-        limit = max_jobset_run_name(res.nodes)
-        problems.append(
-            f"metadata.name: expected at most {limit} characters with the JobSet backend (its trainer pods are "
-            f"named <name>-trainer-0-<node>-<5 random>, a DNS label of 63), got {len(run.name)}"
-        )
-    if spec.queue_name is not None and len(spec.queue_name) > 63:
-        problems.append(f"spec.queueName: expected a label value of at most 63 characters, got {len(spec.queue_name)}")
+    problems += dataset_problems(spec)  # the datasets the run reads (atlas_contract.datasets)
     reward = spec.reward
-    if reward.config and reward.config_map_ref:
-        problems.append("spec.reward: set config or configMapRef, not both")
-    configs = rules.bundled_reward_configs()
+    configs = rules.bundled_reward_configs()  # the operator's files, so not in the CRD
     if reward.config and reward.config not in configs:
         problems.append(
             f"spec.reward.config: expected one of {', '.join(configs)} "
             f"(or use configMapRef for your own), got {reward.config!r}"
         )
-    problems += rules.reward_problems(
-        reward_funcs(run), has_judges(run), reward.weights, name=lambda field: f"spec.reward.{field}"
-    )
-    if isinstance(spec, AtlasTeacherSpec):
-        if spec.student is None:
-            problems.append("spec.student: required for AtlasTeacher (the frozen student model)")
-        else:
-            problems += _rollout_problems(spec.student.rollout, "spec.student.rollout", policy=False)
-    if spec.algorithm == "sft":
-        for name in defaults.GRPO_ONLY:
-            if getattr(training, name) is not None:
-                problems.append(
-                    f"spec.training.{camel(name)}: a GRPO setting; algorithm sft does not use it (remove it)"
-                )
+    problems += rules.weight_problems(reward.weights, name=lambda field: f"spec.reward.{field}")
+    if isinstance(spec, AtlasTeacherSpec) and spec.student is None:  # the CRD's `required`
+        problems.append("spec.student: required for AtlasTeacher (the frozen student model)")
     for name in sorted(set(training.extra) & set(OPERATOR_OWNED_TRAINER_FIELDS)):
         problems.append(
             f"spec.training.extra.{name}: the operator sets it ({OPERATOR_OWNED_TRAINER_FIELDS[name]}); "
@@ -785,14 +750,9 @@ def validate_run(run: Run) -> list[str]:
             problem = rules.setting_problem(name, value, kinds)
             if problem:
                 problems.append(f"spec.training.extra.{name}: {problem}")
-    for index, var in enumerate(spec.env):
-        if var.value is not None and var.value_from is not None:
-            problems.append(f"spec.env[{index}]: {var.name} sets both value and valueFrom; set one")
     extra_clash = sorted(set(spec.training.extra) & {f.name for f in dataclasses.fields(TrainingSpec)})
     for name in extra_clash:
         problems.append(f"spec.training.extra.{name}: set it as spec.training.{camel(name)} instead")
-    if spec.algorithm == "grpo" and not reward_funcs(run) and not has_judges(run):
-        problems.append("spec.reward: expected at least one reward function (funcs) or RIM judges (config)")
     return problems
 
 
@@ -853,23 +813,6 @@ def _batch_problems(training: TrainingSpec, processes: int) -> list[str]:
 
 def _whole(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def _rollout_problems(rollout: RolloutSpec, where: str, policy: bool) -> list[str]:
-    problems = []
-    if rollout.replicas:
-        hint = (
-            f"to use more GPUs, raise {where}.tensorParallelSize"
-            if policy
-            else f"to use more GPUs, raise {where}.tensorParallelSize or {where}.replicas (PyTorchJob backend)"
-        )
-        problems += rules.server_gpu_problems(rollout.gpus, rollout.tensor_parallel_size, where, hint)
-    if policy and rollout.replicas > 1:
-        problems.append(
-            f"{where}.replicas: expected 0 or 1 (the trainer syncs weights into one rollout server; "
-            f"scale it with {where}.tensorParallelSize), got {rollout.replicas}"
-        )
-    return problems
 
 
 def has_judges(run: Run) -> bool:

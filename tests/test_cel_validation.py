@@ -1,0 +1,440 @@
+"""The CRDs' CEL rules (x-kubernetes-validations) against the operator's validation: one rule, two enforcements.
+
+The API server's side is tests/cel_admission.py: the generated CRD files, evaluated with Google's CEL runtime
+(cel-expr-python) the way the API server does. The operator's side is parse_run. Over every example, the
+upgrade fixtures' stored runs, the test builders' manifests and a generated set of variants, both must refuse
+the same fields with the same messages.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from atlas_operator.crd import custom_resource_definition
+from atlas_operator.spec import parse_run
+from atlas_operator.validation_rules import CHECKPOINT_FIXED
+from cel_admission import admission_refusals, crd_schema, is_transition
+from cel_expr_python import cel
+from operator_support import crd_jsonschema, openapi_validate, teacher, tiny_training, training, with_spec
+
+from atlas_contract.errors import InvalidFields
+from atlas_contract.names import max_jobset_run_name
+
+REPO = Path(__file__).resolve().parents[1]
+KINDS = ("AtlasTraining", "AtlasTeacher")
+
+
+def _runs_in(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") in KINDS]
+
+
+EXAMPLES = [run for path in sorted((REPO / "examples").glob("*.yaml")) for run in _runs_in(path)]
+# Runs as the previous release stored them: an upgrade must not make them invalid.
+STORED = [run for path in sorted((REPO / "tests/fixtures/upgrade").glob("*/*.yaml")) for run in _runs_in(path)]
+BUILT = [training(), teacher(), tiny_training("tiny-run"), teacher(backend="JobSet"), training(algorithm="sft")]
+
+
+# A valid value of each GRPO-only spec.training field (atlas_contract.defaults.GRPO_ONLY).
+GRPO_ONLY_VALUES = {
+    "beta": 0.1,
+    "epsilon": 0.3,
+    "lossType": "grpo",
+    "maxCompletionLength": 256,
+    "numGenerations": 4,
+    "numIterations": 2,
+    "scaleRewards": "batch",
+    "temperature": 0.7,
+    "topP": 0.9,
+}
+
+
+def variants(count: int, seed: int = 33) -> list[dict[str, Any]]:
+    """Runs with the fields the rules read set at random to values around each rule's edge."""
+    rng = random.Random(seed)
+
+    def pick(*choices: Any) -> Any:
+        return copy.deepcopy(rng.choice(choices))
+
+    def some(**fields: tuple) -> dict[str, Any]:
+        chosen = {key: pick(*choices) for key, choices in fields.items()}
+        return {key: value for key, value in chosen.items() if value is not None}
+
+    runs = []
+    for _ in range(count):
+        kind = pick(*KINDS)
+        manifest = (teacher if kind == "AtlasTeacher" else training)(
+            pick("grpo-run", "a" * 44, "a" * 45, "a" * 46, "a" * 55, "a" * 56, "Bad-name", "1-run")
+        )
+        spec = manifest["spec"]
+        spec["training"] = some(perDeviceTrainBatchSize=(4,), numGenerations=(None, 4), maxSteps=(10,))
+        spec["training"].update(pick({}, {}, *({key: value} for key, value in GRPO_ONLY_VALUES.items())))
+        if kind == "AtlasTraining":
+            spec["algorithm"] = pick(None, "grpo", "sft")
+        rollout = some(
+            mode=(None, None, "server", "colocate"),
+            replicas=(None, 0, 1, 2),
+            gpus=(None, 1, 2, 3, 4),
+            tensorParallelSize=(None, 1, 2, 3),
+            enableSleepMode=(None, None, True),
+            args=(None, None, [], ["--enforce-eager"]),
+            image=(None, None, "vllm/vllm-openai:v0.30.0"),
+            cpu=(None, None, "8"),
+            memory=(None, None, "64Gi"),
+        )
+        spec["rollout"] = rollout
+        spec["resources"] = some(
+            nodes=(None, 1, 3, 12), gpusPerNode=(None, 0, 1, 2, 4, 8), processesPerNode=(None, None, 1, 2, 3, 8)
+        )
+        spec["reward"] = some(
+            funcs=(None, None, [], ["exact_match"], ["exact_match", "boxed_format"], ["made_up"]),
+            weights=(None, None, [], [1.0], [1.0, 0.5], [1.0, 1.0, 1.0]),
+            config=(None, None, "interpretation"),
+            configMapRef=(None, None, {"name": "my-reward"}),
+        )
+        spec["backend"] = pick(None, "PyTorchJob", "JobSet")
+        spec["env"] = pick(
+            [],
+            [{"name": "KEY", "value": "v"}],
+            [{"name": "A", "value": "1"}, {"name": "KEY", "value": "v", "valueFrom": {"secretKeyRef": {"name": "s"}}}],
+        )
+        if kind == "AtlasTeacher":
+            spec["student"]["rollout"] = some(
+                replicas=(None, 0, 1, 2, 3), gpus=(None, 1, 2, 3), tensorParallelSize=(1, 2)
+            )
+        for key in [k for k, v in spec.items() if v is None]:
+            del spec[key]
+        runs.append(manifest)
+    return runs
+
+
+CORPUS = [*EXAMPLES, *STORED, *BUILT, *variants(700)]
+
+
+def _messages(kind: str, schema: dict | None = None) -> set[str]:
+    """What the CRD's rules say they expect (a message is ``<field>: <expected>``)."""
+    schema = schema or crd_schema(kind)
+    found, stack = set(), [schema]
+    while stack:
+        node = stack.pop()
+        for validation in node.get("x-kubernetes-validations") or []:
+            found.add(validation["message"].partition(": ")[2])
+        stack += list((node.get("properties") or {}).values()) + ([node["items"]] if "items" in node else [])
+    return found
+
+
+@functools.cache
+def _jsonschema(kind: str) -> dict[str, Any]:
+    return crd_jsonschema(custom_resource_definition(kind))
+
+
+def _schema_valid(manifest: dict[str, Any]) -> bool:
+    try:
+        openapi_validate(manifest, _jsonschema(manifest["kind"]))
+    except Exception:  # noqa: BLE001 - the API server refuses it before any rule: not a parity case
+        return False
+    return True
+
+
+def disagreements(corpus: list[dict[str, Any]], schemas: dict[str, dict] | None = None) -> list[str]:
+    """Each manifest where the CRD's rules and the operator refuse different things."""
+    schemas = schemas or {kind: crd_schema(kind) for kind in KINDS}
+    found = []
+    for manifest in corpus:
+        if not _schema_valid(manifest):
+            continue
+        schema = schemas[manifest["kind"]]
+        by_cel = sorted(r.as_problem() for r in admission_refusals(manifest, schema=schema))
+        try:
+            parse_run(manifest)
+            problems = []
+        except InvalidFields as invalid:
+            problems = invalid.problems
+        expected = _messages(manifest["kind"], schema)
+        by_operator = sorted(p for p in problems if p.partition(": ")[2] in expected)
+        if by_cel != by_operator:
+            found.append(
+                f"{manifest['metadata']['name']} {manifest['spec']}:\n  CEL {by_cel}\n  operator {by_operator}"
+            )
+    return found
+
+
+def test_the_crd_rules_and_the_operator_agree_on_every_manifest():
+    assert len([m for m in CORPUS if _schema_valid(m)]) > 400
+    assert disagreements(CORPUS) == []
+
+
+def test_every_rule_is_met_and_broken_by_some_manifest():
+    """Each rule is exercised both ways by the parity corpus (a rule never broken proves nothing)."""
+    for kind in KINDS:
+        runs = [m for m in CORPUS if m["kind"] == kind and _schema_valid(m)]
+        broken = {r.rule for m in runs for r in admission_refusals(m)}
+        rules = [v["rule"] for v in _validations(crd_schema(kind)) if not is_transition(v["rule"])]
+        assert sorted(set(rules) - broken) == [], f"{kind}: rules no manifest breaks {sorted(set(rules) - broken)}"
+        for rule in rules:  # and met: some valid run passes it
+            assert any(rule not in {r.rule for r in admission_refusals(m)} for m in runs[:50])
+
+
+def test_examples_and_stored_runs_pass_every_rule():
+    for manifest in [*EXAMPLES, *STORED, *BUILT[:4]]:
+        assert admission_refusals(manifest) == [], manifest["metadata"]["name"]
+
+
+def test_the_parity_check_fails_when_one_side_changes():
+    """The CRD's rule for the rollout server's GPUs weakened to `true`: the parity check notices."""
+    schemas = {kind: copy.deepcopy(crd_schema(kind)) for kind in KINDS}
+    for validation in _validations(schemas["AtlasTraining"]):
+        if validation.get("fieldPath") == ".rollout.gpus" and "tensorParallelSize" in validation["message"]:
+            validation["rule"] = "true"
+    broken = with_spec(training(), rollout={"replicas": 1, "gpus": 3, "tensorParallelSize": 2})
+    assert len(disagreements([broken], schemas)) == 1
+    assert disagreements([broken]) == []
+
+
+def test_the_jobset_name_rule_is_the_pod_name_limit():
+    """metadata.name on JobSet: the rule's arithmetic is names.max_jobset_run_name for every node count."""
+    for nodes in (1, 2, 10, 11, 100, 101):
+        limit = max_jobset_run_name(nodes)
+        for length in (limit, limit + 1):
+            manifest = training("a" * length, backend="JobSet", resources={"nodes": nodes, "gpusPerNode": 8})
+            refused = [r for r in admission_refusals(manifest) if "JobSet" in r.message]
+            assert bool(refused) == (length > limit), (nodes, length)
+
+
+def test_the_operator_checks_the_jobset_rules_with_its_default_backend():
+    """spec.backend unset: the API server cannot know the operator's default, the operator can."""
+    manifest = teacher(student={"model": "m/s", "rollout": {"replicas": 3}})
+    assert admission_refusals(manifest) == []
+    assert parse_run(manifest).backend == "PyTorchJob"
+    with pytest.raises(InvalidFields) as invalid:
+        parse_run(manifest, default_backend="JobSet")
+    assert [p.split(":")[0] for p in invalid.value.problems] == ["spec.student.rollout.replicas"]
+
+
+# ------------------------------------------------------------------ transition rules
+
+# A change of each field a checkpoint fixes, and of fields a running run takes (the operator recreates the job).
+FIXED_CHANGES = {
+    "model": "Qwen/Qwen2.5-1.5B-Instruct",
+    "dataset": {"source": "builtin://arithmetic", "split": "test"},
+    "reward": {"funcs": ["exact_match"]},
+    "training.learningRate": 3e-6,
+    "training.lrSchedulerType": "cosine",
+    "training.warmupSteps": 10.0,
+    "training.weightDecay": 0.1,
+    "training.seed": 7,
+}
+TAKEN_CHANGES = {
+    "training.maxSteps": 1000,
+    "training.beta": 0.0,
+    "backend": "JobSet",  # the operator moves the run (tests/test_operator_jobset.py)
+    "suspend": True,
+    "resources.nodes": 2,
+    "checkpoint.saveSteps": 10,
+    "maxRestarts": 5,
+}
+
+
+def _changed(manifest: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    manifest = copy.deepcopy(manifest)
+    *parents, last = path.split(".")
+    node = manifest["spec"]
+    for name in parents:
+        node = node.setdefault(name, {})
+    node[last] = value
+    return manifest
+
+
+def _transition_refusals(new: dict[str, Any], old: dict[str, Any]) -> list[str]:
+    return [r.path or r.message.split(":")[0] for r in admission_refusals(new, old) if is_transition(r.rule)]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda m: m["metadata"]["name"])
+def test_a_change_a_checkpoint_fixes_is_refused_on_update(example):
+    assert set(FIXED_CHANGES) == set(CHECKPOINT_FIXED)
+    assert _transition_refusals(example, example) == []
+    for path, value in FIXED_CHANGES.items():
+        refused = admission_refusals(_changed(example, path, value), example)
+        assert [r.message for r in refused] == [
+            f"spec.{path}: fixed by the run's checkpoints (the trainer would refuse to resume them); create a new "
+            "run to change it"
+        ], path
+    for path, value in TAKEN_CHANGES.items():
+        assert _transition_refusals(_changed(example, path, value), example) == [], path
+    if example["kind"] == "AtlasTeacher":
+        assert _transition_refusals(_changed(example, "student.model", "m/other"), example) == ["spec.student.model"]
+    else:
+        assert _transition_refusals(_changed(example, "algorithm", "sft"), example) == ["spec.algorithm"]
+
+
+def test_setting_or_unsetting_a_fixed_field_is_a_change():
+    base = training()
+    lr = _changed(base, "training.learningRate", 1e-6)
+    assert _transition_refusals(lr, base) == _transition_refusals(base, lr) == ["spec.training.learningRate"]
+    assert _transition_refusals(lr, lr) == []
+
+
+def test_every_setting_the_resume_compares_is_fixed_at_admission():
+    """The trainer's resume refuses a checkpoint whose identity settings (atlas_core/training/runner.py
+    training_settings) differ: every spec change that changes them on a rendered run is refused on update."""
+    from atlas_operator.render import run_config
+    from omegaconf import OmegaConf
+
+    from atlas_core.training.runner import training_settings
+
+    def identity(manifest: dict[str, Any]) -> dict[str, Any]:
+        cfg = OmegaConf.create(run_config(parse_run(manifest)))
+        return training_settings(cfg, cfg.trainer)
+
+    compared = set()
+    for example in EXAMPLES:
+        for path, value in {**FIXED_CHANGES, **TAKEN_CHANGES}.items():
+            changed = _changed(example, path, value)
+            before, after = identity(example), identity(changed)
+            if path == "backend":
+                # Not fixed: the operator moves a run to another backend. A teacher's student server has another
+                # URL there, and the identity records that URL (not the student model), so such a move is refused
+                # by the resumed trainer today: an open problem of the backend move, not a field to fix.
+                assert {k for k in before if before[k] != after[k]} <= {"student"}
+                continue
+            if after != before:
+                compared.add(path)
+                assert _transition_refusals(changed, example), path
+    assert compared == set(FIXED_CHANGES)
+
+
+# ------------------------------------------------------------------ what the API server checks of the rules
+
+
+def _validations(schema: dict[str, Any]) -> list[dict[str, str]]:
+    found, stack = [], [schema]
+    while stack:
+        node = stack.pop()
+        found += node.get("x-kubernetes-validations") or []
+        stack += list((node.get("properties") or {}).values()) + ([node["items"]] if "items" in node else [])
+    return found
+
+
+def _levels(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """(level, schema) of every schema node that carries rules."""
+    found = [(path, schema)] if schema.get("x-kubernetes-validations") else []
+    for key, prop in (schema.get("properties") or {}).items():
+        found += _levels(prop, f"{path}.{key}" if path else key)
+    if "items" in schema:
+        found += _levels(schema["items"], f"{path}[*]")
+    return found
+
+
+REFERENCE = re.compile(r"(has\()?\b(self|oldSelf)((?:\.[A-Za-z_]\w*)+)")
+KUBERNETES_BOUNDED = {"metadata.name"}  # the API server's own bound (a DNS subdomain, 253)
+
+
+def _resolve(schema: dict[str, Any], steps: list[str]) -> dict[str, Any] | None:
+    for step in steps:
+        schema = (schema.get("properties") or {}).get(step)
+        if schema is None:
+            return None
+    return schema
+
+
+def _unbounded(schema: dict[str, Any], where: str) -> list[str]:
+    kind = schema.get("type")
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return [f"{where}: unknown fields"]
+    if kind == "string":
+        return [] if "maxLength" in schema else [f"{where}: no maxLength"]
+    if kind == "array":
+        return ([] if "maxItems" in schema else [f"{where}: no maxItems"]) + _unbounded(schema["items"], f"{where}[*]")
+    if kind == "object" and "additionalProperties" in schema:
+        missing = [] if "maxProperties" in schema else [f"{where}: no maxProperties"]
+        return missing + _unbounded(schema["additionalProperties"], f"{where}.*")
+    if kind == "object":
+        return [p for key, prop in schema["properties"].items() for p in _unbounded(prop, f"{where}.{key}")]
+    return []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_rule_compiles_and_reads_declared_bounded_fields(kind):
+    """What the API server checks when the CRD is applied: each rule compiles, names only fields of its schema
+    (it type-checks them), a fieldPath names a field; and its cost is bounded: every string, list and map a rule
+    reads has maxLength / maxItems / maxProperties (a has() test reads nothing), and rules on list items sit
+    under a bounded list."""
+    env = cel.NewEnv(variables={"self": cel.Type.DYN, "oldSelf": cel.Type.DYN})
+    schema = crd_schema(kind)
+    problems = []
+    for level, node in _levels(schema):
+        if "[*]" in level:
+            lists = level.split("[*]")[:-1]
+            problems += [f"{lst}: no maxItems" for lst in lists if "maxItems" not in _resolve(schema, lst.split("."))]
+        for validation in node["x-kubernetes-validations"]:
+            env.compile(validation["rule"])
+            if "fieldPath" in validation:
+                assert _resolve(node, validation["fieldPath"].lstrip(".").split(".")) is not None, validation
+            for match in REFERENCE.finditer(validation["rule"]):
+                only_tested, path = match.group(1), match.group(3)
+                steps = path.lstrip(".").split(".")
+                if validation["rule"][match.end() : match.end() + 1] == "(":  # a method call: .matches(...)
+                    steps.pop()
+                name = ".".join(filter(None, [level, *steps]))
+                read = _resolve(node, steps)
+                if name in KUBERNETES_BOUNDED:
+                    continue
+                if read is None:
+                    problems.append(f"{name}: not in the schema ({validation['rule']})")
+                elif not only_tested:
+                    problems += _unbounded(read, name)
+    assert problems == []
+
+
+def test_bounds_are_enforced_and_documented():
+    """A bound is the same for kubectl and the operator, and `kubectl explain` shows it."""
+    spec = crd_schema("AtlasTraining")["properties"]["spec"]["properties"]
+    assert spec["model"]["maxLength"] == 1024 and "Bound: at most 1024 characters." in spec["model"]["description"]
+    assert spec["env"]["maxItems"] == 128
+    with pytest.raises(InvalidFields) as invalid:
+        parse_run(training(reward={"funcs": ["exact_match"] * 17}))
+    assert "spec.reward.funcs: expected at most 16 items, got 17" in invalid.value.problems
+    with pytest.raises(InvalidFields) as invalid:
+        parse_run(training(queueName="q" * 64))
+    assert "spec.queueName: expected at most 63 characters, got 64" in invalid.value.problems
+
+
+def test_the_readme_lists_every_rule():
+    """README "Validation" names the field of every rule (the message's field, list items as `[*]`)."""
+    text = (REPO / "README.md").read_text()
+    section = re.search(r"^### Validation\n(.*?)(?=^##)", text, re.S | re.M).group(1)
+    for kind in KINDS:
+        for validation in _validations(crd_schema(kind)):
+            field = validation["message"].partition(": ")[0]
+            last = field.rsplit(".", 1)[-1]
+            assert f"`{field}" in section or f"`{last}" in section, field
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_crds_with_their_rules_are_valid_for_the_oldest_kubernetes_the_chart_takes(kind):
+    """x-kubernetes-validations with fieldPath is a CustomResourceDefinition field from Kubernetes 1.29 (the
+    chart's kubeVersion is >=1.29); strict: a misspelled key of a rule fails."""
+    import kubernetes_validate
+
+    (path,) = (p for p in (REPO / "crds").glob("*.yaml") if f"kind: {kind}\n" in p.read_text())
+    kubernetes_validate.validate(yaml.safe_load(path.read_text()), "1.29.0", strict=True)
+
+
+def test_what_cel_cannot_hold_never_stops_the_rules():
+    """A YAML date in spec.training.extra (CEL sees no unknown field, as in the API server) and a number beyond
+    64 bits (refused by the schema first, as Kubernetes stores none) leave every rule to run."""
+    import datetime
+
+    manifest = training(
+        env=[{"name": "A", "value": "1", "valueFrom": {"when": datetime.date(2024, 1, 1)}}],
+        training={"maxSteps": 10**30, "extra": {"when": datetime.date(2024, 1, 1)}},
+    )
+    with pytest.raises(InvalidFields) as invalid:
+        parse_run(manifest)
+    assert sorted(p.split(":")[0] for p in invalid.value.problems) == ["spec.env[0]", "spec.training.maxSteps"]
