@@ -759,7 +759,9 @@ def validate_run(run: Run) -> list[str]:
 def dataset_problems(spec: RunSpec) -> list[str]:
     """Every dataset the run reads, training and evaluation, checked as far as the manifest tells
     (atlas_contract.datasets: builtins, their kinds and splits; a file on the checkpoint volume is checked by the
-    trainer at start-up, before any model loads)."""
+    trainer at start-up, before any model loads). A dataset missing altogether is the schema's problem, said once."""
+    if spec.dataset is None:
+        return []
     training = datasets.dataset_problems(
         spec.dataset.source, spec.dataset.split, spec.algorithm, "spec.dataset", local=False
     )
