@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from atlas_operator.crd import custom_resource_definition
-from atlas_operator.spec import parse_run
+from atlas_operator.validation import parse_run
 from atlas_operator.validation_rules import CHECKPOINT_FIXED
 from cel_admission import admission_refusals, crd_schema, is_transition
 from cel_expr_python import cel

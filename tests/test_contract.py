@@ -16,7 +16,8 @@ import pytest
 import yaml
 from atlas_operator.render import render_children
 from atlas_operator.schema import _unwrap_optional, camel
-from atlas_operator.spec import AtlasTeacherSpec, AtlasTrainingSpec, parse_run
+from atlas_operator.spec import AtlasTeacherSpec, AtlasTrainingSpec
+from atlas_operator.validation import parse_run
 
 from atlas_contract import metrics as contract_metrics
 from atlas_contract.errors import InvalidFields
@@ -351,7 +352,8 @@ def test_operator_owned_trainer_fields_are_exactly_what_the_operator_writes():
     """Every trainer field run.yaml gets from somewhere other than spec.training is refused in
     spec.training.extra (it would be overwritten without a word), and the list holds nothing else."""
     from atlas_operator.render import run_config
-    from atlas_operator.spec import OPERATOR_OWNED_TRAINER_FIELDS, TrainingSpec
+    from atlas_operator.spec import TrainingSpec
+    from atlas_operator.validation import OPERATOR_OWNED_TRAINER_FIELDS
 
     spec_fields = {f.name for f in dataclasses.fields(TrainingSpec)} - {"extra"}
     written = set()

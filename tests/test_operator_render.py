@@ -23,8 +23,9 @@ from atlas_operator.render import (
     render_children,
     run_config,
 )
-from atlas_operator.spec import TrainingSpec, parse_run
+from atlas_operator.spec import TrainingSpec
 from atlas_operator.status import Outcome, job_phase, merge_conditions, parse_progress, status_update
+from atlas_operator.validation import parse_run
 from conftest import PYTHON, REPO, python_env
 from kube_emulator import wait_for
 from operator_support import (

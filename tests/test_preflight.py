@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from atlas_operator.cli import render_main
-from atlas_operator.spec import parse_run
+from atlas_operator.validation import parse_run
 
 from atlas_cli.main import main as atlas
 from atlas_contract.errors import InvalidFields

@@ -3,9 +3,10 @@ Kubeflow PyTorchJobs and vLLM rollout servers, or one JobSet.
 
 Types → builders → loops, as in Kubebuilder projects:
 
-- pure (no cluster needed): ``spec`` (the API types, spec and status, and their validation; the CRDs are generated
-  from them by ``crd``/``generate``, with ``schema``), ``render`` (the children of a run, a module per object family),
-  ``presets`` (Accelerate and DeepSpeed), ``status`` (phase, conditions, progress, the status patch of a
+- pure (no cluster needed): ``spec`` (the API types, spec and status; the CRDs are generated
+  from them by ``crd``/``generate``, with ``schema``), ``validation`` (a manifest → a run, every problem named;
+  the CEL rules it shares with the CRDs in ``validation_rules``), ``render`` (the children of a run, a module per
+  object family), ``presets`` (Accelerate and DeepSpeed), ``status`` (phase, conditions, progress, the status patch of a
   reconciliation), and the policies of what may be written: ``ownership`` (only what the run controls) and
   ``revisions`` (a running job changes only when its user changed the run);
 - cluster-facing: ``kube`` (API calls), ``informer`` (the children, watched), ``reconcile`` (parse → render → apply

@@ -13,7 +13,8 @@ import yaml
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import BACKENDS, OPERATOR_METRICS_PORT
 from atlas_contract.text import decode_text, read_text
-from atlas_operator.spec import Run, parse_run
+from atlas_operator.spec import Run
+from atlas_operator.validation import parse_run
 
 
 def load_manifests(path: str) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ server's. Kubernetes evaluates a rule with ``self`` bound to the object at the r
 the operator binds ``self`` to the same level of the parsed spec (:func:`atlas_operator.schema.to_object`),
 whose defaults are the CRD's.
 
-What CEL cannot see stays in :func:`atlas_operator.spec.validate_run` (and the README lists it, "Validation"):
+What CEL cannot see stays in :func:`atlas_operator.validation.validate_run` (and the README lists it, "Validation"):
 ``spec.training.extra`` (preserve-unknown-fields are invisible to CEL), the bundled reward config names (the
 operator's files), and cluster state (the PVC, the reward ConfigMap, the backend's CRD). Where a rule needs a
 value the operator decides (``spec.backend`` unset: the operator's default backend), the operator evaluates it

@@ -29,7 +29,7 @@ from atlas_operator.render import (
 )
 from atlas_operator.revisions import Revision, stamp
 from atlas_operator.spec import ConditionType as Condition
-from atlas_operator.spec import Run, parse_run
+from atlas_operator.spec import Run
 from atlas_operator.status import (
     Event,
     Outcome,
@@ -38,6 +38,7 @@ from atlas_operator.status import (
     training_reason,
     watchdog_restarts,
 )
+from atlas_operator.validation import parse_run
 
 
 class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
