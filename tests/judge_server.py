@@ -53,7 +53,7 @@ def judgment(score: float, uncertainty: float = 0.1, rationale: str = "fine") ->
 
 
 class JudgeServer:
-    def __init__(self, script: Callable[[Call], Reply], served_model: str = "served-model"):
+    def __init__(self, script: Callable[[Call], Reply], served_model: str = "served-model", port: int = 0):
         self.script = script
         self.served_model = served_model
         self.calls: list[Call] = []
@@ -61,7 +61,7 @@ class JudgeServer:
         self.max_in_flight = 0
         self._lock = threading.Lock()
         self._ready = threading.Event()
-        self.port = 0
+        self.port = port  # 0: any free port; a given one lets a test bring "the same server" back
 
     @property
     def base_url(self) -> str:
@@ -134,7 +134,7 @@ class JudgeServer:
         # Closing does not wait for replies still held back (a stalled reply's delay): the test is over.
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         self._loop.run_until_complete(site.start())
         self.port = self._runner.addresses[0][1]
         self._ready.set()

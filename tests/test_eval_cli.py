@@ -246,9 +246,10 @@ def test_endpoint_dies_mid_way_and_the_same_command_resumes(tmp_path, capsys):
     output = tmp_path / "resumed"
     student = Student()
     student.fail_after = 2 * 3 * 2  # two batches of 2 problems, 3 student calls each
-    with JudgeServer(teacher_script, "teacher-model") as teacher_server, JudgeServer(student, "student-model") as sv:
-        command = eval_cmd(teacher_server.base_url, sv.base_url, output, "--limit", "6", "-k", "2", "--batch-size", "2")
-        assert atlas(command) == 1
+    with JudgeServer(teacher_script, "teacher-model") as teacher_server:
+        with JudgeServer(student, "student-model") as sv:
+            command = eval_cmd(teacher_server.base_url, sv.base_url, output, "--limit", "6", "-k", "2", "--batch-size", "2")
+            assert atlas(command) == 1
         stderr = capsys.readouterr().err
         (line,) = errors(stderr)
         assert "after 4 of 6 problems" in line and "HTTP 500" in line
@@ -257,9 +258,12 @@ def test_endpoint_dies_mid_way_and_the_same_command_resumes(tmp_path, capsys):
         assert len(kept) == 4 and not (output / "eval.json").exists()
         assert len(teacher_server.calls) == 4
 
-        student.fail_after = None  # the server is back
+        # The server comes back on the same address. A fresh server, not a flag flipped on the old one: a request
+        # the failed run had sent as it ended would otherwise be answered by the healthy student, and counted here.
+        student.fail_after = None
         asked_before = len(student.answered)
-        assert atlas(command) == 0, capsys.readouterr().err[-3000:]
+        with JudgeServer(student, "student-model", port=sv.port):
+            assert atlas(command) == 0, capsys.readouterr().err[-3000:]
         asked_again = student.answered[asked_before:]
     report, lines = read_outputs(output)
     assert report["problems"] == 6 and len(lines) == 6 and [r["index"] for r in lines] == list(range(6))
