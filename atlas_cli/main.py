@@ -64,14 +64,9 @@ def _train_manifest(path: str, overrides: list[str]) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from atlas_core.cli.demo import run_demo
+    from atlas_core.cli.demo_options import size_of
 
-    return run_demo(
-        output=Path(args.output),
-        grpo_steps=args.steps,
-        sft_steps=args.sft_steps,
-        teacher_steps=args.teacher_steps,
-        metrics_port=args.metrics_port,
-    )
+    return run_demo(output=Path(args.output), size=size_of(args), metrics_port=args.metrics_port)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -85,9 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="offline tiny model: SFT warm-up, GRPO, teacher GRPO on CPU, in minutes")
-    demo.add_argument("--steps", type=int, default=200, help="GRPO steps (default 200)")
-    demo.add_argument("--sft-steps", type=int, default=800, help="student SFT warm-up steps (default 800)")
-    demo.add_argument("--teacher-steps", type=int, default=150, help="teacher GRPO steps (default 150)")
+    from atlas_core.cli.demo_options import add_arguments as add_demo_arguments
+
+    add_demo_arguments(demo)
     demo.add_argument("--output", default="atlas-demo", help="output folder (default ./atlas-demo)")
     demo.add_argument(
         "--metrics-port",

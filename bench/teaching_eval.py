@@ -8,7 +8,10 @@ side by side with the targets of issue 13:
 * the GRPO teacher lifts the student by >= 15.7 points (ATLAS's average) with non-degradation >= 97%;
 * the student alone is between 20% and 80%;
 * the GRPO teacher's delta beats the SFT-only teacher's;
-* the teaching reward of the demo's last 10 teacher-GRPO steps is above 0.
+* the teaching reward of the demo's last 10 teacher-GRPO steps is above 0;
+* the stages learn: the GRPO reward of the last 30 steps beats the first 30 by more than 0.05, and the
+  teacher's reward of the last 20 steps beats its first 20 (``make test`` runs a small demo, whose
+  few steps show the stages work, not that they learn: these are checked here, on the full one).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/teaching_eval.py [--output DIR] [--reuse] [--problems 200]
 """
@@ -37,10 +40,12 @@ def main() -> int:
     parser.add_argument("--problems", type=int, default=None, help="held-out problems (default: the demo's)")
     args = parser.parse_args()
 
-    from atlas_core.cli.demo import EVAL_PROBLEMS, _quiet_libraries, evaluate_teachers, run_demo
+    from atlas_core.cli.demo import evaluate_teachers, run_demo
+    from atlas_core.cli.demo_options import DemoSize
+    from atlas_core.cli.display import quiet_libraries
     from atlas_core.training.algorithms.grpo_config import GRPOConfig
 
-    _quiet_libraries()
+    quiet_libraries()
     output = Path(args.output or tempfile.mkdtemp(prefix="atlas-teaching-eval-"))
     started = time.perf_counter()
     if not args.reuse:
@@ -49,11 +54,13 @@ def main() -> int:
             return code
     demo_seconds = time.perf_counter() - started
     teacher_args = GRPOConfig(**_trainer_args(output / "teacher"))
-    reports = evaluate_teachers(output, teacher_args, problems=args.problems or EVAL_PROBLEMS)
+    reports = evaluate_teachers(output, teacher_args, args.problems or DemoSize().eval_problems)
 
     records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     teaching = [r["teaching/reward"] for r in records if r.get("stage") == "teacher" and "teaching/reward" in r]
     last10 = statistics.mean(teaching[-10:]) if teaching else float("nan")
+    grpo_rise = _rise([r["reward"] for r in records if r.get("stage") == "grpo" and "reward" in r], 30)
+    teacher_rise = _rise([r["reward"] for r in records if r.get("stage") == "teacher" and "reward" in r], 20)
     sft, grpo = reports["SFT-only teacher"], reports["GRPO teacher"]
 
     print(f"\nteaching evaluation: {grpo.problems} held-out problems, demo {demo_seconds:.0f} s")
@@ -93,12 +100,21 @@ def main() -> int:
             grpo.accuracy_delta > sft.accuracy_delta,
         ),
         ("teaching reward, last 10 GRPO steps > 0", last10, last10 > 0),
+        ("GRPO reward, last 30 steps - first 30 > 0.05", grpo_rise, grpo_rise > 0.05),
+        ("teacher reward, last 20 steps - first 20 > 0", teacher_rise, teacher_rise > 0),
     ]
     print()
     for name, value, ok in checks:
         print(f"  {'PASS' if ok else 'MISS'}  {name}: {value:.3f}")
     print(f"\nmodels and per-problem records: {output}")
     return 0
+
+
+def _rise(rewards: list[float], window: int) -> float:
+    """Mean reward of the last ``window`` steps minus that of the first ``window`` (NaN if too few)."""
+    if len(rewards) < 2 * window:
+        return float("nan")
+    return statistics.mean(rewards[-window:]) - statistics.mean(rewards[:window])
 
 
 def _trainer_args(stage: Path) -> dict:

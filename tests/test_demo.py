@@ -1,5 +1,6 @@
-"""``atlas demo`` at its defaults: SFT warm-up, GRPO, teacher GRPO, the teaching evaluation; live Prometheus,
-summary tables, metrics.jsonl, PNG. (Its quality targets are measured by bench/teaching_eval.py, not here.)"""
+"""``atlas demo`` at a small size: every stage (SFT warm-up, GRPO, teacher warm-up, teacher GRPO, the teaching
+evaluation), live Prometheus, summary tables, metrics.jsonl, PNG. A few steps show the stages work together;
+that they learn, and the teaching targets, are measured on the full demo by ``bench/teaching_eval.py``."""
 
 from __future__ import annotations
 
@@ -13,12 +14,16 @@ import urllib.request
 
 from conftest import PYTHON, free_port, python_env
 
+#: The test's demo: small, with more GRPO steps than the endpoint check needs to see a reward.
+SIZE = {"--sft-steps": 200, "--steps": 40, "--teacher-sft-steps": 100, "--teacher-steps": 20, "--eval-problems": 40}
+
 
 def test_demo_end_to_end(tmp_path, atlas_cache):
     port = free_port()
     out = tmp_path / "demo"
+    size = [str(item) for flag_value in SIZE.items() for item in flag_value]
     proc = subprocess.Popen(
-        [PYTHON, "-m", "atlas_cli.main", "demo", "--output", str(out), "--metrics-port", str(port)],
+        [PYTHON, "-m", "atlas_cli.main", "demo", "--output", str(out), "--metrics-port", str(port), *size],
         cwd=tmp_path,
         env=python_env(COLUMNS="120"),
         stdout=subprocess.PIPE,
@@ -46,18 +51,19 @@ def test_demo_end_to_end(tmp_path, atlas_cache):
 
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {r["stage"] for r in records} == {"sft", "grpo", "teacher-sft", "teacher"}
+    steps = {stage: max(r["step"] for r in records if r["stage"] == stage) for stage in ("sft", "teacher-sft")}
+    assert steps == {"sft": SIZE["--sft-steps"], "teacher-sft": SIZE["--teacher-sft-steps"]}
     rewards = [r["reward"] for r in records if r["stage"] == "grpo" and "reward" in r]
-    assert len(rewards) == 200
-    assert statistics.mean(rewards[-30:]) > statistics.mean(rewards[:30]) + 0.05
+    assert len(rewards) == SIZE["--steps"] and all(0 <= reward <= 1 for reward in rewards)
+    assert statistics.pstdev(rewards) > 0  # the GRPO stage is scored on its problems, not on a constant
     teaching = [r for r in records if r["stage"] == "teacher" and "teaching/reward" in r]
-    assert len(teaching) == 150
+    assert len(teaching) == SIZE["--teacher-steps"]
     # TRL's reward is a float32 mean of the same rewards: equal up to float32 rounding.
     assert all(math.isclose(r["reward"], r["teaching/reward"], rel_tol=1e-6, abs_tol=1e-6) for r in teaching)
-    assert statistics.mean(r["reward"] for r in teaching[-20:]) > statistics.mean(r["reward"] for r in teaching[:20])
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "grpo" / "model.safetensors").exists() and (out / "teacher" / "model.safetensors").exists()
     summary_rows = [line for line in output.splitlines() if line.startswith(("│ sft", "│ grpo", "│ teacher"))]
-    assert len(summary_rows) == 4 and "200" in summary_rows[1], output[-3000:]
+    assert len(summary_rows) == 4 and f" {SIZE['--steps']} " in summary_rows[1], output[-3000:]
     assert "wall time" in output
     assert "Traceback" not in output
     # the evaluation stage: both teachers on the same held-out problems, the same student alone
@@ -66,7 +72,7 @@ def test_demo_end_to_end(tmp_path, atlas_cache):
     }
     for name, report in reports.items():
         lines = (out / "eval" / name / "problems.jsonl").read_text().splitlines()
-        assert report["problems"] == len(lines) == 200 and report["split"] == "test"
+        assert report["problems"] == len(lines) == SIZE["--eval-problems"] and report["split"] == "test"
     assert reports["sft-teacher"]["student_accuracy"] == reports["grpo-teacher"]["student_accuracy"]
     table = output[output.index("teaching evaluation") :]
     assert "+ SFT-only teacher" in table and "+ GRPO teacher" in table and "non-degradation" in table

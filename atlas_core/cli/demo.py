@@ -31,14 +31,11 @@ from rich.table import Table
 from transformers import TrainerCallback
 
 from atlas_contract.names import METRICS_LOG_FILE, TRAINER_METRICS_PORT
+from atlas_core.cli.demo_options import DemoSize
 from atlas_core.cli.display import points, quiet_libraries
 
 METRICS_FILE = METRICS_LOG_FILE
 CURVES_FILE = "curves.png"
-#: Steps of the teacher's warm-up (its demonstrations are long: the teacher prompt holds the template).
-TEACHER_SFT_STEPS = 550
-#: Held-out problems of the evaluation stage (builtin://multistep's test split).
-EVAL_PROBLEMS = 200
 #: The two teachers the evaluation compares: (label, stage whose model it is, folder under eval/).
 EVAL_TEACHERS = (("SFT-only teacher", "teacher-sft", "sft-teacher"), ("GRPO teacher", "teacher", "grpo-teacher"))
 #: Steps averaged at each end of a stage for the "first" and "last" columns of the summary.
@@ -171,7 +168,7 @@ def _summary_table(summaries: list[StageSummary]) -> Table:
     return table
 
 
-def evaluate_teachers(output: Path, teacher_args, problems: int = EVAL_PROBLEMS, progress: Progress | None = None):
+def evaluate_teachers(output: Path, teacher_args, problems: int, progress: Progress | None = None):
     """The two-pass evaluation of both teachers on the held-out split, with the student and the protocol
     settings the teacher was trained with (greedy student: see STAGES); returns {label: TeachingEvaluation}."""
     from atlas_core.evaluation import GuidanceMeter, evaluate_teaching
@@ -263,13 +260,8 @@ def plot_curves(records: list[dict], path: Path, reports: dict | None = None) ->
     plt.close(fig)
 
 
-def run_demo(
-    output: Path,
-    grpo_steps: int = 200,
-    sft_steps: int = 800,
-    teacher_steps: int = 150,
-    metrics_port: int = TRAINER_METRICS_PORT,
-) -> int:
+def run_demo(output: Path, size: DemoSize | None = None, metrics_port: int = TRAINER_METRICS_PORT) -> int:
+    size = size or DemoSize()
     from atlas_contract.errors import InvalidFields
     from atlas_core.cli.train import report_problems
     from atlas_core.models.tiny import build_tiny_model
@@ -293,10 +285,10 @@ def run_demo(
     try:
         with Progress(*columns, TextColumn("{task.fields[info]}"), console=console) as progress:
             steps_of = {
-                "sft": sft_steps,
-                "grpo": grpo_steps,
-                "teacher-sft": TEACHER_SFT_STEPS,
-                "teacher": teacher_steps,
+                "sft": size.sft_steps,
+                "grpo": size.grpo_steps,
+                "teacher-sft": size.teacher_sft_steps,
+                "teacher": size.teacher_steps,
             }
             for stage, recipe, extra in STAGES:
                 steps = steps_of[stage]
@@ -312,7 +304,7 @@ def run_demo(
                 result = run_training(cfg, callbacks=callbacks, quiet=True)
                 summaries.append(_summarise(stage, result.log_history, time.perf_counter() - started))
             started = time.perf_counter()
-            reports = evaluate_teachers(output, result.args, progress=progress)
+            reports = evaluate_teachers(output, result.args, size.eval_problems, progress=progress)
             summaries.append(StageSummary("eval", 0, time.perf_counter() - started, None, None, None, None))
     except InvalidFields as exc:
         report_problems(exc.problems)

@@ -1,0 +1,48 @@
+"""The bench scripts run outside ``make test`` (they take minutes to hours), so a refactor could break them
+unseen: every name they import must exist, and each must answer ``--help``."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, python_env
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+SCRIPTS = sorted(BENCH.glob("*.py"))
+
+
+def imported_names(script: Path) -> list[tuple[int, str, str]]:
+    """(line, module, name) of each absolute ``from module import name`` in the script, lazy ones included."""
+    tree = ast.parse(script.read_text(), filename=str(script))
+    return [
+        (node.lineno, node.module, alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module != "__future__"
+        for alias in node.names
+    ]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
+def test_every_name_a_bench_script_imports_exists(script):
+    assert SCRIPTS, "no bench scripts found"
+    missing = []
+    for line, module, name in imported_names(script):
+        found = importlib.import_module(module)
+        if not hasattr(found, name):
+            try:
+                importlib.import_module(f"{module}.{name}")
+            except ModuleNotFoundError:
+                missing.append(f"{script.name}:{line}: {module}.{name}")
+    assert not missing, "bench imports names that no longer exist:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
+def test_every_bench_script_answers_help(script):
+    done = subprocess.run(
+        [PYTHON, str(script), "--help"], env=python_env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
