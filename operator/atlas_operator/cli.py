@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from atlas_contract.errors import InvalidFields
-from atlas_contract.names import BACKENDS, OPERATOR_METRICS_PORT
+from atlas_contract.names import BACKENDS
 from atlas_contract.text import decode_text, read_text
 from atlas_operator.spec import Run
 from atlas_operator.validation import parse_run
@@ -166,73 +166,70 @@ def operator_main(argv: list[str] | None = None) -> int:
     return kopf_main(args=command, prog_name="atlas operator")
 
 
-def operator_command(argv: list[str] | None = None):
-    """The operator's settings (``OperatorConfig``: flags over ATLAS_* variables) and the ``kopf run`` command line
-    for ``argv``: the namespaces kopf watches runs in are the ones the operator watches children in."""
+#: The operator settings ``atlas operator`` takes as flags: (setting, flag, meaning, extra argparse options).
+#: Each flag's help names its environment variable and the default that applies (both from ``config``).
+SETTING_FLAGS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
+    ("trainer_image", "--trainer-image", "default trainer image", {}),
+    ("rollout_image", "--rollout-image", "default vLLM image", {}),
+    ("progress_interval", "--progress-interval", "seconds between status refreshes", {"type": float}),
+    ("metrics_port", "--metrics-port", "port of /metrics and /healthz; 0 = off", {"type": int}),
+    ("metrics_url_template", "--metrics-url-template", "trainer metrics URL", {}),
+    ("default_backend", "--default-backend", "backend of a run without spec.backend", {"choices": BACKENDS}),
+    (
+        "network_policy",
+        "--network-policy",
+        "a NetworkPolicy per run (needs a CNI that enforces it)",
+        {"action": argparse.BooleanOptionalAction},
+    ),
+    ("monitoring_namespace", "--monitoring-namespace", "namespace whose pods may scrape trainer metrics", {}),
+)
+
+
+def _setting_default(setting: str) -> Any:
+    from atlas_operator.config import OperatorConfig
+
+    defaults = OperatorConfig()
+    if setting in ("trainer_image", "rollout_image"):
+        return getattr(defaults.images, setting.removesuffix("_image"))
+    value = getattr(defaults, setting)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else value
+
+
+def _operator_parser() -> argparse.ArgumentParser:
+    from atlas_operator.config import ENV
+
     parser = argparse.ArgumentParser(prog="atlas operator", description="Run the Atlas operator (kopf).")
     parser.add_argument(
         "-n",
         "--namespace",
         action="append",
         default=None,
-        help="namespace to watch (repeatable; default $ATLAS_WATCH_NAMESPACES, else all)",
+        help=f"namespace to watch (repeatable; default ${ENV['watch_namespaces']}, else all)",
     )
     parser.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
-    parser.add_argument("--trainer-image", help="default trainer image ($ATLAS_TRAINER_IMAGE)")
-    parser.add_argument("--rollout-image", help="default vLLM image ($ATLAS_ROLLOUT_IMAGE)")
-    parser.add_argument(
-        "--progress-interval",
-        type=float,
-        help="seconds between status refreshes ($ATLAS_PROGRESS_INTERVAL, default 15)",
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        help=f"port of /metrics and /healthz ($ATLAS_OPERATOR_METRICS_PORT, default {OPERATOR_METRICS_PORT}; 0 = off)",
-    )
-    parser.add_argument("--metrics-url-template", help="trainer metrics URL ($ATLAS_METRICS_URL_TEMPLATE)")
-    parser.add_argument(
-        "--default-backend",
-        choices=BACKENDS,
-        help="backend of a run without spec.backend ($ATLAS_DEFAULT_BACKEND, default PyTorchJob)",
-    )
-    parser.add_argument(
-        "--network-policy",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="a NetworkPolicy per run ($ATLAS_NETWORK_POLICY, default true; needs a CNI that enforces it)",
-    )
-    parser.add_argument(
-        "--monitoring-namespace",
-        help="namespace whose pods may scrape trainer metrics ($ATLAS_MONITORING_NAMESPACE, default monitoring)",
-    )
+    for setting, flag, meaning, options in SETTING_FLAGS:
+        shown = f"${ENV[setting]}, default {_setting_default(setting)}"
+        parser.add_argument(flag, dest=setting, default=None, help=f"{meaning} ({shown})", **options)
     parser.add_argument(
         "--log-format", choices=("json", "plain", "full"), default=os.environ.get("ATLAS_LOG_FORMAT", "plain")
     )
-    args, kopf_args = parser.parse_known_args(argv)
+    return parser
+
+
+def operator_command(argv: list[str] | None = None):
+    """The operator's settings (``OperatorConfig``: flags over ATLAS_* variables) and the ``kopf run`` command line
+    for ``argv``: the namespaces kopf watches runs in are the ones the operator watches children in."""
+    args, kopf_args = _operator_parser().parse_known_args(argv)
     from atlas_operator import config
 
     settings = config.OperatorConfig.from_env(
         # -A wins over $ATLAS_WATCH_NAMESPACES: the runs and their children are then watched in every namespace.
         watch_namespaces=() if args.all_namespaces else args.namespace,
-        trainer_image=args.trainer_image,
-        rollout_image=args.rollout_image,
-        progress_interval=args.progress_interval,
-        metrics_port=args.metrics_port,
-        metrics_url_template=args.metrics_url_template,
-        default_backend=args.default_backend,
-        network_policy=args.network_policy,
-        monitoring_namespace=args.monitoring_namespace,
+        **{setting: getattr(args, setting) for setting, *_ in SETTING_FLAGS},
     )
     namespaces = settings.watch_namespaces
     scope = ["--all-namespaces"] if not namespaces else [part for n in namespaces for part in ("--namespace", n)]
-    command = [
-        "run",
-        "--standalone",
-        f"--log-format={args.log_format}",
-        *scope,
-        *kopf_args,
-        "-m",
-        "atlas_operator.handlers",
-    ]
-    return settings, command
+    command = ["run", "--standalone", f"--log-format={args.log_format}", *scope, *kopf_args]
+    return settings, [*command, "-m", "atlas_operator.handlers"]
