@@ -37,7 +37,6 @@ class JobPolicies:
         running job is left running and SpecApplied says why. A queued run's suspend is Kueue's: suspending it
         deletes the job. Only ``suspend`` (not queued) is applied in place; an operator upgrade changes nothing."""
         kind, name = desired["kind"], desired["metadata"]["name"]
-        resource = kube.JOBS[kind]
         if existing.get("metadata", {}).get("deletionTimestamp"):
             raise RetryLater(f"{kind} {name} is still being deleted")
         finished = job_phase(existing, False) in FINISHED
@@ -45,44 +44,34 @@ class JobPolicies:
         keeps_progress = bool(run.spec.checkpoint.pvc) or finished or job_suspended(existing)
         if run.spec.queue_name and run.spec.suspend:
             if keeps_progress:
-                self.kube.delete(resource, run.namespace, name)
-                where = f"{run.spec.checkpoint.path}/{run.name}"
-                result.events.append(
-                    Event(
-                        "Normal",
-                        "QueuedRunSuspended",
-                        f"spec.suspend: deleted {kind} {name} (Kueue owns its suspend), releasing its quota; "
-                        f"resuming queues it again and training resumes from the newest checkpoint in {where}",
-                    )
-                )
-                return None, "deleted"
-            result.conditions.append(
-                condition(
-                    Condition.SPEC_APPLIED,
-                    False,
-                    "SuspendNeedsCheckpoint",
-                    f"spec.suspend: Kueue owns {kind} {name}'s suspend (spec.queueName), so suspending means deleting "
-                    "the job, and without spec.checkpoint.pvc that loses all progress; it keeps running (delete "
-                    "the run to stop it, or set spec.checkpoint.pvc for future runs)",
-                )
-            )
+                return self._delete_queued_job(run, kind, name, result)
+            result.conditions.append(_suspend_needs_checkpoint(kind, name))
         changed = revision.changed_since(existing)
-        wanted_hash = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
-        current = (existing.get("metadata", {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
-        if changed and current != wanted_hash:
+        if changed and _spec_hash(existing) != _spec_hash(desired):
             if keeps_progress:
                 return self.recreate_job(run, desired, result)
-            result.conditions.append(
-                condition(
-                    Condition.SPEC_APPLIED,
-                    False,
-                    "RestartNeedsCheckpoint",
-                    f"the spec changed, but a running {kind} cannot be updated and spec.checkpoint.pvc is not set, "
-                    f"so a restart would lose all progress; delete {kind} {name} to restart from scratch "
-                    "(the operator recreates it), or set spec.checkpoint.pvc for future runs",
-                )
-            )
+            result.conditions.append(_restart_needs_checkpoint(kind, name))
             changed = False  # not applied: the job still records the revision it runs
+        return self._patch_in_place(run, kind, name, existing, revision, changed)
+
+    def _delete_queued_job(self, run: Run, kind: str, name: str, result: Outcome) -> tuple[None, str]:
+        """spec.suspend on a queued run: Kueue owns the job's suspend, so the job goes (its quota released)."""
+        self.kube.delete(kube.JOBS[kind], run.namespace, name)
+        where = f"{run.spec.checkpoint.path}/{run.name}"
+        result.events.append(
+            Event(
+                "Normal",
+                "QueuedRunSuspended",
+                f"spec.suspend: deleted {kind} {name} (Kueue owns its suspend), releasing its quota; "
+                f"resuming queues it again and training resumes from the newest checkpoint in {where}",
+            )
+        )
+        return None, "deleted"
+
+    def _patch_in_place(
+        self, run: Run, kind: str, name: str, existing: dict[str, Any], revision: Revision, changed: bool
+    ) -> tuple[dict[str, Any], str | None]:
+        """What may change on a running job: the revision it records, and (not queued) ``suspend``."""
         wanted: dict[str, Any] = {}
         if changed and not revision.is_recorded_on(existing):
             wanted["metadata"] = {"annotations": revision.annotations(kind)}
@@ -92,7 +81,7 @@ class JobPolicies:
         patch = _managed_patch(wanted, existing)
         if patch is None:
             return existing, None
-        return self.kube.patch(resource, run.namespace, name, patch), "patched"
+        return self.kube.patch(kube.JOBS[kind], run.namespace, name, patch), "patched"
 
     def recreate_job(self, run: Run, desired: dict[str, Any], result: Outcome) -> tuple[dict[str, Any], str]:
         kind, name = desired["kind"], desired["metadata"]["name"]
@@ -131,3 +120,29 @@ def _backend_of(body: dict[str, Any]) -> str | None:
     if children.get("jobSet"):
         return "JobSet"
     return "PyTorchJob" if children.get("pytorchJob") else None
+
+
+def _spec_hash(job: dict[str, Any]) -> str | None:
+    return (job.get("metadata", {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
+
+
+def _suspend_needs_checkpoint(kind: str, name: str) -> dict[str, Any]:
+    return condition(
+        Condition.SPEC_APPLIED,
+        False,
+        "SuspendNeedsCheckpoint",
+        f"spec.suspend: Kueue owns {kind} {name}'s suspend (spec.queueName), so suspending means deleting "
+        "the job, and without spec.checkpoint.pvc that loses all progress; it keeps running (delete "
+        "the run to stop it, or set spec.checkpoint.pvc for future runs)",
+    )
+
+
+def _restart_needs_checkpoint(kind: str, name: str) -> dict[str, Any]:
+    return condition(
+        Condition.SPEC_APPLIED,
+        False,
+        "RestartNeedsCheckpoint",
+        f"the spec changed, but a running {kind} cannot be updated and spec.checkpoint.pvc is not set, "
+        f"so a restart would lose all progress; delete {kind} {name} to restart from scratch "
+        "(the operator recreates it), or set spec.checkpoint.pvc for future runs",
+    )

@@ -43,49 +43,20 @@ def jobset(run: Run, images: Images, config: dict[str, Any] | None = None) -> di
     every Job, up to spec.maxRestarts, and the trainer resumes from its newest checkpoint. With a queue,
     Kueue admits the whole set as one workload."""
     spec = run.spec
-    replicated: list[dict[str, Any]] = []
     servers = []
     if spec.rollout.replicas:
         servers.append(("rollout", spec.rollout.replicas, rollout_pod_template(run, images)))
     if has_student_server(run):
         servers.append(("student", spec.student.rollout.replicas, student_pod_template(run, images)))
-    for name, replicas, template in servers:
-        replicated.append({"name": name, "replicas": replicas, "template": {"spec": _one_pod_job(template)}})
-    trainer_job = _one_pod_job(_configured_trainer_template(run, images, config), spec.resources.nodes)
-    # A trainer the step watchdog ended fails its Job with reason PodFailurePolicy, which the JobSet's
-    # WATCHDOG_RESTART_RULE names in its RestartingJobSet condition: the operator counts those restarts.
-    trainer_job["podFailurePolicy"] = {
-        "rules": [
-            {
-                "action": "FailJob",
-                "onExitCodes": {
-                    "containerName": JOBSET_TRAINER_CONTAINER,
-                    "operator": "In",
-                    "values": [WATCHDOG_EXIT_CODE],
-                },
-            }
-        ]
-    }
-    trainer = {"name": "trainer", "replicas": 1, "template": {"spec": trainer_job}}
-    if servers:
-        trainer["dependsOn"] = [{"name": name, "status": "Ready"} for name, _, _ in servers]
-    replicated.append(trainer)
+    replicated = [
+        {"name": name, "replicas": replicas, "template": {"spec": _one_pod_job(template)}}
+        for name, replicas, template in servers
+    ]
+    replicated.append(_trainer_replicated_job(run, images, config, depends_on=[name for name, _, _ in servers]))
     job_spec = {
         "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
         "successPolicy": {"operator": "All", "targetReplicatedJobs": ["trainer"]},
-        "failurePolicy": {
-            "maxRestarts": spec.max_restarts,
-            "restartStrategy": "Recreate",
-            # Any other failure: the default action, RestartJobSet, too (reason DefaultFailurePolicy).
-            "rules": [
-                {
-                    "name": WATCHDOG_RESTART_RULE,
-                    "action": "RestartJobSet",
-                    "onJobFailureReasons": ["PodFailurePolicy"],
-                    "targetReplicatedJobs": ["trainer"],
-                }
-            ],
-        },
+        "failurePolicy": _failure_policy(spec.max_restarts),
         # With a queue, Kueue owns suspend: the JobSet is created suspended and only Kueue resumes it.
         "suspend": spec.suspend or bool(spec.queue_name),
         "replicatedJobs": replicated,
@@ -100,3 +71,35 @@ def jobset(run: Run, images: Images, config: dict[str, Any] | None = None) -> di
         job["metadata"]["labels"][QUEUE_NAME_LABEL] = spec.queue_name
     job["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: job_spec_hash(job)}
     return job
+
+
+def _trainer_replicated_job(
+    run: Run, images: Images, config: dict[str, Any] | None, depends_on: list[str]
+) -> dict[str, Any]:
+    """``trainer``: one Indexed Job, a pod per node, started once every server job is Ready."""
+    trainer_job = _one_pod_job(_configured_trainer_template(run, images, config), run.spec.resources.nodes)
+    # A trainer the step watchdog ended fails its Job with reason PodFailurePolicy, which the JobSet's
+    # WATCHDOG_RESTART_RULE names in its RestartingJobSet condition: the operator counts those restarts.
+    watchdog_exit = {"containerName": JOBSET_TRAINER_CONTAINER, "operator": "In", "values": [WATCHDOG_EXIT_CODE]}
+    trainer_job["podFailurePolicy"] = {"rules": [{"action": "FailJob", "onExitCodes": watchdog_exit}]}
+    trainer = {"name": "trainer", "replicas": 1, "template": {"spec": trainer_job}}
+    if depends_on:
+        trainer["dependsOn"] = [{"name": name, "status": "Ready"} for name in depends_on]
+    return trainer
+
+
+def _failure_policy(max_restarts: int) -> dict[str, Any]:
+    """Any failure restarts the whole gang (Recreate) up to spec.maxRestarts; a watchdog restart is named."""
+    return {
+        "maxRestarts": max_restarts,
+        "restartStrategy": "Recreate",
+        # Any other failure: the default action, RestartJobSet, too (reason DefaultFailurePolicy).
+        "rules": [
+            {
+                "name": WATCHDOG_RESTART_RULE,
+                "action": "RestartJobSet",
+                "onJobFailureReasons": ["PodFailurePolicy"],
+                "targetReplicatedJobs": ["trainer"],
+            }
+        ],
+    }
