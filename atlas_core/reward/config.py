@@ -22,21 +22,18 @@ from atlas_core.openai_calls import RetryPolicy
 
 KNOWN_JUDGES = ("accuracy", "helpfulness", "process", "diagnostic")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-_TOP_LEVEL_KEYS = {
-    "judges",
-    "small_model",
-    "large_model",
-    "temperatures",
-    "variance_threshold",
-    "uncertainty_threshold",
-    "max_concurrency",
-    "timeout_s",
-    "retries",
-    "backoff_s",
-    "max_tokens",
-    "weights",
-    "fallback_score",
+#: The numeric settings: (low, high or None, whole number?). Their defaults are RIMConfig's.
+_NUMBER_RANGES: dict[str, tuple[float, float | None, bool]] = {
+    "variance_threshold": (0.0, 1.0, False),
+    "uncertainty_threshold": (0.0, 1.0, False),
+    "max_concurrency": (1, None, True),
+    "timeout_s": (0.001, None, False),
+    "retries": (0, None, True),
+    "backoff_s": (0.0, None, False),
+    "max_tokens": (1, None, True),
+    "fallback_score": (0.0, 1.0, False),
 }
+_TOP_LEVEL_KEYS = {"judges", "small_model", "large_model", "temperatures", "weights", *_NUMBER_RANGES}
 
 
 class RIMConfigError(ValueError):
@@ -126,6 +123,37 @@ def _number(raw: dict, key: str, default: float, problems: list[str], low=None, 
     return int(value) if integer else float(value)
 
 
+def _judges(raw: dict, problems: list[str]) -> list[str]:
+    judges = raw.get("judges")
+    if not isinstance(judges, list) or not judges:
+        problems.append(f"judges: required, a list of some of {', '.join(KNOWN_JUDGES)}")
+        judges = []
+    for i, judge in enumerate(judges):
+        if not isinstance(judge, str) or judge not in KNOWN_JUDGES:
+            problems.append(f"judges[{i}]: unknown judge {judge!r} (known: {', '.join(KNOWN_JUDGES)})")
+    judges = [j for j in judges if isinstance(j, str)]
+    if len(set(judges)) != len(judges):
+        problems.append("judges: each judge may appear once")
+    return judges
+
+
+def _weights(raw: dict, judges: list[str], problems: list[str]) -> dict[str, float]:
+    weights = raw.get("weights") or {}
+    if not isinstance(weights, dict):
+        problems.append(f"weights: expected a mapping judge -> weight, got {weights!r}")
+        return {}
+    for judge, weight in weights.items():
+        if judge not in judges:
+            problems.append(f"weights.{judge}: not one of the configured judges")
+        elif (
+            isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0
+        ):
+            problems.append(f"weights.{judge}: expected a finite number >= 0, got {weight!r}")
+    if judges and weights and all(weights.get(j, 1.0) == 0 for j in judges):
+        problems.append("weights: at least one judge needs a weight above 0")
+    return {str(k): float(v) for k, v in weights.items() if isinstance(v, (int, float))}
+
+
 def _endpoint(raw: dict, key: str, problems: list[str]) -> ModelEndpoint:
     section = raw.get(key)
     if not isinstance(section, dict):
@@ -161,59 +189,28 @@ def parse_rim_config(raw: Any, source: str = "<dict>") -> RIMConfig:
         k: _expand_except_key_names(v) if k in ("small_model", "large_model") else expand_env(v) for k, v in raw.items()
     }
     problems: list[str] = [f"{k}: unknown key" for k in sorted(set(raw) - _TOP_LEVEL_KEYS)]
-
-    judges = raw.get("judges")
-    if not isinstance(judges, list) or not judges:
-        problems.append(f"judges: required, a list of some of {', '.join(KNOWN_JUDGES)}")
-        judges = []
-    for i, judge in enumerate(judges):
-        if not isinstance(judge, str) or judge not in KNOWN_JUDGES:
-            problems.append(f"judges[{i}]: unknown judge {judge!r} (known: {', '.join(KNOWN_JUDGES)})")
-    judges = [j for j in judges if isinstance(j, str)]
-    if len(set(judges)) != len(judges):
-        problems.append("judges: each judge may appear once")
-
-    small = _endpoint(raw, "small_model", problems)
-    large = _endpoint(raw, "large_model", problems)
-
-    temperatures = raw.get("temperatures", [0.2, 0.5, 0.8])
+    judges = _judges(raw, problems)
+    defaults = RIMConfig(judges=(), small_model=ModelEndpoint(""), large_model=ModelEndpoint(""))
+    temperatures = raw.get("temperatures", list(defaults.temperatures))
     if (
         not isinstance(temperatures, list)
         or not temperatures
         or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 2 for t in temperatures)
     ):
         problems.append(f"temperatures: expected a non-empty list of numbers in [0, 2], got {temperatures!r}")
-        temperatures = [0.2, 0.5, 0.8]
-
-    weights = raw.get("weights") or {}
-    if not isinstance(weights, dict):
-        problems.append(f"weights: expected a mapping judge -> weight, got {weights!r}")
-        weights = {}
-    for judge, weight in weights.items():
-        if judge not in judges:
-            problems.append(f"weights.{judge}: not one of the configured judges")
-        elif (
-            isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0
-        ):
-            problems.append(f"weights.{judge}: expected a finite number >= 0, got {weight!r}")
-    if judges and weights and all(weights.get(j, 1.0) == 0 for j in judges):
-        problems.append("weights: at least one judge needs a weight above 0")
-
+        temperatures = defaults.temperatures
+    numbers = {
+        key: _number(raw, key, getattr(defaults, key), problems, low, high, integer)
+        for key, (low, high, integer) in _NUMBER_RANGES.items()
+    }
     config = RIMConfig(
         judges=tuple(judges),
-        small_model=small,
-        large_model=large,
+        small_model=_endpoint(raw, "small_model", problems),
+        large_model=_endpoint(raw, "large_model", problems),
         temperatures=tuple(float(t) for t in temperatures),
-        variance_threshold=_number(raw, "variance_threshold", 0.15, problems, 0.0, 1.0),
-        uncertainty_threshold=_number(raw, "uncertainty_threshold", 0.3, problems, 0.0, 1.0),
-        max_concurrency=_number(raw, "max_concurrency", 16, problems, 1, None, integer=True),
-        timeout_s=_number(raw, "timeout_s", 30.0, problems, 0.001, None),
-        retries=_number(raw, "retries", 2, problems, 0, None, integer=True),
-        backoff_s=_number(raw, "backoff_s", 1.0, problems, 0.0, None),
-        max_tokens=_number(raw, "max_tokens", 512, problems, 1, None, integer=True),
-        weights={str(k): float(v) for k, v in weights.items() if isinstance(v, (int, float))},
-        fallback_score=_number(raw, "fallback_score", 0.0, problems, 0.0, 1.0),
+        weights=_weights(raw, judges, problems),
         source=source,
+        **numbers,
     )
     if problems:
         raise RIMConfigError(f"{source}: " + "; ".join(problems))
