@@ -119,6 +119,7 @@ JOBSET = f"({has('backend')} && self.backend == 'JobSet')"
 
 
 def _rollout_rules() -> Iterator[Rule]:
+    """Settings that belong to one rollout mode: a server's, or colocate's."""
     for name in SERVER_ONLY_ROLLOUT_FIELDS:
         field = camel(name)
         unset = f"!has(self.{field})" + (f" || size(self.{field}) == 0" if name == "args" else "")
@@ -142,6 +143,10 @@ def _rollout_rules() -> Iterator[Rule]:
         "expected 0 or 1 (the trainer syncs weights into one rollout server; scale it with "
         "spec.rollout.tensorParallelSize)",
     )
+
+
+def _rollout_placement_rules() -> Iterator[Rule]:
+    """Where generation runs (a server, the trainer's GPUs, or the trainer on CPU), seen from the whole spec."""
     yield Rule(
         "spec",
         f"!({has('rollout.mode')} && self.rollout.mode == 'server') || {ROLLOUT_REPLICAS} >= 1",
@@ -327,7 +332,15 @@ def _transition_rules() -> Iterator[Rule]:
 
 RULES: tuple[Rule, ...] = tuple(
     rule
-    for group in (_name_rules, _rollout_rules, _student_rules, _reward_rules, _training_rules, _transition_rules)
+    for group in (
+        _name_rules,
+        _rollout_rules,
+        _rollout_placement_rules,
+        _student_rules,
+        _reward_rules,
+        _training_rules,
+        _transition_rules,
+    )
     for rule in group()
 )
 

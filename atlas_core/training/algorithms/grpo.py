@@ -105,23 +105,13 @@ class GRPOTrainer(TRLHooks, trl.GRPOTrainer):
         accelerator=None,
         **kwargs: Any,
     ):
-        if config is not None:
-            if args is not None and args is not config:
-                raise ValueError("config: pass either config or args (both are the GRPOConfig), not both")
-            args = config
-        if tokenizer is not None:
-            if processing_class is not None and processing_class is not tokenizer:
-                raise ValueError("tokenizer: pass either tokenizer or processing_class, not both")
-            processing_class = tokenizer
+        args = _one_of("config", config, "args", args)
+        processing_class = _one_of("tokenizer", tokenizer, "processing_class", processing_class)
         if reward_model is not None:
             reward_funcs = [*_as_list(reward_funcs), reward_model]
         if ref_model is not None and args is not None and args.beta == 0.0:
             raise ValueError("ref_model: the reference model is only used with a KL penalty (set beta > 0)")
-        if hasattr(args, "rederive_generation_batch"):
-            args.rederive_generation_batch()
-        attn_implementation = getattr(args, "attn_implementation", None)
-        if attn_implementation and args is not None:
-            args.model_init_kwargs = {**(args.model_init_kwargs or {}), "attn_implementation": attn_implementation}
+        _prepare_args(args)
         model = policy_model(model, args, "GRPOConfig")
         if isinstance(model, str):
             if args is not None and getattr(args, "model_name_or_path", None) is None:
@@ -352,6 +342,25 @@ def _forwarder(event: str):
 
 for _event in _SubclassHooks.EVENTS:
     setattr(_SubclassHooks, _event, _forwarder(_event))
+
+
+def _one_of(alias: str, alias_value: Any, name: str, value: Any) -> Any:
+    """One value given under either of two names (the reference API's alias or TRL's name), never two."""
+    if alias_value is None:
+        return value
+    if value is not None and value is not alias_value:
+        raise ValueError(f"{alias}: pass either {alias} or {name}, not both")
+    return alias_value
+
+
+def _prepare_args(args: Any) -> None:
+    """What the config derives before TRL reads it: the generation batch, and the attention implementation
+    handed to the model's loading."""
+    if hasattr(args, "rederive_generation_batch"):
+        args.rederive_generation_batch()
+    attn_implementation = getattr(args, "attn_implementation", None)
+    if attn_implementation and args is not None:
+        args.model_init_kwargs = {**(args.model_init_kwargs or {}), "attn_implementation": attn_implementation}
 
 
 def _as_list(value) -> list:
