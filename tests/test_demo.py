@@ -11,7 +11,7 @@ import time
 import urllib.error
 import urllib.request
 
-from conftest import PYTHON, free_port, python_env
+from tests.support.env import PYTHON, free_port, python_env
 
 
 def test_demo_end_to_end(tmp_path, atlas_cache):

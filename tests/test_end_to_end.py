@@ -2,7 +2,7 @@
 suite on both backends (the operator's default backend set to each, so the manifests are the same).
 
 API server: kmock's emulator. Operator: `atlas operator`. Kubeflow (PyTorchJob) or the JobSet and Job
-controllers (JobSet), and the kubelet: tests/pod_executor.py, which runs each pod's container command with
+controllers (JobSet), and the kubelet: tests/support/pod_executor.py, which runs each pod's container command with
 the environment, hostnames and volumes those controllers give it (a `vllm serve` server as a local stand-in).
 """
 
@@ -18,10 +18,11 @@ from pathlib import Path
 import kubernetes
 import pytest
 import yaml
-from conftest import REPO, free_port
-from kube_emulator import PYTORCHJOBS, wait_for
-from operator_support import NS, TIMEOUT, kueue_admit, own_cluster, tiny_training
-from pod_executor import JobSetExecutor, PodExecutor
+
+from tests.support.env import REPO, free_port
+from tests.support.kube_emulator import PYTORCHJOBS, wait_for
+from tests.support.operator_support import NS, TIMEOUT, kueue_admit, own_cluster, tiny_training
+from tests.support.pod_executor import JobSetExecutor, PodExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -279,7 +280,7 @@ def test_a_dead_server_restarts_the_whole_gang_which_resumes_from_the_checkpoint
 
 
 def admit(cluster, executor, name: str) -> None:
-    """What Kueue does when it admits the run's workload: JobSet, ``kueue_admit`` (tests/operator_support.py);
+    """What Kueue does when it admits the run's workload: JobSet, ``kueue_admit`` (tests/support/operator_support.py);
     PyTorchJob (Kueue's kubeflow integration, when enabled), ``runPolicy.suspend`` set to false."""
     if on_jobset(executor):
         kueue_admit(cluster.api_client, name)
@@ -314,9 +315,8 @@ def test_a_stalled_trainer_is_ended_by_its_watchdog_and_resumes_from_the_checkpo
     the student's URL) and exits with code 75; the job restarts it — in place on PyTorchJob, the whole gang on
     JobSet (its WatchdogExit failure-policy rule, which the operator reports) — and once the endpoint answers again
     training resumes from the checkpoint without repeating a step."""
-    from judge_server import JudgeServer, Reply
-
     from atlas_contract.names import WATCHDOG_EXIT_CODE
+    from tests.support.judge_server import JudgeServer, Reply
 
     cluster, executor = local_cluster
     stalled = threading.Event()

@@ -11,9 +11,10 @@ import json
 import kubernetes
 import pytest
 from atlas_operator.crd import custom_resource_definition
-from conftest import REPO, free_port
-from kube_emulator import JOBSETS, PYTORCHJOBS, TEACHERS, TRAININGS, wait_for
-from operator_support import (
+
+from tests.support.env import REPO, free_port
+from tests.support.kube_emulator import JOBSETS, PYTORCHJOBS, TEACHERS, TRAININGS, wait_for
+from tests.support.operator_support import (
     NETWORK_POLICIES,
     NS,
     TIMEOUT,
@@ -627,15 +628,15 @@ def test_operator_killed_mid_reconcile_makes_no_duplicates(tmp_path):
 
 
 def test_the_pod_executor_reports_pods_as_kubeflow_and_the_kubelet_do(tmp_path):
-    """tests/pod_executor.py, the stand-in for Kubeflow + kubelet in end-to-end tests: Pods named
+    """tests/support/pod_executor.py, the stand-in for Kubeflow + kubelet in end-to-end tests: Pods named
     <job>-<replica type>-<index>, owned by the job; the container's terminationMessagePath is a local file (its
     env remapped to it) whose content, cut to 4096 bytes, is the terminated state's message; reason Completed or
     Error with the exit code; the job's pods go with the job."""
     import sys
     from pathlib import Path
 
-    from kube_emulator import PODS, EmulatorThread, write_kubeconfig
-    from pod_executor import PodExecutor
+    from tests.support.kube_emulator import PODS, EmulatorThread, write_kubeconfig
+    from tests.support.pod_executor import PodExecutor
 
     def job(name: str, master: str, worker: str | None = None) -> dict:
         def replica(code: str) -> dict:
@@ -732,9 +733,8 @@ def _rbac_rules(*sections: str) -> set[tuple[str, str, str]]:
 def jobset_life(cluster) -> dict:
     """A JobSet run's life, up to its deletion: the JobSet created, its status followed (the jobsets watch),
     suspended and resumed (patched), its result read from the trainer pods it lists. Returns the run."""
-    from test_operator_jobset import TRAINER_RUNNING, condition, set_jobset_status, trainer_pod, wait_jobset
-
     from atlas_contract.results import result_message
+    from tests.support.jobset_world import TRAINER_RUNNING, condition, set_jobset_status, trainer_pod, wait_jobset
 
     manifest = teacher("rbac-jobset", backend="JobSet", checkpoint={"pvc": "ckpt"})
     cluster.apply(manifest)

@@ -12,9 +12,18 @@ import copy
 
 import kubernetes
 import pytest
-import upgrade_fixtures
-from kube_emulator import JOBSETS, PYTORCHJOBS, TEACHERS, TRAININGS, EmulatorThread, wait_for, write_kubeconfig
-from operator_support import (
+
+from tests.support import upgrade_fixtures
+from tests.support.kube_emulator import (
+    JOBSETS,
+    PYTORCHJOBS,
+    TEACHERS,
+    TRAININGS,
+    EmulatorThread,
+    wait_for,
+    write_kubeconfig,
+)
+from tests.support.operator_support import (
     NETWORK_POLICIES,
     NS,
     TIMEOUT,
@@ -288,7 +297,7 @@ def _containers(obj: dict) -> list[dict]:
 
 def test_an_upgraded_operator_leaves_running_jobs_and_servers_alone(tmp_path):
     versions = sorted(p.name for p in upgrade_fixtures.FIXTURES.iterdir())
-    assert versions, "no recorded release in tests/fixtures/upgrade (python tests/upgrade_fixtures.py)"
+    assert versions, "no recorded release in tests/fixtures/upgrade (python -m tests.support.upgrade_fixtures)"
     with EmulatorThread() as server:
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.url)
         client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))

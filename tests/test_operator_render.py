@@ -10,7 +10,6 @@ import subprocess
 
 import jsonschema
 import kubernetes_validate
-import label_selectors
 import pytest
 import yaml
 from atlas_operator.crd import custom_resource_definition
@@ -26,9 +25,21 @@ from atlas_operator.render import (
 from atlas_operator.spec import TrainingSpec
 from atlas_operator.status import Outcome, job_phase, merge_conditions, parse_progress, status_update
 from atlas_operator.validation import parse_run
-from conftest import PYTHON, REPO, python_env
-from kube_emulator import wait_for
-from operator_support import (
+
+from atlas_contract.errors import InvalidFields
+from atlas_contract.names import (
+    JOBSET_REPLICATED_JOBS,
+    OPERATOR_POD_LABELS,
+    RENDEZVOUS_PORT,
+    TRAINER_METRICS_PORT,
+    VLLM_PORT,
+    WEIGHT_SYNC_PORT,
+    max_jobset_run_name,
+)
+from tests.support import label_selectors
+from tests.support.env import PYTHON, REPO, python_env
+from tests.support.kube_emulator import wait_for
+from tests.support.operator_support import (
     KUBE_VERSION,
     PodAt,
     crd_jsonschema,
@@ -45,17 +56,6 @@ from operator_support import (
     teacher,
     training,
     with_spec,
-)
-
-from atlas_contract.errors import InvalidFields
-from atlas_contract.names import (
-    JOBSET_REPLICATED_JOBS,
-    OPERATOR_POD_LABELS,
-    RENDEZVOUS_PORT,
-    TRAINER_METRICS_PORT,
-    VLLM_PORT,
-    WEIGHT_SYNC_PORT,
-    max_jobset_run_name,
 )
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -1176,9 +1176,10 @@ BOTH_KINDS_AND_BACKENDS = {
     ids=[*BOTH_KINDS_AND_BACKENDS, *[p.name for p in EXAMPLES]],
 )
 def test_every_pod_meets_the_restricted_pod_security_profile_and_holds_no_api_token(manifest):
-    """Pod Security Standards, restricted profile (every control, tests/operator_support.restricted_profile_problems)
-    on every pod template rendered: trainer (Master, Worker, the JobSet's trainer job), rollout and student servers
-    (Deployments, the JobSet's server jobs); and no pod mounts a ServiceAccount token."""
+    """Pod Security Standards, restricted profile (every control, restricted_profile_problems in
+    tests/support/operator_support.py) on every pod template rendered: trainer (Master, Worker, the JobSet's trainer
+    job), rollout and student servers (Deployments, the JobSet's server jobs); and no pod mounts a ServiceAccount
+    token."""
     run = parse_run(manifest)
     templates = {
         (obj["kind"], obj["metadata"]["name"], i): t
@@ -1288,11 +1289,11 @@ def _ports(component: str) -> list[int]:
 
 @pytest.mark.parametrize("manifest", list(BOTH_KINDS_AND_BACKENDS.values()), ids=list(BOTH_KINDS_AND_BACKENDS))
 def test_network_policies_let_only_the_runs_trainers_in(manifest):
-    """Each rendered NetworkPolicy evaluated against the run's pods (tests/operator_support.ingress_allowed): its
-    servers and trainers accept only its own trainers (rendezvous, collectives, HTTP, weight sync); its trainers also
-    accept its rollout server (NCCL connects both ways) and, on the metrics port only, the operator and the
-    monitoring namespace. Another run's pods, a pod of another namespace with the very same labels, and any other
-    pod are refused."""
+    """Each rendered NetworkPolicy evaluated against the run's pods (ingress_allowed in
+    tests/support/operator_support.py): its servers and trainers accept only its own trainers (rendezvous, collectives,
+    HTTP, weight sync); its trainers also accept its rollout server (NCCL connects both ways) and, on the metrics port
+    only, the operator and the monitoring namespace. Another run's pods, a pod of another namespace with the very same
+    labels, and any other pod are refused."""
     pods, policies = run_pods_and_policies(manifest)
     other_run, other_policies = run_pods_and_policies(
         {**manifest, "metadata": {**manifest["metadata"], "name": "other-run"}}

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, free_port
-from kube_emulator import wait_for
-from operator_support import NS, own_cluster, tiny_training
-from pod_executor import PodExecutor
-from prometheus_server import MISSING, Prometheus, binaries, finite_points, grafana_expr, grafana_interval
+
+from tests.support.env import REPO, free_port
+from tests.support.kube_emulator import wait_for
+from tests.support.operator_support import NS, own_cluster, tiny_training
+from tests.support.pod_executor import PodExecutor
+from tests.support.prometheus_server import MISSING, Prometheus, binaries, finite_points, grafana_expr, grafana_interval
 
 pytestmark = [
     pytest.mark.slow,
@@ -81,8 +82,7 @@ def rim_run(judge_url: str) -> dict:
 
 
 def render_rules(path: Path) -> Path:
-    sys.path.insert(0, str(REPO / "tests"))
-    from helm_tools import render_alert_rules
+    from tests.support.helm_tools import render_alert_rules
 
     path.write_text(
         render_alert_rules(f"alerts.runStalled.noStepForSeconds={STALL_LIMIT_S}", "alerts.runStalled.for=2s")
@@ -101,7 +101,7 @@ class Observed:
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory, tiny_model_dir):
-    from judge_server import JudgeServer, Reply, judgment
+    from tests.support.judge_server import JudgeServer, Reply, judgment
 
     tmp = tmp_path_factory.mktemp("prometheus")
     metrics_port = free_port()  # rank 0's metrics port, served on this host port by the executor

@@ -103,7 +103,7 @@ def kubectl_binary() -> Path:
     return _find("kubectl", "kubectl/kubectl")
 
 
-CHART = Path(__file__).resolve().parent.parent / "charts" / "atlas-operator"
+CHART = Path(__file__).resolve().parents[2] / "charts" / "atlas-operator"
 PLAIN_RULES_HEADER = """\
 # The Atlas alerting rules as a plain Prometheus rules file (rule_files: [atlas-alerts.rules.yaml]), for a
 # Prometheus without the Prometheus Operator. GENERATED from the chart (templates/_alerts.tpl, defaults of
@@ -143,5 +143,5 @@ def render_alert_rules(*set_args: str, plain: bool = True) -> str:
 
 if __name__ == "__main__":  # make alert-rules
     if sys.argv[1:] != ["alert-rules"]:
-        sys.exit("usage: python tests/helm_tools.py alert-rules > monitoring/atlas-alerts.rules.yaml")
+        sys.exit("usage: python -m tests.support.helm_tools alert-rules > monitoring/atlas-alerts.rules.yaml")
     sys.stdout.write(render_alert_rules())

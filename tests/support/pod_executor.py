@@ -645,7 +645,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send(404, {"error": {"message": "not served by the vLLM stand-in"}})
 
 
-print(f"vLLM stand-in (tests/pod_executor.py): serving {MODEL} on 127.0.0.1:{PORT}", flush=True)
+print(f"vLLM stand-in (tests/support/pod_executor.py): serving {MODEL} on 127.0.0.1:{PORT}", flush=True)
 ThreadingHTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
 """
 

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
-import label_selectors
 import yaml
-from conftest import free_port, python_env
-from kube_emulator import PYTORCHJOBS, TEACHERS, TRAININGS, EmulatorThread, wait_for, write_kubeconfig
 
 from atlas_contract.names import ChildNames
+from tests.support import label_selectors
+from tests.support.env import free_port, python_env
+from tests.support.kube_emulator import PYTORCHJOBS, TEACHERS, TRAININGS, EmulatorThread, wait_for, write_kubeconfig
 
 GROUP, VERSION = "atlas.arc.computer", "v1alpha1"
 NS = "team-a"
@@ -34,7 +34,7 @@ def _schemas_dir() -> Path | None:
 
     candidates = [
         os.environ.get("ATLAS_K8S_SCHEMAS"),
-        Path(__file__).resolve().parents[2] / "shared" / "k8s-schemas",
+        Path(__file__).resolve().parents[3] / "shared" / "k8s-schemas",
     ]
     return next((Path(c) for c in candidates if c and (Path(c) / PYTORCHJOB_CRD_NAME).is_file()), None)
 

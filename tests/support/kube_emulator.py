@@ -27,7 +27,7 @@ validation.
 Usage (synchronous test; the emulator runs in its own thread with its own event loop, so the
 synchronous ``kubernetes`` client, kopf's ``KopfRunner`` thread and subprocesses can all reach it)::
 
-    from kube_emulator import kube_emulator, kubeconfig  # noqa: F401  (fixtures; tests/ is on sys.path)
+    from tests.support.kube_emulator import kube_emulator, kubeconfig  # noqa: F401  (fixtures)
 
     def test_x(kube_emulator, kubeconfig):          # kubeconfig also sets $KUBECONFIG
         kubernetes.config.load_kube_config(config_file=str(kubeconfig))
@@ -64,10 +64,11 @@ import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
-import label_selectors
 import pytest
 from kmock._internal import dicts as _kdicts
 from kmock._internal import parsing as _kparsing
+
+from tests.support import label_selectors
 
 # ------------------------------------------------------------------------------------------------
 # Resources.
@@ -75,7 +76,7 @@ from kmock._internal import parsing as _kparsing
 CORE_RESOURCES: dict[str, dict[str, Any]] = {
     "v1/namespaces": dict(kind="Namespace", namespaced=False, subresources=["status"]),
     "v1/configmaps": dict(kind="ConfigMap", namespaced=True),
-    "v1/pods": dict(kind="Pod", namespaced=True, subresources=["status"]),  # written by tests/pod_executor.py
+    "v1/pods": dict(kind="Pod", namespaced=True, subresources=["status"]),  # written by tests/support/pod_executor.py
     "v1/services": dict(kind="Service", namespaced=True, subresources=["status"]),
     "v1/events": dict(kind="Event", namespaced=True),
     "v1/secrets": dict(kind="Secret", namespaced=True),
@@ -94,7 +95,7 @@ KUBEFLOW_RESOURCES: dict[str, dict[str, Any]] = {
     PYTORCHJOBS: dict(kind="PyTorchJob", namespaced=True, subresources=["status"]),
 }
 JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
-JOBS = "batch/v1/jobs"  # a JobSet's child Jobs, written by tests/pod_executor.py's JobSetExecutor
+JOBS = "batch/v1/jobs"  # a JobSet's child Jobs, written by tests/support/pod_executor.py's JobSetExecutor
 JOBSET_RESOURCES: dict[str, dict[str, Any]] = {
     JOBSETS: dict(kind="JobSet", namespaced=True, subresources=["status"]),
     JOBS: dict(kind="Job", namespaced=True, subresources=["status"]),
