@@ -14,7 +14,8 @@ What this module adds on top (in :class:`AtlasKubeEmulator`, a subclass):
 * fault injection (:meth:`AtlasKubeEmulator.fail_next`) that fails BEFORE any state change;
 * ``labelSelector`` on lists and watches (equality- and set-based, as ``kubectl get -l`` sends them; 400 when
   malformed);
-* a request log as plain records (:meth:`AtlasKubeEmulator.calls`, ``writes``, ``verbs``);
+* a request log as plain records (:meth:`AtlasKubeEmulator.calls`, ``writes``, ``verbs``), and what is stored
+  (``get``, ``list``, ``stored``);
 * watches that miss events: :meth:`AtlasKubeEmulator.delete_unseen` (no event), ``expire_watches`` (410 Gone).
 
 * garbage collection by ownerReferences, one pass when a test asks (:meth:`AtlasKubeEmulator.collect_garbage`).
@@ -390,6 +391,15 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
         if key not in self.objects or self.objects[key].deleted:
             return None
         return copy.deepcopy(self.objects[key].raw)
+
+    def stored(self) -> list[tuple[str, str | None, str]]:
+        """(resource, namespace, name) of every object held (not deleted), the resource as ``group/version/plural``
+        (``v1/plural`` for the core group): what ``kubectl get -A`` over every resource would show."""
+        return [
+            (f"{res.group}/{res.version}/{res.plural}".lstrip("/"), namespace, name)
+            for (res, namespace, name), obj in list(self.objects.items())
+            if not obj.deleted
+        ]
 
     def list(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
         sel = kmock.resource(resource)
