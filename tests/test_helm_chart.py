@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support import label_selectors
 from tests.support.helm_tools import ToolUnavailable, helm_binary
 from tests.support.metric_names import expand, metric_names, operator_registries
 
@@ -187,7 +188,7 @@ def test_deployment_security_and_runtime(fixture, request):
     spec, pod = dep["spec"], dep["spec"]["template"]["spec"]
     assert spec["replicas"] == 1
     assert spec["strategy"] == {"type": "Recreate"}
-    assert spec["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert label_selectors.matches(spec["selector"], dep["spec"]["template"]["metadata"]["labels"])
 
     psc = pod["securityContext"]
     assert psc["runAsNonRoot"] is True and psc["runAsUser"] == 65532
@@ -292,7 +293,8 @@ def test_metrics_service(default_objs):
     (port,) = svc["spec"]["ports"]
     assert port["name"] == "metrics" and port["port"] == 8080 and port["targetPort"] == "metrics"
     dep, _ = _operator_container(default_objs)
-    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert label_selectors.matches({"matchLabels": svc["spec"]["selector"]}, pod_labels)  # a Service's: a plain map
 
 
 # --------------------------------------------------------------------------- RBAC
@@ -422,7 +424,7 @@ def test_service_monitor_and_pod_monitor(all_on_objs):
     (sm,) = by_kind(all_on_objs, "ServiceMonitor")
     (svc,) = by_kind(all_on_objs, "Service")
     assert sm["apiVersion"] == MONITORING_GROUP
-    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert label_selectors.matches(sm["spec"]["selector"], svc["metadata"]["labels"])
     assert sm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     assert [e["port"] for e in sm["spec"]["endpoints"]] == ["metrics"]
     assert sm["spec"]["endpoints"][0]["honorLabels"] is True  # per-run series keep the run's namespace
