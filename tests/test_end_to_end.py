@@ -2,8 +2,9 @@
 suite on both backends (the operator's default backend set to each, so the manifests are the same).
 
 API server: kmock's emulator. Operator: `atlas operator`. Kubeflow (PyTorchJob) or the JobSet and Job
-controllers (JobSet), and the kubelet: tests/support/pod_executor.py, which runs each pod's container command with
-the environment, hostnames and volumes those controllers give it (a `vllm serve` server as a local stand-in).
+controllers (JobSet), and the kubelet: tests/support/pytorchjob_executor.py and jobset_executor.py (on kubelet.py),
+which run each pod's container command with the environment, hostnames and volumes those controllers give it (a
+`vllm serve` server as a local stand-in).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import pytest
 import yaml
 
 from tests.support.env import REPO, free_port
+from tests.support.jobset_executor import JobSetExecutor
 from tests.support.kube_emulator import PYTORCHJOBS, wait_for
 from tests.support.operator_support import NS, TIMEOUT, kueue_admit, own_cluster, tiny_training
-from tests.support.pod_executor import JobSetExecutor, PodExecutor
+from tests.support.pytorchjob_executor import PyTorchJobExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -66,7 +68,7 @@ def local_cluster(request, tmp_path, tiny_model_dir):
         metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
         operator_env={"ATLAS_DEFAULT_BACKEND": backend},
     ) as cluster:
-        executor_class = JobSetExecutor if backend == "JobSet" else PodExecutor
+        executor_class = JobSetExecutor if backend == "JobSet" else PyTorchJobExecutor
         executor = executor_class(
             cluster.api_client, tmp_path / "pods", NS, Path(sys.executable).parent, host_ports={"metrics": metrics_port}
         ).start()

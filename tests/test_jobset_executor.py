@@ -1,4 +1,4 @@
-"""The local JobSet executor (``JobSetExecutor``, tests/support/pod_executor.py) on the API emulator, with real
+"""The local JobSet executor (``JobSetExecutor``, tests/support/jobset_executor.py) on the API emulator, with real
 processes.
 
 JobSets built by hand in the shape the operator renders for ``spec.backend: JobSet`` (docs/architecture.md):
@@ -18,9 +18,10 @@ from pathlib import Path
 import kubernetes
 import pytest
 
+from tests.support.jobset_executor import JobSetExecutor
 from tests.support.kube_emulator import JOBS, JOBSETS, PODS, EmulatorThread, wait_for, write_kubeconfig
 from tests.support.operator_support import KUEUE_QUEUE_LABEL, kueue_admit
-from tests.support.pod_executor import VLLM_STANDIN_ANSWER, JobSetExecutor
+from tests.support.vllm_standin import VLLM_STANDIN_ANSWER
 
 pytestmark = pytest.mark.timeout(120)
 

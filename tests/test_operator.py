@@ -628,7 +628,7 @@ def test_operator_killed_mid_reconcile_makes_no_duplicates(tmp_path):
 
 
 def test_the_pod_executor_reports_pods_as_kubeflow_and_the_kubelet_do(tmp_path):
-    """tests/support/pod_executor.py, the stand-in for Kubeflow + kubelet in end-to-end tests: Pods named
+    """tests/support/pytorchjob_executor.py, the stand-in for Kubeflow + kubelet in end-to-end tests: Pods named
     <job>-<replica type>-<index>, owned by the job; the container's terminationMessagePath is a local file (its
     env remapped to it) whose content, cut to 4096 bytes, is the terminated state's message; reason Completed or
     Error with the exit code; the job's pods go with the job."""
@@ -636,7 +636,7 @@ def test_the_pod_executor_reports_pods_as_kubeflow_and_the_kubelet_do(tmp_path):
     from pathlib import Path
 
     from tests.support.kube_emulator import PODS, EmulatorThread, write_kubeconfig
-    from tests.support.pod_executor import PodExecutor
+    from tests.support.pytorchjob_executor import PyTorchJobExecutor
 
     def job(name: str, master: str, worker: str | None = None) -> dict:
         def replica(code: str) -> dict:
@@ -664,7 +664,9 @@ def test_the_pod_executor_reports_pods_as_kubeflow_and_the_kubelet_do(tmp_path):
             config_file=str(write_kubeconfig(tmp_path / "kubeconfig", server.url))
         )
         custom = kubernetes.client.CustomObjectsApi(api_client)
-        executor = PodExecutor(api_client, tmp_path / "pods", NS, Path(sys.executable).parent, poll_s=0.05).start()
+        executor = PyTorchJobExecutor(
+            api_client, tmp_path / "pods", NS, Path(sys.executable).parent, poll_s=0.05
+        ).start()
         try:
             long = "é" * 3000  # 6000 bytes: cut at 4096 (never inside a character)
             created = custom.create_namespaced_custom_object(

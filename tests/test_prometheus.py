@@ -26,8 +26,8 @@ import yaml
 from tests.support.env import REPO, free_port
 from tests.support.kube_emulator import wait_for
 from tests.support.operator_support import NS, own_cluster, tiny_training
-from tests.support.pod_executor import PodExecutor
 from tests.support.prometheus_server import MISSING, Prometheus, binaries, finite_points, grafana_expr, grafana_interval
+from tests.support.pytorchjob_executor import PyTorchJobExecutor
 
 pytestmark = [
     pytest.mark.slow,
@@ -108,7 +108,7 @@ def observed(tmp_path_factory, tiny_model_dir):
     found = Observed()
     found.windows, found.endpoint_text, found.stalled_alert = {}, {}, None
     with own_cluster(tmp, metrics_url=f"http://127.0.0.1:{metrics_port}/metrics") as cluster:
-        executor = PodExecutor(
+        executor = PyTorchJobExecutor(
             cluster.api_client, tmp / "pods", NS, Path(sys.executable).parent, host_ports={"metrics": metrics_port}
         ).start()
         operator_target = f"127.0.0.1:{cluster.operator.metrics_port}"
