@@ -39,9 +39,10 @@ prometheus:
 	  else echo "prometheus/promtool not installed and not root on Debian: their tests will skip (apt-get install prometheus)"; fi; \
 	fi
 
-# The plain rules file is the chart's alert rules at their defaults (tests/test_alerts.py checks it is current).
+# The plain rules file is the chart's alert rules at their defaults, rendered by helm (tools/alert_rules.py;
+# tests/test_alerts.py checks it is current).
 alert-rules: $(STAMP)
-	$(BIN)/python -m tests.support.helm_tools alert-rules > monitoring/atlas-alerts.rules.yaml
+	$(BIN)/python -m tools.alert_rules
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

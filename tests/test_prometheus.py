@@ -82,7 +82,7 @@ def rim_run(judge_url: str) -> dict:
 
 
 def render_rules(path: Path) -> Path:
-    from tests.support.helm_tools import render_alert_rules
+    from tools.alert_rules import render_alert_rules
 
     path.write_text(
         render_alert_rules(f"alerts.runStalled.noStepForSeconds={STALL_LIMIT_S}", "alerts.runStalled.for=2s")
