@@ -54,7 +54,8 @@ import kubernetes
 from atlas_contract.names import ChildNames
 from tests.support.env import free_port, python_env
 from tests.support.kube_emulator import PYTORCHJOBS, EmulatorThread, write_kubeconfig
-from tests.support.operator_support import NETWORK_POLICIES, training
+from tests.support.manifests import training
+from tests.support.operator_cluster import NETWORK_POLICIES
 
 NS = "team-a"
 RUNS = "atlas.arc.computer/v1alpha1/atlastrainings"

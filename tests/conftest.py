@@ -1,4 +1,5 @@
-"""Shared fixtures: the offline tiny model (built once per session) and a warmed-up copy."""
+"""Shared fixtures: the offline tiny model (built once per session), a warmed-up copy, and the trainer metrics
+cleared. Helpers the tests import are in tests/support/ (env.py: REPO, PYTHON, free_port, python_env)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,6 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
-
-REPO = Path(__file__).resolve().parent.parent
-
 
 @pytest.fixture(scope="session")
 def atlas_cache(tmp_path_factory) -> Path:

@@ -25,7 +25,8 @@ from cel_expr_python import cel
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import max_jobset_run_name
 from tests.support.cel_admission import admission_refusals, crd_schema, is_transition
-from tests.support.operator_support import crd_jsonschema, openapi_validate, teacher, tiny_training, training, with_spec
+from tests.support.k8s_schemas import crd_jsonschema, openapi_validate
+from tests.support.manifests import teacher, tiny_training, training, with_spec
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("AtlasTraining", "AtlasTeacher")

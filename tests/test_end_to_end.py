@@ -23,7 +23,8 @@ import yaml
 from tests.support.env import REPO, free_port
 from tests.support.jobset_executor import JobSetExecutor
 from tests.support.kube_emulator import PYTORCHJOBS, wait_for
-from tests.support.operator_support import NS, TIMEOUT, kueue_admit, own_cluster, tiny_training
+from tests.support.manifests import NS, tiny_training
+from tests.support.operator_cluster import TIMEOUT, kueue_admit, own_cluster
 from tests.support.pytorchjob_executor import PyTorchJobExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -282,7 +283,7 @@ def test_a_dead_server_restarts_the_whole_gang_which_resumes_from_the_checkpoint
 
 
 def admit(cluster, executor, name: str) -> None:
-    """What Kueue does when it admits the run's workload: JobSet, ``kueue_admit`` (tests/support/operator_support.py);
+    """What Kueue does when it admits the run's workload: JobSet, ``kueue_admit`` (tests/support/operator_cluster.py);
     PyTorchJob (Kueue's kubeflow integration, when enabled), ``runPolicy.suspend`` set to false."""
     if on_jobset(executor):
         kueue_admit(cluster.api_client, name)

@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.jobset_executor import JobSetExecutor
 from tests.support.kube_emulator import JOBS, JOBSETS, PODS, EmulatorThread, wait_for, write_kubeconfig
-from tests.support.operator_support import KUEUE_QUEUE_LABEL, kueue_admit
+from tests.support.operator_cluster import KUEUE_QUEUE_LABEL, kueue_admit
 from tests.support.vllm_standin import VLLM_STANDIN_ANSWER
 
 pytestmark = pytest.mark.timeout(120)

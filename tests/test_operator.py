@@ -13,19 +13,15 @@ import pytest
 from atlas_operator.crd import custom_resource_definition
 
 from tests.support.env import REPO, free_port
+from tests.support.k8s_schemas import crd_jsonschema, openapi_validate, pruned_fields
 from tests.support.kube_emulator import JOBSETS, PYTORCHJOBS, TEACHERS, TRAININGS, wait_for
-from tests.support.operator_support import (
+from tests.support.manifests import NS, teacher, training
+from tests.support.operator_cluster import (
     NETWORK_POLICIES,
-    NS,
     TIMEOUT,
     children_of,
-    crd_jsonschema,
-    openapi_validate,
     own_cluster,
     permissions_used,
-    pruned_fields,
-    teacher,
-    training,
     wait_children,
 )
 

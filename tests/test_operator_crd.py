@@ -15,14 +15,8 @@ from atlas_operator.status import Outcome, status_update
 from atlas_operator.validation import parse_run
 
 from tests.support.env import PYTHON, REPO, python_env
-from tests.support.operator_support import (
-    KUBE_VERSION,
-    crd_jsonschema,
-    openapi_validate,
-    pruned_fields,
-    teacher,
-    training,
-)
+from tests.support.k8s_schemas import KUBE_VERSION, crd_jsonschema, openapi_validate, pruned_fields
+from tests.support.manifests import teacher, training
 from tests.support.render import EXAMPLES
 
 

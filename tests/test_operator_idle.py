@@ -9,7 +9,8 @@ import pytest
 
 from tests.support.env import free_port
 from tests.support.kube_emulator import wait_for
-from tests.support.operator_support import NS, TIMEOUT, own_cluster, teacher, training, wait_children
+from tests.support.manifests import NS, teacher, training
+from tests.support.operator_cluster import TIMEOUT, own_cluster, wait_children
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,18 +20,10 @@ from tests.support.jobset_world import (
     trainer_pod,
     wait_jobset,
 )
+from tests.support.k8s_schemas import jobset_webhook_problems
 from tests.support.kube_emulator import JOBSET_RESOURCES, JOBSETS, PYTORCHJOBS, wait_for
-from tests.support.operator_support import (
-    KUEUE_QUEUE_LABEL,
-    NS,
-    TIMEOUT,
-    jobset_webhook_problems,
-    kueue_admit,
-    own_cluster,
-    teacher,
-    training,
-    wait_children,
-)
+from tests.support.manifests import NS, teacher, training
+from tests.support.operator_cluster import KUEUE_QUEUE_LABEL, TIMEOUT, kueue_admit, own_cluster, wait_children
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -23,16 +23,8 @@ from tests.support.kube_emulator import (
     wait_for,
     write_kubeconfig,
 )
-from tests.support.operator_support import (
-    NETWORK_POLICIES,
-    NS,
-    TIMEOUT,
-    OperatorProcess,
-    own_cluster,
-    teacher,
-    training,
-    wait_children,
-)
+from tests.support.manifests import NS, teacher, training
+from tests.support.operator_cluster import NETWORK_POLICIES, TIMEOUT, OperatorProcess, own_cluster, wait_children
 
 pytestmark = pytest.mark.timeout(300)
 OPERATOR = ("atlas-operator/", "kopf/")

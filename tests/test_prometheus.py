@@ -25,7 +25,8 @@ import yaml
 
 from tests.support.env import REPO, free_port
 from tests.support.kube_emulator import wait_for
-from tests.support.operator_support import NS, own_cluster, tiny_training
+from tests.support.manifests import NS, tiny_training
+from tests.support.operator_cluster import own_cluster
 from tests.support.prometheus_server import MISSING, Prometheus, binaries, finite_points, grafana_expr, grafana_interval
 from tests.support.pytorchjob_executor import PyTorchJobExecutor
 

@@ -15,7 +15,8 @@ from atlas_operator.crd import custom_resource_definition
 from atlas_operator.status import status_update
 
 from tests.support.kube_emulator import JOBSETS, PYTORCHJOBS
-from tests.support.operator_support import NETWORK_POLICIES, NS, teacher, training
+from tests.support.manifests import NS, teacher, training
+from tests.support.operator_cluster import NETWORK_POLICIES
 from tests.support.reconciler import ReconcilerCluster, ResultCluster
 
 

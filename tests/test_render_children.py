@@ -13,17 +13,9 @@ from atlas_operator.render import has_student_server, render_children
 from atlas_operator.validation import parse_run
 
 from tests.support.env import PYTHON, python_env
-from tests.support.operator_support import (
-    KUBE_VERSION,
-    manifest_file,
-    openapi_validate,
-    pytorchjob_schema,
-    pytorchjob_webhook_problems,
-    restricted_profile_problems,
-    teacher,
-    training,
-    with_spec,
-)
+from tests.support.k8s_schemas import KUBE_VERSION, openapi_validate, pytorchjob_schema, pytorchjob_webhook_problems
+from tests.support.manifests import manifest_file, teacher, training, with_spec
+from tests.support.pod_policies import restricted_profile_problems
 from tests.support.render import BOTH_KINDS_AND_BACKENDS, EXAMPLES, POLICIES, pod_templates
 
 
@@ -100,7 +92,7 @@ def test_atlas_render_cli(tmp_path):
 )
 def test_every_pod_meets_the_restricted_pod_security_profile_and_holds_no_api_token(manifest):
     """Pod Security Standards, restricted profile (every control, restricted_profile_problems in
-    tests/support/operator_support.py) on every pod template rendered: trainer (Master, Worker, the JobSet's trainer
+    tests/support/pod_policies.py) on every pod template rendered: trainer (Master, Worker, the JobSet's trainer
     job), rollout and student servers (Deployments, the JobSet's server jobs); and no pod mounts a ServiceAccount
     token."""
     run = parse_run(manifest)

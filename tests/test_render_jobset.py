@@ -16,19 +16,16 @@ from atlas_contract.errors import InvalidFields
 from atlas_contract.names import JOBSET_REPLICATED_JOBS, max_jobset_run_name
 from tests.support import label_selectors
 from tests.support.env import PYTHON, REPO, python_env
-from tests.support.operator_support import (
+from tests.support.k8s_schemas import (
     KUBE_VERSION,
     jobset_openapi_schema,
     jobset_schema,
     jobset_webhook_problems,
-    manifest_file,
     openapi_validate,
     pruned_fields,
     pytorchjob_schema,
-    teacher,
-    training,
-    with_spec,
 )
+from tests.support.manifests import manifest_file, teacher, training, with_spec
 from tests.support.render import EXAMPLES, POLICIES, children, config_map_of, problem_fields
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"

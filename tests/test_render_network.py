@@ -12,7 +12,9 @@ from atlas_operator.validation import parse_run
 
 from atlas_contract.names import OPERATOR_POD_LABELS, RENDEZVOUS_PORT, TRAINER_METRICS_PORT, VLLM_PORT, WEIGHT_SYNC_PORT
 from tests.support import label_selectors
-from tests.support.operator_support import KUBE_VERSION, PodAt, ingress_allowed, teacher, training
+from tests.support.k8s_schemas import KUBE_VERSION
+from tests.support.manifests import teacher, training
+from tests.support.pod_policies import PodAt, ingress_allowed
 from tests.support.render import BOTH_KINDS_AND_BACKENDS, pod_templates
 
 
@@ -90,7 +92,7 @@ def _ports(component: str) -> list[int]:
 @pytest.mark.parametrize("manifest", list(BOTH_KINDS_AND_BACKENDS.values()), ids=list(BOTH_KINDS_AND_BACKENDS))
 def test_network_policies_let_only_the_runs_trainers_in(manifest):
     """Each rendered NetworkPolicy evaluated against the run's pods (ingress_allowed in
-    tests/support/operator_support.py): its servers and trainers accept only its own trainers (rendezvous, collectives,
+    tests/support/pod_policies.py): its servers and trainers accept only its own trainers (rendezvous, collectives,
     HTTP, weight sync); its trainers also accept its rollout server (NCCL connects both ways) and, on the metrics port
     only, the operator and the monitoring namespace. Another run's pods, a pod of another namespace with the very same
     labels, and any other pod are refused."""

@@ -12,7 +12,7 @@ from atlas_operator.spec import TrainingSpec
 from atlas_operator.validation import parse_run
 
 from tests.support.env import PYTHON, REPO, python_env
-from tests.support.operator_support import teacher, training
+from tests.support.manifests import teacher, training
 
 
 def test_every_training_field_is_a_trainer_field():

@@ -11,14 +11,8 @@ from atlas_operator.validation import parse_run
 
 from atlas_contract.errors import InvalidFields
 from tests.support.env import REPO
-from tests.support.operator_support import (
-    jobset_schema,
-    jobset_webhook_problems,
-    openapi_validate,
-    pytorchjob_schema,
-    teacher,
-    training,
-)
+from tests.support.k8s_schemas import jobset_schema, jobset_webhook_problems, openapi_validate, pytorchjob_schema
+from tests.support.manifests import teacher, training
 from tests.support.render import EXAMPLES, children, config_map_of, problem_fields
 
 

@@ -1,6 +1,6 @@
 """What the JobSet world writes when no executor runs: the JobSet v0.12.0 controller's status (conditions, restarts,
 replicatedJobsStatus), the finished trainer pods the Job controller and the kubelet leave, and a checkpoint PVC; on a
-``tests.support.operator_support.Cluster``."""
+``tests.support.operator_cluster.Cluster``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 import kubernetes
 
 from tests.support.kube_emulator import JOBSETS, wait_for
-from tests.support.operator_support import NS, TIMEOUT
+from tests.support.manifests import NS
+from tests.support.operator_cluster import TIMEOUT
 
 JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"

@@ -11,7 +11,7 @@ from atlas_operator.validation import parse_run
 
 from atlas_contract.errors import InvalidFields
 from tests.support.env import REPO
-from tests.support.operator_support import teacher, training
+from tests.support.manifests import teacher, training
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 POLICIES = ["NetworkPolicy", "NetworkPolicy"]  # <name>-network, <name>-network-trainer: applied first

@@ -59,7 +59,7 @@ def record(version: str) -> Path:
     """Run this release's operator over the examples and write what it made (see the module docstring)."""
     import tempfile
 
-    from tests.support.operator_support import own_cluster
+    from tests.support.operator_cluster import own_cluster
 
     out = FIXTURES / version
     out.mkdir(parents=True, exist_ok=True)
