@@ -39,18 +39,19 @@ prometheus:
 	  else echo "prometheus/promtool not installed and not root on Debian: their tests will skip (apt-get install prometheus)"; fi; \
 	fi
 
-# The plain rules file is the chart's alert rules at their defaults (tests/test_alerts.py checks it is current).
+# The plain rules file is the chart's alert rules at their defaults, rendered by helm (tools/alert_rules.py;
+# tests/test_alerts.py checks it is current).
 alert-rules: $(STAMP)
-	$(BIN)/python tests/helm_tools.py alert-rules > monitoring/atlas-alerts.rules.yaml
+	$(BIN)/python -m tools.alert_rules
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/grpo_overhead.py
-	$(BIN)/python bench/rim_concurrency.py
+	$(BIN)/python -m bench.rim_concurrency
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/teaching_step.py
-	$(BIN)/python bench/operator_throughput.py
+	$(BIN)/python -m bench.operator_throughput
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -32,7 +32,7 @@ Targets (PASS/FAIL): 100 runs p95 < 1 s; 1,000 runs p95 < 3 s with all children 
 <= children + 3; idle at the largest size: < 5 API requests/s beyond open watches, scrapes/s <= runs / interval,
 operator CPU < 0.3 core, RSS < 250 MB.
 
-    .venv/bin/python bench/operator_throughput.py [--runs 100,1000] [--interval 15] [--settle 3] [--window 30]
+    .venv/bin/python -m bench.operator_throughput [--runs 100,1000] [--interval 15] [--settle 3] [--window 30]
 """
 
 from __future__ import annotations
@@ -47,17 +47,15 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+import aiohttp.web
+import kmock
+import kubernetes
 
-import aiohttp.web  # noqa: E402
-import kmock  # noqa: E402
-import kubernetes  # noqa: E402
-from conftest import free_port, python_env  # noqa: E402
-from kube_emulator import PYTORCHJOBS, EmulatorThread, write_kubeconfig  # noqa: E402
-from operator_support import NETWORK_POLICIES, training  # noqa: E402
-
-from atlas_contract.names import ChildNames  # noqa: E402
+from atlas_contract.names import ChildNames
+from tests.support.env import free_port, python_env
+from tests.support.kube_emulator import PYTORCHJOBS, EmulatorThread, write_kubeconfig
+from tests.support.manifests import training
+from tests.support.operator_cluster import NETWORK_POLICIES
 
 NS = "team-a"
 RUNS = "atlas.arc.computer/v1alpha1/atlastrainings"

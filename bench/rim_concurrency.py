@@ -4,21 +4,16 @@
 ``max_concurrency: 1`` (sequential) and once with the default (16), side by side in one run.
 Prints both wall times and the ratio (target < 0.35x sequential).
 
-    .venv/bin/python bench/rim_concurrency.py [--delay 0.2] [--samples 16] [--concurrency 16]
+    .venv/bin/python -m bench.rim_concurrency [--delay 0.2] [--samples 16] [--concurrency 16]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from judge_server import JudgeServer, Reply, judgment  # noqa: E402
-
-from atlas_core.reward.interpretation import RIMReward  # noqa: E402
+from atlas_core.reward.interpretation import RIMReward
+from tests.support.judge_server import JudgeServer, Reply, judgment
 
 
 def timed_batch(base_url: str, samples: int, concurrency: int) -> tuple[float, list[float]]:

@@ -1,10 +1,9 @@
-"""Shared fixtures: the offline tiny model (built once per session) and a warmed-up copy."""
+"""Shared fixtures: the offline tiny model (built once per session), a warmed-up copy, and the trainer metrics
+cleared. Helpers the tests import are in tests/support/ (env.py: REPO, PYTHON, free_port, python_env)."""
 
 from __future__ import annotations
 
 import os
-import socket
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,6 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
@@ -73,44 +70,3 @@ def fresh_trainer_metrics():
         if isinstance(value, MetricWrapperBase):
             value.clear()
     return metrics
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def python_env(**extra: str) -> dict[str, str]:
-    """Environment for a subprocess running our code offline."""
-    env = dict(os.environ)
-    env.update({"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
-    env.update(extra)
-    return env
-
-
-PYTHON = sys.executable
-
-
-def tiny_grpo_args(tmp_path: Path, model_dir: Path | None, **overrides):
-    """A GRPOConfig for a few CPU steps on the tiny model (tests override what they exercise)."""
-    from atlas_core.training.algorithms.grpo_config import GRPOConfig
-
-    values = dict(
-        output_dir=str(tmp_path / "out"),
-        model_name_or_path=None if model_dir is None else str(model_dir),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=16,
-        max_steps=3,
-        learning_rate=1e-3,
-        beta=0.04,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        gradient_checkpointing=False,
-        disable_tqdm=True,
-        seed=0,
-    )
-    values.update(overrides)
-    return GRPOConfig(**values)

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helm_tools import ToolUnavailable, helm_binary, render_alert_rules
-from prometheus_server import MISSING, binaries
-from test_helm_chart import _operator_registries, expand, metric_names
+
+from tests.support.metric_names import expand, metric_names, operator_registries
+from tests.support.prometheus_server import MISSING, binaries
+from tools.alert_rules import render_alert_rules
+from tools.helm import ToolUnavailable, helm_binary
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "monitoring" / "atlas-alerts.rules.yaml"
@@ -65,7 +67,7 @@ def test_alert_expressions_name_only_exported_metrics():
     """Every metric an alert reads is one the trainer or the operator exports (or Prometheus' own `up`)."""
     from atlas_core.telemetry import metrics
 
-    exported = expand([metrics.TRAINER_REGISTRY, *_operator_registries()]) | {"up"}
+    exported = expand([metrics.TRAINER_REGISTRY, *operator_registries()]) | {"up"}
     for name, rule in alerts_of(RULES.read_text()).items():
         names = metric_names(rule["expr"])
         assert names and names <= exported, f"{name}: {names - exported} not exported"

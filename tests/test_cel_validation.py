@@ -1,6 +1,6 @@
 """The CRDs' CEL rules (x-kubernetes-validations) against the operator's validation: one rule, two enforcements.
 
-The API server's side is tests/cel_admission.py: the generated CRD files, evaluated with Google's CEL runtime
+The API server's side is tests/support/cel_admission.py: the generated CRD files, evaluated with Google's CEL runtime
 (cel-expr-python) the way the API server does. The operator's side is parse_run. Over every example, the
 upgrade fixtures' stored runs, the test builders' manifests and a generated set of variants, both must refuse
 the same fields with the same messages.
@@ -20,12 +20,13 @@ import yaml
 from atlas_operator.crd import custom_resource_definition
 from atlas_operator.validation import parse_run
 from atlas_operator.validation_rules import CHECKPOINT_FIXED
-from cel_admission import admission_refusals, crd_schema, is_transition
 from cel_expr_python import cel
-from operator_support import crd_jsonschema, openapi_validate, teacher, tiny_training, training, with_spec
 
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import max_jobset_run_name
+from tests.support.cel_admission import admission_refusals, crd_schema, is_transition
+from tests.support.k8s_schemas import crd_jsonschema, openapi_validate
+from tests.support.manifests import teacher, tiny_training, training, with_spec
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("AtlasTraining", "AtlasTeacher")

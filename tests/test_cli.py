@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import PYTHON, REPO, python_env
+
+from tests.support.env import PYTHON, REPO, python_env
 
 TRAIN = [PYTHON, "-m", "atlas_core.cli.train"]
 QUICK = ["trainer.max_steps=2", "trainer.metrics_port=0", "trainer.save_steps=2"]

@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 
-from conftest import PYTHON, free_port, python_env
+from tests.support.env import PYTHON, free_port, python_env
 
 #: The test's demo: small, with more GRPO steps than the endpoint check needs to see a reward.
 SIZE = {"--sft-steps": 200, "--steps": 40, "--teacher-sft-steps": 100, "--teacher-steps": 20, "--eval-problems": 40}

@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import REPO, free_port, python_env
+
+from tests.support.env import REPO, free_port, python_env
 
 # The PyTorchJob container's launch: the Kubeflow controller injects MASTER_ADDR, MASTER_PORT,
 # PET_NNODES and PET_NODE_RANK; --mixed_precision no because this machine has no GPU.

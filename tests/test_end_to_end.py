@@ -2,8 +2,9 @@
 suite on both backends (the operator's default backend set to each, so the manifests are the same).
 
 API server: kmock's emulator. Operator: `atlas operator`. Kubeflow (PyTorchJob) or the JobSet and Job
-controllers (JobSet), and the kubelet: tests/pod_executor.py, which runs each pod's container command with
-the environment, hostnames and volumes those controllers give it (a `vllm serve` server as a local stand-in).
+controllers (JobSet), and the kubelet: tests/support/pytorchjob_executor.py and jobset_executor.py (on kubelet.py),
+which run each pod's container command with the environment, hostnames and volumes those controllers give it (a
+`vllm serve` server as a local stand-in).
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from pathlib import Path
 import kubernetes
 import pytest
 import yaml
-from conftest import REPO, free_port
-from kube_emulator import PYTORCHJOBS, wait_for
-from operator_support import NS, TIMEOUT, kueue_admit, own_cluster, tiny_training
-from pod_executor import JobSetExecutor, PodExecutor
+
+from tests.support.env import REPO, free_port
+from tests.support.jobset_executor import JobSetExecutor
+from tests.support.kube_emulator import PYTORCHJOBS, wait_for
+from tests.support.manifests import NS, tiny_training
+from tests.support.operator_cluster import TIMEOUT, kueue_admit, own_cluster
+from tests.support.pytorchjob_executor import PyTorchJobExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -65,7 +69,7 @@ def local_cluster(request, tmp_path, tiny_model_dir):
         metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
         operator_env={"ATLAS_DEFAULT_BACKEND": backend},
     ) as cluster:
-        executor_class = JobSetExecutor if backend == "JobSet" else PodExecutor
+        executor_class = JobSetExecutor if backend == "JobSet" else PyTorchJobExecutor
         executor = executor_class(
             cluster.api_client, tmp_path / "pods", NS, Path(sys.executable).parent, host_ports={"metrics": metrics_port}
         ).start()
@@ -279,7 +283,7 @@ def test_a_dead_server_restarts_the_whole_gang_which_resumes_from_the_checkpoint
 
 
 def admit(cluster, executor, name: str) -> None:
-    """What Kueue does when it admits the run's workload: JobSet, ``kueue_admit`` (tests/operator_support.py);
+    """What Kueue does when it admits the run's workload: JobSet, ``kueue_admit`` (tests/support/operator_cluster.py);
     PyTorchJob (Kueue's kubeflow integration, when enabled), ``runPolicy.suspend`` set to false."""
     if on_jobset(executor):
         kueue_admit(cluster.api_client, name)
@@ -314,9 +318,8 @@ def test_a_stalled_trainer_is_ended_by_its_watchdog_and_resumes_from_the_checkpo
     the student's URL) and exits with code 75; the job restarts it — in place on PyTorchJob, the whole gang on
     JobSet (its WatchdogExit failure-policy rule, which the operator reports) — and once the endpoint answers again
     training resumes from the checkpoint without repeating a step."""
-    from judge_server import JudgeServer, Reply
-
     from atlas_contract.names import WATCHDOG_EXIT_CODE
+    from tests.support.judge_server import JudgeServer, Reply
 
     cluster, executor = local_cluster
     stalled = threading.Event()

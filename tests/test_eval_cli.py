@@ -1,5 +1,5 @@
 """``atlas eval``: the two-pass evaluation from the command line, against the tiny model and against real
-OpenAI-compatible servers on 127.0.0.1 (tests/judge_server.py): its files and figures, bad input, an endpoint
+OpenAI-compatible servers on 127.0.0.1 (tests/support/judge_server.py): its files and figures, bad input, an endpoint
 that dies mid-way and the resume, and the eval gauges on /metrics."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import free_port
-from judge_server import Call, JudgeServer, Reply
 
 from atlas_cli.main import main as atlas
 from atlas_contract.defaults import TEACHING
 from atlas_core.evaluation import TeachingEvaluation
 from atlas_core.tasks import multistep
 from atlas_core.training.teaching import GUIDANCE_INTRO, PROBE_INSTRUCTION, TEACHER_TEMPLATES
+from tests.support.env import free_port
+from tests.support.judge_server import Call, JudgeServer, Reply
 
 #: The keys of a problems.jsonl line (README, "Command line": `atlas eval`).
 PROBLEM_KEYS = {

@@ -8,13 +8,13 @@ import statistics
 import subprocess
 
 import pytest
-from conftest import PYTHON, python_env
 
 from atlas_contract import results
 from atlas_core.evaluation import figures, paired_bootstrap
 from atlas_core.tasks import multistep
 from atlas_core.tasks.arithmetic import exact_match_reward
 from atlas_core.training.teaching import make_teacher_sft_dataset, task_text, withhold_answer
+from tests.support.env import PYTHON, python_env
 
 # ------------------------------------------------------------------ the bundled task
 

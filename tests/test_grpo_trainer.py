@@ -8,13 +8,14 @@ import urllib.request
 
 import pytest
 import torch
-from conftest import free_port, tiny_grpo_args
 from datasets import Dataset
 from transformers import TrainerCallback
 
 from atlas_core.tasks.arithmetic import exact_match_reward, make_arithmetic_dataset
 from atlas_core.training.algorithms.grpo import GRPOTrainer
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
+from tests.support.env import free_port
+from tests.support.training import tiny_grpo_args
 
 
 def make_args(tmp_path, model_dir, **overrides) -> GRPOConfig:

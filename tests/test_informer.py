@@ -121,8 +121,8 @@ def test_a_failing_handler_is_logged_and_the_stream_goes_on(caplog):
 
 
 def test_one_label_selector_matcher_for_query_strings_and_label_selectors():
-    """tests/label_selectors.py: the query-string form a watch sends means what the same LabelSelector means."""
-    import label_selectors
+    """tests/support/label_selectors.py: the query-string form a watch sends means what the same LabelSelector means."""
+    from tests.support import label_selectors
 
     labels = {"app.kubernetes.io/instance": "run", "tier": "web"}
     for text, selector, expected in (

@@ -1,4 +1,5 @@
-"""The local JobSet executor (tests/pod_executor.py ``JobSetExecutor``) on the API emulator, with real processes.
+"""The local JobSet executor (``JobSetExecutor``, tests/support/jobset_executor.py) on the API emulator, with real
+processes.
 
 JobSets built by hand in the shape the operator renders for ``spec.backend: JobSet`` (docs/architecture.md):
 replicated jobs ``rollout`` (and ``student``), one pod each, a ``vllm serve`` container (run as the executor's
@@ -16,9 +17,11 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-from kube_emulator import JOBS, JOBSETS, PODS, EmulatorThread, wait_for, write_kubeconfig
-from operator_support import KUEUE_QUEUE_LABEL, kueue_admit
-from pod_executor import VLLM_STANDIN_ANSWER, JobSetExecutor
+
+from tests.support.jobset_executor import JobSetExecutor
+from tests.support.kube_emulator import JOBS, JOBSETS, PODS, EmulatorThread, wait_for, write_kubeconfig
+from tests.support.operator_cluster import KUEUE_QUEUE_LABEL, kueue_admit
+from tests.support.vllm_standin import VLLM_STANDIN_ANSWER
 
 pytestmark = pytest.mark.timeout(120)
 

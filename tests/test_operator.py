@@ -11,20 +11,17 @@ import json
 import kubernetes
 import pytest
 from atlas_operator.crd import custom_resource_definition
-from conftest import REPO, free_port
-from kube_emulator import JOBSETS, PYTORCHJOBS, TEACHERS, TRAININGS, wait_for
-from operator_support import (
+
+from tests.support.env import REPO, free_port
+from tests.support.k8s_schemas import crd_jsonschema, openapi_validate, pruned_fields
+from tests.support.kube_emulator import JOBSETS, PYTORCHJOBS, TEACHERS, TRAININGS, wait_for
+from tests.support.manifests import NS, teacher, training
+from tests.support.operator_cluster import (
     NETWORK_POLICIES,
-    NS,
     TIMEOUT,
     children_of,
-    crd_jsonschema,
-    openapi_validate,
     own_cluster,
     permissions_used,
-    pruned_fields,
-    teacher,
-    training,
     wait_children,
 )
 
@@ -627,15 +624,15 @@ def test_operator_killed_mid_reconcile_makes_no_duplicates(tmp_path):
 
 
 def test_the_pod_executor_reports_pods_as_kubeflow_and_the_kubelet_do(tmp_path):
-    """tests/pod_executor.py, the stand-in for Kubeflow + kubelet in end-to-end tests: Pods named
+    """tests/support/pytorchjob_executor.py, the stand-in for Kubeflow + kubelet in end-to-end tests: Pods named
     <job>-<replica type>-<index>, owned by the job; the container's terminationMessagePath is a local file (its
     env remapped to it) whose content, cut to 4096 bytes, is the terminated state's message; reason Completed or
     Error with the exit code; the job's pods go with the job."""
     import sys
     from pathlib import Path
 
-    from kube_emulator import PODS, EmulatorThread, write_kubeconfig
-    from pod_executor import PodExecutor
+    from tests.support.kube_emulator import PODS, EmulatorThread, write_kubeconfig
+    from tests.support.pytorchjob_executor import PyTorchJobExecutor
 
     def job(name: str, master: str, worker: str | None = None) -> dict:
         def replica(code: str) -> dict:
@@ -663,7 +660,9 @@ def test_the_pod_executor_reports_pods_as_kubeflow_and_the_kubelet_do(tmp_path):
             config_file=str(write_kubeconfig(tmp_path / "kubeconfig", server.url))
         )
         custom = kubernetes.client.CustomObjectsApi(api_client)
-        executor = PodExecutor(api_client, tmp_path / "pods", NS, Path(sys.executable).parent, poll_s=0.05).start()
+        executor = PyTorchJobExecutor(
+            api_client, tmp_path / "pods", NS, Path(sys.executable).parent, poll_s=0.05
+        ).start()
         try:
             long = "é" * 3000  # 6000 bytes: cut at 4096 (never inside a character)
             created = custom.create_namespaced_custom_object(
@@ -732,9 +731,8 @@ def _rbac_rules(*sections: str) -> set[tuple[str, str, str]]:
 def jobset_life(cluster) -> dict:
     """A JobSet run's life, up to its deletion: the JobSet created, its status followed (the jobsets watch),
     suspended and resumed (patched), its result read from the trainer pods it lists. Returns the run."""
-    from test_operator_jobset import TRAINER_RUNNING, condition, set_jobset_status, trainer_pod, wait_jobset
-
     from atlas_contract.results import result_message
+    from tests.support.jobset_world import TRAINER_RUNNING, condition, set_jobset_status, trainer_pod, wait_jobset
 
     manifest = teacher("rbac-jobset", backend="JobSet", checkpoint={"pvc": "ckpt"})
     cluster.apply(manifest)

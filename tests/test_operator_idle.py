@@ -6,9 +6,11 @@ same at a thousand runs)."""
 from __future__ import annotations
 
 import pytest
-from conftest import free_port
-from kube_emulator import wait_for
-from operator_support import NS, TIMEOUT, own_cluster, teacher, training, wait_children
+
+from tests.support.env import free_port
+from tests.support.kube_emulator import wait_for
+from tests.support.manifests import NS, teacher, training
+from tests.support.operator_cluster import TIMEOUT, own_cluster, wait_children
 
 pytestmark = pytest.mark.timeout(120)
 

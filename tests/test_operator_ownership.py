@@ -12,18 +12,19 @@ import copy
 
 import kubernetes
 import pytest
-import upgrade_fixtures
-from kube_emulator import JOBSETS, PYTORCHJOBS, TEACHERS, TRAININGS, EmulatorThread, wait_for, write_kubeconfig
-from operator_support import (
-    NETWORK_POLICIES,
-    NS,
-    TIMEOUT,
-    OperatorProcess,
-    own_cluster,
-    teacher,
-    training,
-    wait_children,
+
+from tests.support import upgrade_fixtures
+from tests.support.kube_emulator import (
+    JOBSETS,
+    PYTORCHJOBS,
+    TEACHERS,
+    TRAININGS,
+    EmulatorThread,
+    wait_for,
+    write_kubeconfig,
 )
+from tests.support.manifests import NS, teacher, training
+from tests.support.operator_cluster import NETWORK_POLICIES, TIMEOUT, OperatorProcess, own_cluster, wait_children
 
 pytestmark = pytest.mark.timeout(300)
 OPERATOR = ("atlas-operator/", "kopf/")
@@ -288,7 +289,7 @@ def _containers(obj: dict) -> list[dict]:
 
 def test_an_upgraded_operator_leaves_running_jobs_and_servers_alone(tmp_path):
     versions = sorted(p.name for p in upgrade_fixtures.FIXTURES.iterdir())
-    assert versions, "no recorded release in tests/fixtures/upgrade (python tests/upgrade_fixtures.py)"
+    assert versions, "no recorded release in tests/fixtures/upgrade (python -m tests.support.upgrade_fixtures)"
     with EmulatorThread() as server:
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.url)
         client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))

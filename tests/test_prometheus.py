@@ -22,11 +22,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, free_port
-from kube_emulator import wait_for
-from operator_support import NS, own_cluster, tiny_training
-from pod_executor import PodExecutor
-from prometheus_server import MISSING, Prometheus, binaries, finite_points, grafana_expr, grafana_interval
+
+from tests.support.env import REPO, free_port
+from tests.support.kube_emulator import wait_for
+from tests.support.manifests import NS, tiny_training
+from tests.support.operator_cluster import own_cluster
+from tests.support.prometheus_server import MISSING, Prometheus, binaries, finite_points, grafana_expr, grafana_interval
+from tests.support.pytorchjob_executor import PyTorchJobExecutor
 
 pytestmark = [
     pytest.mark.slow,
@@ -81,8 +83,7 @@ def rim_run(judge_url: str) -> dict:
 
 
 def render_rules(path: Path) -> Path:
-    sys.path.insert(0, str(REPO / "tests"))
-    from helm_tools import render_alert_rules
+    from tools.alert_rules import render_alert_rules
 
     path.write_text(
         render_alert_rules(f"alerts.runStalled.noStepForSeconds={STALL_LIMIT_S}", "alerts.runStalled.for=2s")
@@ -101,14 +102,14 @@ class Observed:
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory, tiny_model_dir):
-    from judge_server import JudgeServer, Reply, judgment
+    from tests.support.judge_server import JudgeServer, Reply, judgment
 
     tmp = tmp_path_factory.mktemp("prometheus")
     metrics_port = free_port()  # rank 0's metrics port, served on this host port by the executor
     found = Observed()
     found.windows, found.endpoint_text, found.stalled_alert = {}, {}, None
     with own_cluster(tmp, metrics_url=f"http://127.0.0.1:{metrics_port}/metrics") as cluster:
-        executor = PodExecutor(
+        executor = PyTorchJobExecutor(
             cluster.api_client, tmp / "pods", NS, Path(sys.executable).parent, host_ports={"metrics": metrics_port}
         ).start()
         operator_target = f"127.0.0.1:{cluster.operator.metrics_port}"

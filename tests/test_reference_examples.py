@@ -15,11 +15,11 @@ import subprocess
 
 import pytest
 import torch
-from conftest import REPO, free_port, python_env
 from datasets import Dataset
-from judge_server import JudgeServer, Reply, judgment
 
 from atlas_core.tasks.arithmetic import exact_match_reward, extract_answer, make_arithmetic_dataset
+from tests.support.env import REPO, free_port, python_env
+from tests.support.judge_server import JudgeServer, Reply, judgment
 
 # Budget knobs added to the printed configs so that a step takes well under a second on a CPU.
 CPU_BUDGET = dict(max_completion_length=16, report_to=[], disable_tqdm=True, gradient_checkpointing=False)

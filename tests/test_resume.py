@@ -7,9 +7,8 @@ import signal
 import subprocess
 import time
 
-from conftest import PYTHON, python_env
-
 from atlas_core.training.resume import RankView, decide, rank_view
+from tests.support.env import PYTHON, python_env
 
 
 def command(out, max_steps):

@@ -16,9 +16,9 @@ import threading
 import time
 
 import pytest
-from conftest import free_port
 
 from atlas_contract.names import ENV_RESULT_FILE, WATCHDOG_EXIT_CODE
+from tests.support.env import free_port
 
 pytestmark = pytest.mark.timeout(300)
 

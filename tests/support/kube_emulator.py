@@ -14,7 +14,8 @@ What this module adds on top (in :class:`AtlasKubeEmulator`, a subclass):
 * fault injection (:meth:`AtlasKubeEmulator.fail_next`) that fails BEFORE any state change;
 * ``labelSelector`` on lists and watches (equality- and set-based, as ``kubectl get -l`` sends them; 400 when
   malformed);
-* a request log as plain records (:meth:`AtlasKubeEmulator.calls`, ``writes``, ``verbs``);
+* a request log as plain records (:meth:`AtlasKubeEmulator.calls`, ``writes``, ``verbs``), and what is stored
+  (``get``, ``list``, ``stored``);
 * watches that miss events: :meth:`AtlasKubeEmulator.delete_unseen` (no event), ``expire_watches`` (410 Gone).
 
 * garbage collection by ownerReferences, one pass when a test asks (:meth:`AtlasKubeEmulator.collect_garbage`).
@@ -27,7 +28,7 @@ validation.
 Usage (synchronous test; the emulator runs in its own thread with its own event loop, so the
 synchronous ``kubernetes`` client, kopf's ``KopfRunner`` thread and subprocesses can all reach it)::
 
-    from kube_emulator import kube_emulator, kubeconfig  # noqa: F401  (fixtures; tests/ is on sys.path)
+    from tests.support.kube_emulator import kube_emulator, kubeconfig  # noqa: F401  (fixtures)
 
     def test_x(kube_emulator, kubeconfig):          # kubeconfig also sets $KUBECONFIG
         kubernetes.config.load_kube_config(config_file=str(kubeconfig))
@@ -64,10 +65,11 @@ import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
-import label_selectors
 import pytest
 from kmock._internal import dicts as _kdicts
 from kmock._internal import parsing as _kparsing
+
+from tests.support import label_selectors
 
 # ------------------------------------------------------------------------------------------------
 # Resources.
@@ -75,7 +77,7 @@ from kmock._internal import parsing as _kparsing
 CORE_RESOURCES: dict[str, dict[str, Any]] = {
     "v1/namespaces": dict(kind="Namespace", namespaced=False, subresources=["status"]),
     "v1/configmaps": dict(kind="ConfigMap", namespaced=True),
-    "v1/pods": dict(kind="Pod", namespaced=True, subresources=["status"]),  # written by tests/pod_executor.py
+    "v1/pods": dict(kind="Pod", namespaced=True, subresources=["status"]),  # by tests/support/kubelet.py
     "v1/services": dict(kind="Service", namespaced=True, subresources=["status"]),
     "v1/events": dict(kind="Event", namespaced=True),
     "v1/secrets": dict(kind="Secret", namespaced=True),
@@ -94,7 +96,7 @@ KUBEFLOW_RESOURCES: dict[str, dict[str, Any]] = {
     PYTORCHJOBS: dict(kind="PyTorchJob", namespaced=True, subresources=["status"]),
 }
 JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
-JOBS = "batch/v1/jobs"  # a JobSet's child Jobs, written by tests/pod_executor.py's JobSetExecutor
+JOBS = "batch/v1/jobs"  # a JobSet's child Jobs, written by tests/support/jobset_executor.py
 JOBSET_RESOURCES: dict[str, dict[str, Any]] = {
     JOBSETS: dict(kind="JobSet", namespaced=True, subresources=["status"]),
     JOBS: dict(kind="Job", namespaced=True, subresources=["status"]),
@@ -389,6 +391,15 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
         if key not in self.objects or self.objects[key].deleted:
             return None
         return copy.deepcopy(self.objects[key].raw)
+
+    def stored(self) -> list[tuple[str, str | None, str]]:
+        """(resource, namespace, name) of every object held (not deleted), the resource as ``group/version/plural``
+        (``v1/plural`` for the core group): what ``kubectl get -A`` over every resource would show."""
+        return [
+            (f"{res.group}/{res.version}/{res.plural}".lstrip("/"), namespace, name)
+            for (res, namespace, name), obj in list(self.objects.items())
+            if not obj.deleted
+        ]
 
     def list(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
         sel = kmock.resource(resource)

@@ -1,11 +1,11 @@
 """What a release of the operator leaves in a cluster, recorded, and loaded again for the upgrade tests.
 
-`python tests/upgrade_fixtures.py` runs this release's `atlas operator` on the API emulator over the examples (the
-three PyTorchJob runs and the JobSet run of examples/), brings their jobs to Running as the Kubeflow and JobSet
-controllers would, and writes every run and child as the API server then holds them to
-tests/fixtures/upgrade/<version>/<run>.yaml. Record once per release and commit the result: a later operator is
-tested against what this one made (as Kueue and KubeRay keep upgrade suites from their previous release); never
-re-record the files of an earlier release.
+`python -m tests.support.upgrade_fixtures` (from the repository root) runs this release's `atlas operator` on the API
+emulator over the examples (the three PyTorchJob runs and the JobSet run of examples/), brings their jobs to Running as
+the Kubeflow and JobSet controllers would, and writes every run and child as the API server then holds them to
+tests/fixtures/upgrade/<version>/<run>.yaml. Record once per release and commit the result: a later operator is tested
+against what this one made (as Kueue and KubeRay keep upgrade suites from their previous release); never re-record the
+files of an earlier release.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from typing import Any
 
 import kubernetes
 import yaml
-from kube_emulator import JOBSETS, PYTORCHJOBS, TEACHERS, TRAININGS, wait_for
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "upgrade"
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+from tests.support.kube_emulator import JOBSETS, PYTORCHJOBS, TEACHERS, TRAININGS, wait_for
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "upgrade"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 RUN_RESOURCES = {"AtlasTraining": TRAININGS, "AtlasTeacher": TEACHERS}
 CHILD_RESOURCES = {
     "ConfigMap": "v1/configmaps",
@@ -58,7 +59,7 @@ def record(version: str) -> Path:
     """Run this release's operator over the examples and write what it made (see the module docstring)."""
     import tempfile
 
-    from operator_support import own_cluster
+    from tests.support.operator_cluster import own_cluster
 
     out = FIXTURES / version
     out.mkdir(parents=True, exist_ok=True)
@@ -206,7 +207,6 @@ def load(api_client, version: str, change=None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from atlas_operator import __version__
 
     print(record(sys.argv[1] if len(sys.argv) > 1 else __version__))

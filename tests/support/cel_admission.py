@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from cel_expr_python import cel
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @functools.cache

@@ -1,0 +1,153 @@
+"""What the JobSet world writes when no executor runs: the JobSet v0.12.0 controller's status (conditions, restarts,
+replicatedJobsStatus), the finished trainer pods the Job controller and the kubelet leave, and a checkpoint PVC; on a
+``tests.support.operator_cluster.Cluster``."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Any
+
+import kubernetes
+
+from tests.support.kube_emulator import JOBSETS, wait_for
+from tests.support.manifests import NS
+from tests.support.operator_cluster import TIMEOUT
+
+JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+JOBSET_KEY = "jobset.sigs.k8s.io/"
+
+
+def condition(type_: str, status: bool, reason: str, message: str) -> dict[str, Any]:
+    """A metav1.Condition as the JobSet controller writes it."""
+    return {
+        "type": type_,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+
+
+def set_jobset_status(
+    cluster,
+    name: str,
+    jobs: dict[str, dict[str, int]] | None = None,
+    conditions: list[dict[str, Any]] = (),
+    restarts: int = 0,
+    terminal: str | None = None,
+) -> None:
+    """The JobSet controller's one status write per reconcile: ``restarts`` (always present), the conditions, one
+    replicatedJobsStatus entry with every count for each spec replicated job (``jobs`` gives the non-zero
+    counts), ``terminalState`` once finished."""
+    js = cluster.emu.get(JOBSETS, NS, name)
+    statuses = [
+        {"name": rjob["name"], "ready": 0, "succeeded": 0, "failed": 0, "active": 0, "suspended": 0}
+        | (jobs or {}).get(rjob["name"], {})
+        for rjob in js["spec"]["replicatedJobs"]
+    ]
+    status: dict[str, Any] = {
+        "restarts": restarts,
+        "restartsCountTowardsMax": restarts or None,
+        "replicatedJobsStatus": statuses,
+        "conditions": list(conditions),
+        "terminalState": terminal,
+    }
+    cluster.custom.patch_namespaced_custom_object_status(
+        JOBSET_GROUP, JOBSET_VERSION, NS, "jobsets", name, {"status": status}
+    )
+
+
+SERVERS_READY = {"rollout": {"ready": 1, "active": 1}, "student": {"ready": 1, "active": 1}}
+TRAINER_RUNNING = {**SERVERS_READY, "trainer": {"active": 1}}
+
+
+def wait_jobset(cluster, name: str, other_than: str | None = None) -> dict[str, Any]:
+    """The JobSet ``name`` once it exists (and, with ``other_than``, is not the object of that uid)."""
+    return wait_for(
+        lambda: (js := cluster.emu.get(JOBSETS, NS, name)) is not None and js["metadata"]["uid"] != other_than and js,
+        timeout=TIMEOUT,
+        what=f"JobSet {name}" + (" recreated" if other_than else ""),
+    )
+
+
+def ensure_pvc(cluster, name: str) -> None:
+    if cluster.emu.get("v1/persistentvolumeclaims", NS, name) is None:
+        kubernetes.client.CoreV1Api(cluster.api_client).create_namespaced_persistent_volume_claim(
+            NS,
+            {
+                "metadata": {"name": name},
+                "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+            },
+        )
+
+
+def trainer_pod(cluster, js: dict[str, Any], index: int, attempt: int, message: str | None, uid: str = "") -> str:
+    """A finished trainer pod as the JobSet, Job and kubelet controllers leave it: Job ``<js>-trainer-0`` (attempt
+    ``attempt``) owns it, named ``<js>-trainer-0-<index>-<random>``, with the JobSet's labels and annotations
+    (``uid`` stands in for an earlier JobSet of the same name), the Job controller's, and its ``trainer`` container
+    terminated with ``message``. Returns the pod's name."""
+    name = js["metadata"]["name"]
+    job_name = f"{name}-trainer-0"
+    job_uid = secrets.token_hex(16)
+    rjobs = js["spec"]["replicatedJobs"]
+    trainer = next(r for r in rjobs if r["name"] == "trainer")
+    jobset = {
+        "jobset-name": name,
+        "jobset-uid": uid or js["metadata"]["uid"],
+        "replicatedjob-name": "trainer",
+        "restart-attempt": str(attempt),
+        "replicatedjob-replicas": "1",
+        "global-replicas": str(sum(r.get("replicas", 1) for r in rjobs)),
+        "job-index": "0",
+        "job-key": hashlib.sha1(f"{NS}/{job_name}".encode()).hexdigest(),
+        "job-global-index": str(sum(r.get("replicas", 1) for r in rjobs[:-1])),
+        "group-name": "default",
+        "group-replicas": str(sum(r.get("replicas", 1) for r in rjobs)),
+        "job-group-index": str(len(rjobs) - 1),
+    }
+    jobset = {JOBSET_KEY + key: value for key, value in jobset.items()}
+    template = trainer["template"]["spec"]["template"]
+    labels = {
+        **(template.get("metadata") or {}).get("labels", {}),
+        **jobset,
+        "batch.kubernetes.io/job-name": job_name,
+        "job-name": job_name,
+        "batch.kubernetes.io/controller-uid": job_uid,
+        "controller-uid": job_uid,
+        COMPLETION_INDEX: str(index),
+        "jobset.sigs.k8s.io/priority": "0",
+    }
+    annotations = {**(template.get("metadata") or {}).get("annotations", {}), **jobset, COMPLETION_INDEX: str(index)}
+    pod_name = f"{job_name}-{index}-{secrets.token_hex(3)[:5]}"
+    core = kubernetes.client.CoreV1Api(cluster.api_client)
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job_name, "uid": job_uid}
+    core.create_namespaced_pod(
+        NS,
+        {
+            "metadata": {
+                "name": pod_name,
+                "labels": labels,
+                "annotations": annotations,
+                "ownerReferences": [{**owner, "controller": True, "blockOwnerDeletion": True}],
+            },
+            "spec": {
+                "containers": [{"name": "trainer", "image": template["spec"]["containers"][0]["image"]}],
+                "restartPolicy": "Never",
+                "hostname": f"{job_name}-{index}",
+                "subdomain": name,
+            },
+        },
+    )
+    terminated: dict[str, Any] = {"exitCode": 0, "reason": "Completed"}
+    if message is not None:
+        terminated["message"] = message
+    container = {"name": "trainer", "image": "", "imageID": "", "ready": False, "restartCount": 0}
+    core.patch_namespaced_pod_status(
+        pod_name,
+        NS,
+        {"status": {"phase": "Succeeded", "containerStatuses": [{**container, "state": {"terminated": terminated}}]}},
+        _content_type="application/merge-patch+json",
+    )
+    return pod_name
