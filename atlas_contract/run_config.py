@@ -4,8 +4,8 @@ The operator builds a :class:`RunConfig` from a run's spec and writes its :meth:
 (``operator/atlas_operator/render/run_config.py``); the trainer composes its Hydra config (recipes, overrides) and
 parses the result with :meth:`RunConfig.from_dict` (``atlas_core/training/run_config.py``), which raises
 :class:`~atlas_contract.errors.InvalidFields` listing every problem under its full path (``trainer.student_temperature:
-expected …``). The teaching fields stay under ``trainer`` in the file (they are GRPOConfig fields there) and are
-:attr:`RunConfig.teaching` here. What the contract cannot judge without the training libraries (which trainer fields
+expected …``). The teaching fields stay under ``trainer`` in the file (they are GRPOConfig fields there) and are read
+as :attr:`RunConfig.teaching`. What the contract cannot judge without the training libraries (which trainer fields
 exist, whether a model or dataset loads) the trainer checks after parsing.
 """
 
@@ -19,7 +19,7 @@ from atlas_contract.defaults import EVALUATION
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import ALGORITHMS
 from atlas_contract.reading import FieldReader
-from atlas_contract.teaching import TEACHING_FIELDS, TeachingSettings
+from atlas_contract.teaching import TeachingSettings
 from atlas_contract.text import bounded_repr
 
 MODEL_KINDS = "a hub id, a saved model folder or builtin://tiny-llama"
@@ -201,17 +201,22 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     """What scores completions."""
     trainer: dict[str, Any] = field(default_factory=dict)
-    """GRPOConfig (grpo, teacher) or SFTConfig (sft) fields, snake_case, other than the teaching ones; which fields
-    exist is the trainer's to check (the contract imports no training library)."""
-    teaching: TeachingSettings | None = None
-    """algorithm teacher: the teaching protocol (written under ``trainer``, where GRPOConfig has them); else None."""
+    """GRPOConfig (grpo, teacher) or SFTConfig (sft) fields, snake_case, as the file states them (the teaching fields
+    among them); which fields exist is the trainer's to check (the contract imports no training library)."""
     student: str | None = None
     """algorithm teacher: the frozen student — a hub id, a path, builtin://tiny-llama or an OpenAI-compatible URL."""
     evaluation: EvaluationSettings | None = None
     """algorithm teacher: the evaluation after training; None = none."""
+    teaching: TeachingSettings | None = field(init=False, compare=False)
+    """algorithm teacher: the teaching protocol, read from ``trainer`` (its unstated fields at their defaults); else
+    None. Derived, not stored twice: ``trainer`` stays what the file says, so the file round-trips byte for byte."""
 
     KEYS = ("algorithm", "model", "student", "run_name", "output_dir", "resume", "evaluation", "dataset", "reward")
     KEYS += ("trainer",)
+
+    def __post_init__(self) -> None:
+        teaching = TeachingSettings.from_dict(self.trainer, "trainer") if self.algorithm == "teacher" else None
+        object.__setattr__(self, "teaching", teaching)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> RunConfig:
@@ -225,7 +230,7 @@ class RunConfig:
         if algorithm not in ALGORITHMS:
             problems.append(f"algorithm: expected one of {', '.join(ALGORITHMS)}, got {bounded_repr(algorithm)}")
         teacher = algorithm == "teacher"
-        run = cls(
+        fields_read = dict(
             algorithm=algorithm if algorithm in ALGORITHMS else "grpo",
             model=reader.text("model", "", required=MODEL_KINDS),
             run_name=reader.text("run_name", "", required="the run's name"),
@@ -233,19 +238,16 @@ class RunConfig:
             resume=raw.get("resume", "auto"),
             dataset=DatasetConfig.read(_section(reader, "dataset", "source, split")),
             reward=RewardConfig.read(_section(reader, "reward", "funcs, config, weights")),
-            **_trainer_and_teaching(reader, teacher),
+            trainer=_trainer(reader, teacher),
             student=_student(reader, teacher),
             evaluation=_evaluation(reader, algorithm),
         )
         if problems:
             raise InvalidFields(problems)
-        return run
+        return cls(**fields_read)
 
     def to_dict(self) -> dict[str, Any]:
         """run.yaml's content; ``from_dict(to_dict())`` is an equal RunConfig."""
-        trainer = dict(self.trainer)
-        if self.teaching is not None:
-            trainer.update(self.teaching.to_dict())
         config: dict[str, Any] = {
             "algorithm": self.algorithm,
             "model": self.model,
@@ -254,17 +256,13 @@ class RunConfig:
             "resume": self.resume,
             "dataset": self.dataset.to_dict(),
             "reward": self.reward.to_dict(),
-            "trainer": trainer,
+            "trainer": dict(self.trainer),
         }
         if self.student is not None:
             config["student"] = self.student
         if self.evaluation is not None:
             config["evaluation"] = self.evaluation.to_dict()
         return config
-
-    def trainer_fields(self) -> dict[str, Any]:
-        """The trainer configuration's keyword arguments: ``trainer`` and, for a teacher, the teaching settings."""
-        return self.to_dict()["trainer"]
 
     def evaluation_source(self) -> str | None:
         """Where the evaluation's problems come from (None: no evaluation)."""
@@ -276,13 +274,12 @@ def _section(reader: FieldReader, key: str, shape: str) -> FieldReader:
     return FieldReader(reader.mapping(key, shape) or {}, key, reader.problems)
 
 
-def _trainer_and_teaching(reader: FieldReader, teacher: bool) -> dict[str, Any]:
-    """``trainer`` split into the trainer's own fields and (algorithm teacher) the teaching settings."""
+def _trainer(reader: FieldReader, teacher: bool) -> dict[str, Any]:
+    """``trainer``, its teaching fields checked for a teacher (the trainer checks the others against its config)."""
     trainer = dict(reader.mapping("trainer", "GRPOConfig or SFTConfig fields") or {})
-    if not teacher:
-        return {"trainer": trainer, "teaching": None}
-    teaching = TeachingSettings.read(FieldReader(trainer, "trainer", reader.problems))
-    return {"trainer": {k: v for k, v in trainer.items() if k not in TEACHING_FIELDS}, "teaching": teaching}
+    if teacher:
+        TeachingSettings.read(FieldReader(trainer, "trainer", reader.problems))
+    return trainer
 
 
 def _student(reader: FieldReader, teacher: bool) -> str | None:
