@@ -248,7 +248,9 @@ def test_endpoint_dies_mid_way_and_the_same_command_resumes(tmp_path, capsys):
     student.fail_after = 2 * 3 * 2  # two batches of 2 problems, 3 student calls each
     with JudgeServer(teacher_script, "teacher-model") as teacher_server:
         with JudgeServer(student, "student-model") as sv:
-            command = eval_cmd(teacher_server.base_url, sv.base_url, output, "--limit", "6", "-k", "2", "--batch-size", "2")
+            command = eval_cmd(
+                teacher_server.base_url, sv.base_url, output, "--limit", "6", "-k", "2", "--batch-size", "2"
+            )
             assert atlas(command) == 1
         stderr = capsys.readouterr().err
         (line,) = errors(stderr)
