@@ -174,6 +174,7 @@ def _summary_table(summaries: list[StageSummary]) -> Table:
 def evaluate_teachers(output: Path, teacher_args, problems: int = EVAL_PROBLEMS, progress: Progress | None = None):
     """The two-pass evaluation of both teachers on the held-out split, with the student and the protocol
     settings the teacher was trained with (greedy student: see STAGES); returns {label: TeachingEvaluation}."""
+    from atlas_contract.teaching import TeachingSettings
     from atlas_core.evaluation import GuidanceMeter, evaluate_teaching
     from atlas_core.tasks.multistep import make_multistep_dataset
     from atlas_core.training.finish import evaluation_settings
@@ -181,7 +182,8 @@ def evaluate_teachers(output: Path, teacher_args, problems: int = EVAL_PROBLEMS,
 
     student = LocalStudent(str(output / "sft"))
     rows = make_multistep_dataset(problems, "test")
-    settings = evaluation_settings(teacher_args, samples=teacher_args.student_samples)
+    teaching = TeachingSettings.of(teacher_args)  # the settings the teacher stage trained with
+    settings = evaluation_settings(teaching, teacher_args, samples=teaching.student_samples)
     task = progress.add_task("eval", total=problems * len(EVAL_TEACHERS), info="") if progress else None
     reports = {}
     for i, (label, stage, folder) in enumerate(EVAL_TEACHERS):

@@ -22,7 +22,7 @@ METRICS_HOST = "127.0.0.1"
 #: The ``kind`` label of the eval gauges unless ``$ATLAS_KIND`` is set.
 METRICS_KIND = "eval"
 
-# EvaluationSettings field → command-line option (the fields the command sets).
+# EvaluationRunSettings setting (EvaluationRunSettings.flat()'s names) → command-line option (those the command sets).
 SETTING_OPTIONS = {
     "samples": "--samples",
     "limit": "--limit",
@@ -45,23 +45,25 @@ MODEL_KINDS = (
 
 
 def _setting_defaults() -> dict[str, Any]:
-    from atlas_core.evaluation import EvaluationSettings
+    from atlas_core.evaluation import EvaluationRunSettings
 
-    return {f.name: f.default for f in fields(EvaluationSettings)}
+    return EvaluationRunSettings().flat()
 
 
 def _setting_docs() -> dict[str, str]:
-    """Each EvaluationSettings field's docstring (the string literal after it), for ``--help``."""
+    """Each setting's meaning, for ``--help``: a teaching setting's help (the contract's TeachingSettings), an
+    EvaluationRunSettings field's docstring (the string literal after it)."""
     import ast
     import inspect
 
-    from atlas_core.evaluation import EvaluationSettings
+    from atlas_contract.teaching import TeachingSettings
+    from atlas_core.evaluation import EvaluationRunSettings
 
+    docs = {f.name: f.metadata["help"].rstrip(".") for f in fields(TeachingSettings)}
     try:
-        body = ast.parse(inspect.getsource(EvaluationSettings)).body[0].body
+        body = ast.parse(inspect.getsource(EvaluationRunSettings)).body[0].body
     except (OSError, TypeError, SyntaxError):  # no source (a frozen build): help without the sentences
-        return {}
-    docs: dict[str, str] = {}
+        return docs
     for node, after in zip(body, body[1:], strict=False):
         if (
             isinstance(node, ast.AnnAssign)

@@ -79,8 +79,9 @@ def _listed(values: list[str] | None) -> list[str]:
 
 
 def _settings(args: argparse.Namespace, problems: list[str]):
-    """EvaluationSettings from the options; its own range checks reported under the option names."""
-    from atlas_core.evaluation import EvaluationSettings
+    """EvaluationRunSettings (the teaching ones a TeachingSettings) from the options; its own range checks reported
+    under the option names."""
+    from atlas_core.evaluation import EvaluationRunSettings
 
     defaults = _setting_defaults()
     values: dict[str, Any] = {}
@@ -90,7 +91,7 @@ def _settings(args: argparse.Namespace, problems: list[str]):
         minimum = 0 if name == "seed" else None  # numpy's generators take no negative seed
         value = _number(option, raw, kind, problems, minimum)
         values[name] = defaults[name] if value is None and raw is not None else value
-    settings = EvaluationSettings(**values)
+    settings = EvaluationRunSettings.from_flat(**values)
     for problem in settings.problems():
         name, _, rest = problem.partition(": ")
         problems.append(f"{SETTING_OPTIONS.get(name, name)}: {rest}")
