@@ -277,7 +277,7 @@ def run_demo(
     from atlas_core.models.tiny import build_tiny_model
     from atlas_core.telemetry.metrics import stop_metrics_servers
     from atlas_core.training.callbacks import JsonlMetricsCallback
-    from atlas_core.training.run_config import load_run_config, validate_run_config
+    from atlas_core.training.run_config import load_run_config, parse_run_config, validate_run_config
     from atlas_core.training.runner import run_training
 
     quiet_libraries(hide_warnings=True)
@@ -311,7 +311,7 @@ def run_demo(
                     _ProgressCallback(progress, stage, steps),
                     JsonlMetricsCallback(metrics_path, extra={"stage": stage}),
                 ]
-                result = run_training(cfg, callbacks=callbacks, quiet=True)
+                result = run_training(parse_run_config(cfg), callbacks=callbacks, quiet=True)
                 summaries.append(_summarise(stage, result.log_history, time.perf_counter() - started))
             started = time.perf_counter()
             reports = evaluate_teachers(output, result.args, progress=progress)

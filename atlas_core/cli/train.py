@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         run = parse_run_config(cfg)  # the typed settings past this point (atlas_contract/run_config.py)
         from atlas_core.training.runner import run_training
 
-        result = run_training(cfg)
+        result = run_training(run)
     except InvalidFields as exc:
         report_problems(exc.problems)
         return 2
