@@ -30,9 +30,6 @@ class FieldReader:
     def path(self, key: str) -> str:
         return join(self.prefix, key)
 
-    def has(self, key: str) -> bool:
-        return key in self.raw
-
     def setting(self, key: str, default: Any, kinds: tuple, limit: str | None = None) -> Any:
         """A value of one of ``kinds`` within ``LIMITS[limit or key]`` (None: ``default``); the default when wrong."""
         value = self.raw.get(key)

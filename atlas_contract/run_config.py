@@ -80,12 +80,12 @@ class EvaluationSettings:
 
 @dataclass(frozen=True)
 class DatasetConfig:
-    """run.yaml's ``dataset``: the training problems. The builtin datasets' knobs are None when unset (the trainer's
-    ``atlas_core/configs/train.yaml`` then gives them)."""
+    """run.yaml's ``dataset``: the training problems. What is None is unset: the trainer's
+    ``atlas_core/configs/train.yaml`` gives it (the one statement of those defaults)."""
 
     source: str
     """builtin://arithmetic, a .jsonl/.json/.csv/.parquet file, a save_to_disk folder, or hf://org/name."""
-    split: str = "train"
+    split: str | None = None
     """The split trained on."""
     num_samples: int | None = None
     """builtin://arithmetic: how many problems."""
@@ -108,7 +108,7 @@ class DatasetConfig:
             fraction = None
         return cls(
             source=reader.text("source", required=DATASET_KINDS) or "",
-            split=reader.text("split", "train"),
+            split=reader.text("split"),
             guided_fraction=fraction,
             **knobs,
         )
@@ -211,8 +211,19 @@ class RunConfig:
     """algorithm teacher: the teaching protocol, read from ``trainer`` (its unstated fields at their defaults); else
     None. Derived, not stored twice: ``trainer`` stays what the file says, so the file round-trips byte for byte."""
 
-    KEYS = ("algorithm", "model", "student", "run_name", "output_dir", "resume", "evaluation", "dataset", "reward")
-    KEYS += ("trainer",)
+    # run.yaml's keys (atlas_core/configs/train.yaml lists the same; teaching is read from trainer).
+    KEYS = (
+        "algorithm",
+        "model",
+        "student",
+        "run_name",
+        "output_dir",
+        "resume",
+        "evaluation",
+        "dataset",
+        "reward",
+        "trainer",
+    )
 
     def __post_init__(self) -> None:
         teaching = TeachingSettings.from_dict(self.trainer, "trainer") if self.algorithm == "teacher" else None
