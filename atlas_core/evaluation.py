@@ -20,15 +20,16 @@ import hashlib
 import json
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from atlas_contract.defaults import TEACHING
+from atlas_contract.defaults import EVALUATION
 from atlas_contract.names import EVAL_PROBLEMS_FILE, EVAL_REPORT_FILE
+from atlas_contract.teaching import TEACHING_FIELDS, TeachingSettings
 from atlas_core.tasks.arithmetic import extract_answer
 from atlas_core.training import teaching
-from atlas_core.training.protocol import ProtocolSettings, TeachingProtocol, diagnostic_judge_of
+from atlas_core.training.protocol import TeachingProtocol, diagnostic_judge_of
 from atlas_core.training.student import Student
 
 #: Capability bands of the report, by the protocol's template thresholds.
@@ -36,11 +37,14 @@ CAPABILITY_BANDS = {"walkthrough": "weak", "hints": "moderate", "minimal": "stro
 BOOTSTRAP_RESAMPLES = 2000
 
 
-@dataclass
-class EvaluationSettings:
-    """How an evaluation runs. Defaults are the teaching protocol's (``atlas_contract.defaults.TEACHING``)."""
+@dataclass(frozen=True)
+class EvaluationRunSettings:
+    """How one evaluation runs: the teaching protocol (:class:`TeachingSettings`, the contract's one definition, its
+    defaults ``atlas_contract.defaults.TEACHING``) and what only an evaluation has. ``atlas eval`` builds one from its
+    options (atlas_core/cli/eval_plan.py), a teacher run from its run configuration (atlas_core/training/finish.py)."""
 
-    samples: int = 4
+    # In an evaluation, samples stands for the protocol's student_samples (protocol_settings).
+    samples: int = EVALUATION["samples"]
     """Student answers per problem, alone and guided (K)."""
     limit: int | None = None
     """Evaluate at most this many problems (the first of the split); None = all."""
@@ -48,26 +52,16 @@ class EvaluationSettings:
     """Seed of the sampling and of the bootstrap."""
     batch_size: int = 32
     """Problems per protocol batch (and per line flush of ``problems.jsonl``)."""
-    max_probe_tokens: int = TEACHING["max_probe_tokens"]
-    """Token budget of the student's probe."""
-    max_guidance_tokens: int = TEACHING["max_guidance_tokens"]
-    """Guidance is cut to this many tokens, as in training."""
     teacher_max_tokens: int = 256
     """Token budget of the teacher's whole completion (thinking and guidance)."""
     teacher_temperature: float = 0.0
     """Sampling temperature of the teacher; 0 = greedy."""
-    student_max_tokens: int = TEACHING["student_max_tokens"]
-    """Token budget of one student answer."""
-    student_temperature: float = TEACHING["student_temperature"]
-    """Sampling temperature of the student."""
-    efficiency_horizon: float = TEACHING["efficiency_horizon"]
-    """Teaching reward: guidance length at which the efficiency bonus reaches 0."""
-    degradation_penalty: float = TEACHING["degradation_penalty"]
-    """Teaching reward: penalty when guidance makes the student worse."""
+    teaching: TeachingSettings = field(default_factory=TeachingSettings)
+    """The teaching protocol: probe, guidance and answer budgets, the student's temperature, the reward constants."""
 
     def problems(self) -> list[str]:
-        """Every out-of-range setting, named: each range is the contract's (atlas_contract.defaults.LIMITS), the
-        one the CRD's spec.teaching and spec.evaluation state."""
+        """Every out-of-range setting, named by its field (a teaching one by its own name): each range is the
+        contract's (atlas_contract.defaults.LIMITS), the one the CRD's spec.teaching and spec.evaluation state."""
         from atlas_contract.rules import setting_problem
 
         found = []
@@ -79,37 +73,34 @@ class EvaluationSettings:
             problem = setting_problem(limit, value, accepted)
             if problem:
                 found.append(f"{name}: {problem}")
-        return found
+        return found + self.teaching.problems()
 
-    def protocol_settings(self) -> ProtocolSettings:
-        return ProtocolSettings(
-            max_probe_tokens=self.max_probe_tokens,
-            student_samples=self.samples,
-            student_max_tokens=self.student_max_tokens,
-            student_temperature=self.student_temperature,
-            efficiency_horizon=self.efficiency_horizon,
-            degradation_penalty=self.degradation_penalty,
-        )
+    def protocol_settings(self) -> TeachingSettings:
+        """The protocol as this evaluation runs it: ``samples`` answers per problem."""
+        return replace(self.teaching, student_samples=self.samples)
+
+    def flat(self) -> dict[str, Any]:
+        """Every setting by name, the teaching ones beside the others (as ``atlas eval``'s options name them)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "teaching"}
+        return {**values, **self.teaching.to_dict()}
+
+    @classmethod
+    def from_flat(cls, **values: Any) -> EvaluationRunSettings:
+        """The settings of :meth:`flat`'s form (any subset: the rest at their defaults)."""
+        teaching = {name: values.pop(name) for name in TEACHING_FIELDS if name in values}
+        return cls(**values, teaching=TeachingSettings(**teaching))
 
 
-# Each setting of EvaluationSettings → its range in atlas_contract.defaults.LIMITS.
+# Each setting of EvaluationRunSettings but seed and teaching → its range in atlas_contract.defaults.LIMITS (the
+# teaching settings check their own, under their own names).
 SETTING_LIMITS = {
     "samples": "evaluation_samples",
     "limit": "evaluation_limit",
     "batch_size": "evaluation_batch_size",
-    "max_probe_tokens": "max_probe_tokens",
-    "max_guidance_tokens": "max_guidance_tokens",
     "teacher_max_tokens": "max_completion_length",
-    "student_max_tokens": "student_max_tokens",
     "teacher_temperature": "teacher_temperature",
-    "student_temperature": "student_temperature",
-    "efficiency_horizon": "efficiency_horizon",
-    "degradation_penalty": "degradation_penalty",
 }
-INTEGER_SETTINGS = frozenset(
-    {"samples", "limit", "batch_size", "max_probe_tokens", "max_guidance_tokens", "teacher_max_tokens"}
-    | {"student_max_tokens"}
-)
+INTEGER_SETTINGS = frozenset({"samples", "limit", "batch_size", "teacher_max_tokens"})
 
 
 @dataclass
@@ -186,7 +177,7 @@ def evaluate_teaching(
     teacher: Student,
     student: Student,
     dataset: Sequence[dict[str, Any]],
-    settings: EvaluationSettings | None = None,
+    settings: EvaluationRunSettings | None = None,
     *,
     output_dir: str | Path | None = None,
     scorers: Sequence[Callable[..., list[float]]] = (),
@@ -208,7 +199,7 @@ def evaluate_teaching(
         ValueError: bad settings, or rows that cannot be scored (named).
         EvaluationError: a model failed mid-way (the finished problems are kept).
     """
-    settings = settings or EvaluationSettings()
+    settings = settings or EvaluationRunSettings()
     problems = settings.problems()
     if problems:
         raise ValueError("\n".join(problems))
@@ -276,7 +267,8 @@ def _evaluate_batch(protocol, teacher, batch, start, settings, meter, key) -> li
     completions = teacher.generate(
         protocol.teacher_prompts(tasks, diagnostics), settings.teacher_max_tokens, 1, settings.teacher_temperature
     )
-    guidances = [meter.cut(teaching.extract_guidance(c[0].text), settings.max_guidance_tokens) for c in completions]
+    budget = settings.teaching.max_guidance_tokens
+    guidances = [meter.cut(teaching.extract_guidance(c[0].text), budget) for c in completions]
     guided = protocol.guided(tasks, contexts, guidances)
     records = []
     for i, (task, d, g) in enumerate(zip(tasks, diagnostics, guided, strict=True)):
@@ -376,10 +368,11 @@ class GuidanceMeter:
         return text if len(ids) <= budget else self.tokenizer.decode(ids[:budget], skip_special_tokens=True)
 
 
-def fingerprint(settings: EvaluationSettings, names: dict[str, str]) -> str:
+def fingerprint(settings: EvaluationRunSettings, names: dict[str, str]) -> str:
     """What ``problems.jsonl`` lines must share to be resumed: the models, the data and every setting
-    but ``limit`` and ``batch_size``."""
-    blob = {k: v for k, v in asdict(settings).items() if k not in ("limit", "batch_size")}
+    but ``limit`` and ``batch_size`` (and the teaching student_samples, which ``samples`` stands for)."""
+    skipped = ("limit", "batch_size", "student_samples")
+    blob = {k: v for k, v in settings.flat().items() if k not in skipped}
     blob.update({k: names.get(k, "") for k in ("teacher", "student", "dataset", "split", "scorer")})
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -121,10 +121,12 @@ def _trainer_args(stage: Path) -> dict:
     """The teaching fields the demo's teacher stage trained with (its saved training arguments)."""
     import torch
 
+    from atlas_contract.teaching import TeachingSettings
+
     saved = torch.load(stage / "training_args.bin", weights_only=False)
-    fields = ("seed", "max_probe_tokens", "max_guidance_tokens", "max_completion_length", "student_max_tokens")
-    fields += ("student_temperature", "student_samples", "efficiency_horizon", "degradation_penalty")
-    return {"output_dir": str(stage), "report_to": [], **{name: getattr(saved, name) for name in fields}}
+    teaching = TeachingSettings.of(saved).to_dict()
+    run = {name: getattr(saved, name) for name in ("seed", "max_completion_length")}
+    return {"output_dir": str(stage), "report_to": [], **run, **teaching}
 
 
 if __name__ == "__main__":

@@ -284,14 +284,16 @@ def test_setting_or_unsetting_a_fixed_field_is_a_change():
 def test_every_setting_the_resume_compares_is_fixed_at_admission():
     """The trainer's resume refuses a checkpoint whose identity settings (atlas_core/training/runner.py
     training_settings) differ: every spec change that changes them on a rendered run is refused on update."""
-    from atlas_operator.render import run_config
-    from omegaconf import OmegaConf
+    from types import SimpleNamespace
 
+    from atlas_operator.render import run_config
+
+    from atlas_contract.run_config import RunConfig
     from atlas_core.training.runner import training_settings
 
     def identity(manifest: dict[str, Any]) -> dict[str, Any]:
-        cfg = OmegaConf.create(run_config(parse_run(manifest)))
-        return training_settings(cfg, cfg.trainer)
+        run = RunConfig.from_dict(run_config(parse_run(manifest)))
+        return training_settings(run, SimpleNamespace(**run.trainer))
 
     compared = set()
     for example in EXAMPLES:

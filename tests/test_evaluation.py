@@ -233,7 +233,7 @@ def test_an_evaluation_that_fails_after_training_never_fails_the_run(tmp_path, m
     """A hub dataset is only known when it loads (here: offline): the trained run still exits 0 and reports
     its step, its reward and the evaluation's error, in one line, naming the evaluation's field."""
     from atlas_core.cli.train import _finish
-    from atlas_core.training.run_config import load_run_config, validate_run_config
+    from atlas_core.training.run_config import load_run_config, parse_run_config, validate_run_config
     from atlas_core.training.runner import FinishedRun
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -243,7 +243,7 @@ def test_an_evaluation_that_fails_after_training_never_fails_the_run(tmp_path, m
     )
     assert validate_run_config(cfg) == []  # not knowable before the run
     trained = FinishedRun(output_dir=tmp_path, global_step=3, resumed_from=None, log_history=[{"reward": 0.25}])
-    assert _finish(cfg, trained) == 0
+    assert _finish(parse_run_config(cfg), trained) == 0
     result = results.parse_result_message((tmp_path / "termination-log").read_text())
     assert (result["step"], result["reward"]) == (3, 0.25)
     assert result["evaluationError"].startswith("evaluation.dataset.source: cannot load 'hf://nobody/nothing'")
@@ -251,19 +251,21 @@ def test_an_evaluation_that_fails_after_training_never_fails_the_run(tmp_path, m
 
 
 def test_evaluation_settings_take_their_ranges_from_the_contract():
-    """EvaluationSettings has no ranges of its own: each setting is checked against atlas_contract.defaults.LIMITS
-    (what the CRD states for spec.teaching and spec.evaluation), at both ends."""
-    import dataclasses
-
+    """EvaluationRunSettings has no ranges of its own: each setting (its teaching ones the contract's
+    TeachingSettings) is checked against atlas_contract.defaults.LIMITS (what the CRD states for spec.teaching and
+    spec.evaluation), at both ends."""
     from atlas_contract.defaults import LIMITS
-    from atlas_core.evaluation import SETTING_LIMITS, EvaluationSettings
+    from atlas_contract.teaching import TEACHING_FIELDS
+    from atlas_core.evaluation import SETTING_LIMITS, EvaluationRunSettings
 
-    assert set(SETTING_LIMITS) == {f.name for f in dataclasses.fields(EvaluationSettings)} - {"seed"}
-    for name, key in SETTING_LIMITS.items():
+    ranges = {**SETTING_LIMITS, **{name: name for name in TEACHING_FIELDS}}
+    assert set(ranges) == set(EvaluationRunSettings().flat()) - {"seed"}
+    for name, key in ranges.items():
         limit = LIMITS[key]
         below = limit.minimum if limit.exclusive_minimum else limit.minimum - 1
-        assert [p for p in EvaluationSettings(**{name: below}).problems() if p.startswith(f"{name}:")], name
+        settings = EvaluationRunSettings.from_flat(**{name: below})
+        assert [p for p in settings.problems() if p.startswith(f"{name}:")], name
         if limit.maximum is not None:
-            assert EvaluationSettings(**{name: limit.maximum + 1}).problems(), name
-            assert not EvaluationSettings(**{name: limit.maximum}).problems(), name
-    assert EvaluationSettings(student_temperature=11).problems() == []  # the contract has no upper bound
+            assert EvaluationRunSettings.from_flat(**{name: limit.maximum + 1}).problems(), name
+            assert not EvaluationRunSettings.from_flat(**{name: limit.maximum}).problems(), name
+    assert EvaluationRunSettings.from_flat(student_temperature=11).problems() == []  # the contract has no upper bound

@@ -110,6 +110,7 @@ def test_output_dir_problems_name_output_dir(tmp_path):
 
 def test_teacher_exact_match_without_ground_truth_names_the_dataset(tmp_path):
     from atlas_contract.errors import InvalidFields
+    from atlas_core.training.run_config import parse_run_config
     from atlas_core.training.runner import build_trainer
 
     data = tmp_path / "tasks.jsonl"
@@ -119,7 +120,7 @@ def test_teacher_exact_match_without_ground_truth_names_the_dataset(tmp_path):
     )
     assert validate_run_config(cfg) == []
     with pytest.raises(InvalidFields) as caught:
-        build_trainer(cfg)
+        build_trainer(parse_run_config(cfg))
     assert caught.value.problems == [
         f"dataset.source: '{data}' has no 'ground_truth' column, which exact-match scoring needs (columns: prompt)"
     ]

@@ -171,6 +171,7 @@ def _summary_table(summaries: list[StageSummary]) -> Table:
 def evaluate_teachers(output: Path, teacher_args, problems: int, progress: Progress | None = None):
     """The two-pass evaluation of both teachers on the held-out split, with the student and the protocol
     settings the teacher was trained with (greedy student: see STAGES); returns {label: TeachingEvaluation}."""
+    from atlas_contract.teaching import TeachingSettings
     from atlas_core.evaluation import GuidanceMeter, evaluate_teaching
     from atlas_core.tasks.multistep import make_multistep_dataset
     from atlas_core.training.finish import evaluation_settings
@@ -178,7 +179,8 @@ def evaluate_teachers(output: Path, teacher_args, problems: int, progress: Progr
 
     student = LocalStudent(str(output / "sft"))
     rows = make_multistep_dataset(problems, "test")
-    settings = evaluation_settings(teacher_args, samples=teacher_args.student_samples)
+    teaching = TeachingSettings.of(teacher_args)  # the settings the teacher stage trained with
+    settings = evaluation_settings(teaching, teacher_args, samples=teaching.student_samples)
     task = progress.add_task("eval", total=problems * len(EVAL_TEACHERS), info="") if progress else None
     reports = {}
     for i, (label, stage, folder) in enumerate(EVAL_TEACHERS):
@@ -267,7 +269,7 @@ def run_demo(output: Path, size: DemoSize | None = None, metrics_port: int = TRA
     from atlas_core.models.tiny import build_tiny_model
     from atlas_core.telemetry.metrics import stop_metrics_servers
     from atlas_core.training.callbacks import JsonlMetricsCallback
-    from atlas_core.training.run_config import load_run_config, validate_run_config
+    from atlas_core.training.run_config import load_run_config, parse_run_config, validate_run_config
     from atlas_core.training.runner import run_training
 
     quiet_libraries(hide_warnings=True)
@@ -301,7 +303,7 @@ def run_demo(output: Path, size: DemoSize | None = None, metrics_port: int = TRA
                     _ProgressCallback(progress, stage, steps),
                     JsonlMetricsCallback(metrics_path, extra={"stage": stage}),
                 ]
-                result = run_training(cfg, callbacks=callbacks, quiet=True)
+                result = run_training(parse_run_config(cfg), callbacks=callbacks, quiet=True)
                 summaries.append(_summarise(stage, result.log_history, time.perf_counter() - started))
             started = time.perf_counter()
             reports = evaluate_teachers(output, result.args, size.eval_problems, progress=progress)

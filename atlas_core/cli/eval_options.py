@@ -22,21 +22,25 @@ METRICS_HOST = "127.0.0.1"
 #: The ``kind`` label of the eval gauges unless ``$ATLAS_KIND`` is set.
 METRICS_KIND = "eval"
 
-# EvaluationSettings field → command-line option (the fields the command sets).
+# The settings the command sets (EvaluationRunSettings.flat()'s names; the teaching ones are the contract's
+# TeachingSettings fields), the protocol's in the order --help lists them. Each option is its setting's name.
+PROTOCOL_SETTINGS = (
+    "teacher_max_tokens",
+    "max_guidance_tokens",
+    "max_probe_tokens",
+    "student_max_tokens",
+    "teacher_temperature",
+    "student_temperature",
+)
 SETTING_OPTIONS = {
-    "samples": "--samples",
-    "limit": "--limit",
-    "seed": "--seed",
-    "batch_size": "--batch-size",
-    "teacher_max_tokens": "--teacher-max-tokens",
-    "max_guidance_tokens": "--max-guidance-tokens",
-    "max_probe_tokens": "--max-probe-tokens",
-    "student_max_tokens": "--student-max-tokens",
-    "teacher_temperature": "--teacher-temperature",
-    "student_temperature": "--student-temperature",
+    name: "--" + name.replace("_", "-") for name in ("samples", "limit", "seed", "batch_size", *PROTOCOL_SETTINGS)
 }
 
-_FLOAT_SETTINGS = ("teacher_temperature", "student_temperature")
+
+def is_float_setting(name: str) -> bool:
+    """Whether a setting takes any number (its default is a float), not a whole one."""
+    return isinstance(_setting_defaults()[name], float)
+
 
 MODEL_KINDS = (
     "a saved model folder (a run's output or checkpoint-N folder), builtin://tiny-llama, a hub id, "
@@ -45,23 +49,25 @@ MODEL_KINDS = (
 
 
 def _setting_defaults() -> dict[str, Any]:
-    from atlas_core.evaluation import EvaluationSettings
+    from atlas_core.evaluation import EvaluationRunSettings
 
-    return {f.name: f.default for f in fields(EvaluationSettings)}
+    return EvaluationRunSettings().flat()
 
 
 def _setting_docs() -> dict[str, str]:
-    """Each EvaluationSettings field's docstring (the string literal after it), for ``--help``."""
+    """Each setting's meaning, for ``--help``: a teaching setting's help (the contract's TeachingSettings), an
+    EvaluationRunSettings field's docstring (the string literal after it)."""
     import ast
     import inspect
 
-    from atlas_core.evaluation import EvaluationSettings
+    from atlas_contract.teaching import TeachingSettings
+    from atlas_core.evaluation import EvaluationRunSettings
 
+    docs = {f.name: f.metadata["help"].rstrip(".") for f in fields(TeachingSettings)}
     try:
-        body = ast.parse(inspect.getsource(EvaluationSettings)).body[0].body
+        body = ast.parse(inspect.getsource(EvaluationRunSettings)).body[0].body
     except (OSError, TypeError, SyntaxError):  # no source (a frozen build): help without the sentences
-        return {}
-    docs: dict[str, str] = {}
+        return docs
     for node, after in zip(body, body[1:], strict=False):
         if (
             isinstance(node, ast.AnnAssign)
@@ -138,15 +144,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one weight per reward function, then one for the RIM config; comma-separated or repeated",
     )
     budgets = parser.add_argument_group("protocol")
-    for name in (
-        "teacher_max_tokens",
-        "max_guidance_tokens",
-        "max_probe_tokens",
-        "student_max_tokens",
-        "teacher_temperature",
-        "student_temperature",
-    ):
-        metavar = "T" if name in _FLOAT_SETTINGS else "N"
+    for name in PROTOCOL_SETTINGS:
+        metavar = "T" if is_float_setting(name) else "N"
         budgets.add_argument(SETTING_OPTIONS[name], default=defaults[name], metavar=metavar, help=setting_help(name))
     metrics = parser.add_argument_group("metrics")
     metrics.add_argument(

@@ -15,12 +15,12 @@ from typing import Any
 
 from atlas_contract.names import EVAL_PROBLEMS_FILE
 from atlas_core.cli.eval_options import (
-    _FLOAT_SETTINGS,
     BUILTIN_DEFAULT_PROBLEMS,
     ENDPOINT_CHECK_TIMEOUT_S,
     MODEL_KINDS,
     SETTING_OPTIONS,
     _setting_defaults,
+    is_float_setting,
 )
 
 
@@ -79,18 +79,19 @@ def _listed(values: list[str] | None) -> list[str]:
 
 
 def _settings(args: argparse.Namespace, problems: list[str]):
-    """EvaluationSettings from the options; its own range checks reported under the option names."""
-    from atlas_core.evaluation import EvaluationSettings
+    """EvaluationRunSettings (the teaching ones a TeachingSettings) from the options; its own range checks reported
+    under the option names."""
+    from atlas_core.evaluation import EvaluationRunSettings
 
     defaults = _setting_defaults()
     values: dict[str, Any] = {}
     for name, option in SETTING_OPTIONS.items():
         raw = getattr(args, name)
-        kind = float if name in _FLOAT_SETTINGS else int
+        kind = float if is_float_setting(name) else int
         minimum = 0 if name == "seed" else None  # numpy's generators take no negative seed
         value = _number(option, raw, kind, problems, minimum)
         values[name] = defaults[name] if value is None and raw is not None else value
-    settings = EvaluationSettings(**values)
+    settings = EvaluationRunSettings.from_flat(**values)
     for problem in settings.problems():
         name, _, rest = problem.partition(": ")
         problems.append(f"{SETTING_OPTIONS.get(name, name)}: {rest}")

@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         InvalidFields,
         available_recipes,
         load_run_config,
+        parse_run_config,
         validate_run_config,
     )
 
@@ -50,15 +51,16 @@ def main(argv: list[str] | None = None) -> int:
         problems = validate_run_config(cfg)
         if problems:
             raise InvalidFields(problems)
+        run = parse_run_config(cfg)  # the typed settings past this point (atlas_contract/run_config.py)
         from atlas_core.training.runner import run_training
 
-        result = run_training(cfg)
+        result = run_training(run)
     except InvalidFields as exc:
         report_problems(exc.problems)
         return 2
     _leave_process_group()  # the evaluation runs on rank 0 alone: no rank waits on it in a collective
     if result.process_index == 0:
-        code = _finish(cfg, result)
+        code = _finish(run, result)
         if code:
             return code
     resumed = f", resumed from {result.resumed_from}" if result.resumed_from else ""
@@ -72,14 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _finish(cfg, result) -> int:
+def _finish(run, result) -> int:
     """Rank 0 after training: the evaluation the run asks for, then its result for ``.status.result``."""
     from atlas_core.training.finish import evaluate_trained_teacher, last_reward, write_result
 
     evaluation = error = None
-    if cfg.get("evaluation") is not None:
+    if run.evaluation is not None:
         try:
-            report = evaluate_trained_teacher(cfg, result.args)
+            report = evaluate_trained_teacher(run, result.args)
         except Exception as exc:  # noqa: BLE001 - the model is trained and saved: an evaluation never fails the run
             error = " ".join(str(exc).split()) or type(exc).__name__
             print(f"warning: evaluation failed (the trained model is kept): {error}", file=sys.stderr)

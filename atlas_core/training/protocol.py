@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from atlas_contract.teaching import TeachingSettings
 from atlas_core.tasks.arithmetic import extract_answer, normalize_answer
 from atlas_core.training import teaching
 from atlas_core.training.student import Student, StudentAnswer
@@ -64,24 +65,6 @@ class GuidedAnswers:
         return statistics.mean(self.scores)
 
 
-@dataclass(frozen=True)
-class ProtocolSettings:
-    """The protocol's knobs (``GRPOConfig``'s teaching fields have the same names)."""
-
-    max_probe_tokens: int
-    student_samples: int
-    student_max_tokens: int
-    student_temperature: float
-    efficiency_horizon: float
-    degradation_penalty: float
-
-    @classmethod
-    def of(cls, args: Any, **overrides: Any) -> ProtocolSettings:
-        """The settings of a ``GRPOConfig`` (or anything with the same attributes), with overrides."""
-        values = {name: getattr(args, name) for name in cls.__dataclass_fields__}
-        return cls(**{**values, **overrides})
-
-
 Scorer = Callable[..., list[float]]
 
 
@@ -90,7 +73,7 @@ class TeachingProtocol:
 
     Args:
         student: the frozen student (:mod:`atlas_core.training.student`).
-        settings: the protocol's knobs.
+        settings: the protocol's knobs (the contract's one definition of them, atlas_contract/teaching.py).
         scorers: scorers of the student's answers (TRL reward functions, ``RIMReward``), weighted by
             ``weights``; none → exact match against each task's ``ground_truth``.
         diagnostic_judge: a ``RIMReward`` with a ``diagnostic`` judge, whose score becomes the capability.
@@ -99,7 +82,7 @@ class TeachingProtocol:
     def __init__(
         self,
         student: Student,
-        settings: ProtocolSettings,
+        settings: TeachingSettings,
         scorers: Sequence[Scorer] = (),
         weights: Sequence[float] | None = None,
         diagnostic_judge: Any = None,

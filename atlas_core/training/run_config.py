@@ -1,25 +1,27 @@
 """Loading and validating a run configuration (the Hydra config tree in ``atlas_core/configs``).
 
 ``load_run_config(overrides)`` composes ``train.yaml`` + a recipe + overrides;
-``validate_run_config(cfg)`` returns every problem as ``"field: what was expected"``.
+``validate_run_config(cfg)`` returns every problem as ``"field: what was expected"``;
+``parse_run_config(cfg)`` is the typed run configuration (the contract's ``RunConfig``) the rest reads.
 Both raise or return plain data, never print: the CLI decides how to report.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import tempfile
 import types
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from atlas_contract import datasets, rules
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import ALGORITHMS
+from atlas_contract.run_config import RunConfig
+from atlas_contract.teaching import TEACHING_FIELDS
 from atlas_contract.text import read_text
 
 CONFIG_MODULE = "atlas_core.configs"
@@ -92,36 +94,6 @@ def _staged_recipe_name(path: Path) -> str:
     return f"_file_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)}_{digest}"
 
 
-@functools.cache  # train.yaml is part of the package: read it once
-def _known_keys() -> dict[str, set[str]]:
-    """The keys a run configuration may hold: those of the primary config (train.yaml) — its top level and
-    its dataset and reward sections (trainer keys are the trainer config's fields, checked separately)."""
-    import yaml
-
-    primary = yaml.safe_load(
-        (Path(__file__).resolve().parent.parent / "configs" / f"{PRIMARY_CONFIG}.yaml").read_text()
-    )
-    known = {"": set(primary) - {"defaults"}}
-    for section in ("dataset", "reward"):
-        known[section] = set(primary[section])
-    return known
-
-
-def _unknown_key_problems(cfg: DictConfig) -> list[str]:
-    """Keys no part of Atlas reads (a typo in a run file is an error, as on the command line)."""
-    known, problems = _known_keys(), []
-    for key in cfg:
-        if key not in known[""]:
-            problems.append(f"{key}: unknown configuration key (known: {', '.join(sorted(known['']))})")
-    for section in ("dataset", "reward"):
-        for key in cfg.get(section) or {}:
-            if key not in known[section]:
-                problems.append(
-                    f"{section}.{key}: unknown configuration key (known: {', '.join(sorted(known[section]))})"
-                )
-    return problems
-
-
 def load_run_config(overrides: list[str] | None = None) -> DictConfig:
     """Compose the run configuration; raises :class:`InvalidFields` on unknown recipes or keys.
 
@@ -176,31 +148,35 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def parse_run_config(cfg: DictConfig) -> RunConfig:
+    """The composed configuration as the contract types it (atlas_contract/run_config.py): the boundary past which
+    the trainer reads typed settings. Raises :class:`InvalidFields` with every problem the contract finds."""
+    return RunConfig.from_dict(_plain(OmegaConf.to_container(cfg, resolve=True)))
+
+
+def _plain(value: Any) -> Any:
+    """Hydra's ``???`` (a required value left unset) as None, which the contract reports as required."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return None if value == MISSING else value
+
+
 def validate_run_config(cfg: DictConfig) -> list[str]:
-    """Every problem of ``cfg``, as ``"field: expected …, got …"``; empty when it can run."""
-    problems: list[str] = []
+    """Every problem of ``cfg``, as ``"field: expected …, got …"``; empty when it can run: the contract's (each
+    section's keys, kinds and ranges, the teaching settings), then what needs this side's libraries and files."""
     if cfg.algorithm not in ALGORITHMS:
         return [f"algorithm: expected one of {', '.join(ALGORITHMS)}, got '{cfg.algorithm}'"]
-    problems += _unknown_key_problems(cfg)
-    if OmegaConf.is_missing(cfg, "model"):
-        problems.append("model: required (a hub id, a saved model folder or builtin://tiny-llama)")
-    else:
+    try:
+        run, problems = parse_run_config(cfg), []
+    except InvalidFields as invalid:
+        run, problems = None, list(invalid.problems)
+    if not OmegaConf.is_missing(cfg, "model"):
         problems += _model_problems(str(cfg.model))
-    if OmegaConf.is_missing(cfg.dataset, "source"):
-        problems.append("dataset.source: required (builtin://arithmetic, a file, a folder or hf://org/name)")
-    else:
+    if not OmegaConf.is_missing(cfg.dataset, "source"):
         problems += datasets.dataset_problems(str(cfg.dataset.source), str(cfg.dataset.get("split")), cfg.algorithm)
-
     problems += _output_dir_problems(str(cfg.output_dir))
-    for name in ("num_samples", "max_operand", "seed"):
-        value = cfg.dataset.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or (name == "num_samples" and value < 1):
-            problems.append(
-                f"dataset.{name}: expected a whole number{' >= 1' if name == 'num_samples' else ''}, got {value!r}"
-            )
-    fraction = cfg.dataset.get("guided_fraction", 0.0)
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
-        problems.append(f"dataset.guided_fraction: expected a number in [0, 1], got {fraction!r}")
 
     from atlas_core.training.resume import resume_policy
 
@@ -208,37 +184,49 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
         resume_policy(cfg.get("resume", "auto"))
     except InvalidFields as invalid:
         problems += invalid.problems
+    problems += _trainer_problems(cfg)
+    if cfg.algorithm == "teacher" and cfg.get("student") and not str(cfg.student).startswith(("http://", "https://")):
+        problems += _model_problems(str(cfg.student), field="student")
+    if run is not None:
+        from atlas_core.training.finish import evaluation_dataset_problems
+
+        problems += evaluation_dataset_problems(run)
+    return problems + _reward_problems(cfg)
+
+
+def _trainer_problems(cfg: DictConfig) -> list[str]:
+    """Trainer fields the algorithm's config does not have, and values of the wrong kind or range; then (GRPO)
+    TRL's generation-batch rule. A teacher's teaching fields are the contract's to check (TeachingSettings)."""
     kwargs = trainer_kwargs(cfg)
-    known = {f.name for f in dataclasses.fields(trainer_config_class(cfg.algorithm))}
-    for name in sorted(set(kwargs) - known):
-        problems.append(f"trainer.{name}: not a {trainer_config_class(cfg.algorithm).__name__} field")
-    value_problems = _trainer_value_problems(kwargs, trainer_config_class(cfg.algorithm))
+    config_class = trainer_config_class(cfg.algorithm)
+    known = {f.name for f in dataclasses.fields(config_class)}
+    problems = [f"trainer.{name}: not a {config_class.__name__} field" for name in sorted(set(kwargs) - known)]
+    checked = {k: v for k, v in kwargs.items() if cfg.algorithm != "teacher" or k not in TEACHING_FIELDS}
+    value_problems = _trainer_value_problems(checked, config_class)
     problems += value_problems
+    if cfg.algorithm in ("grpo", "teacher") and not value_problems:  # the batch rule needs whole numbers
+        problems += _batch_problems(kwargs)
+    return problems
 
-    if cfg.algorithm == "teacher":
-        if not cfg.get("student"):
-            problems.append("student: required for algorithm teacher (a hub id, a path or an OpenAI-compatible URL)")
-        elif not str(cfg.student).startswith(("http://", "https://")):
-            problems += _model_problems(str(cfg.student), field="student")
-    from atlas_core.training.finish import evaluation_problems
 
-    problems += evaluation_problems(cfg)
-    if cfg.algorithm in ("grpo", "teacher"):
-        funcs = list(cfg.reward.funcs or [])
-        rim = cfg.reward.get("config")
-        if not funcs and not rim and cfg.algorithm == "grpo":
-            problems.append("reward.funcs: expected at least one reward function (or a RIM reward.config)")
-        weights = None if cfg.reward.weights is None else list(cfg.reward.weights)
-        problems += rules.reward_problems(funcs, bool(rim), weights, name=lambda field: f"reward.{field}")
-        if rim:
-            from atlas_core.reward.config import RIMConfigError, load_rim_config
+def _reward_problems(cfg: DictConfig) -> list[str]:
+    """Reward names, weights and the RIM config (GRPO and teacher: SFT has no reward)."""
+    if cfg.algorithm not in ("grpo", "teacher"):
+        return []
+    problems = []
+    funcs = list(cfg.reward.funcs or [])
+    rim = cfg.reward.get("config")
+    if not funcs and not rim and cfg.algorithm == "grpo":
+        problems.append("reward.funcs: expected at least one reward function (or a RIM reward.config)")
+    weights = None if cfg.reward.weights is None else list(cfg.reward.weights)
+    problems += rules.reward_problems(funcs, bool(rim), weights, name=lambda field: f"reward.{field}")
+    if rim:
+        from atlas_core.reward.config import RIMConfigError, load_rim_config
 
-            try:
-                load_rim_config(str(rim))
-            except RIMConfigError as exc:
-                problems.append(f"reward.config: {exc}")
-        if not value_problems:  # the batch rule needs whole numbers to work with
-            problems += _batch_problems(kwargs)
+        try:
+            load_rim_config(str(rim))
+        except RIMConfigError as exc:
+            problems.append(f"reward.config: {exc}")
     return problems
 
 

@@ -10,16 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from atlas_contract.names import METRICS_LOG_FILE
+from atlas_contract.run_config import RunConfig
 from atlas_core.training.callbacks import RunIdentityCallback
 from atlas_core.training.resume import IDENTITY_TRAINER_FIELDS, agree_on_checkpoint, resume_policy, run_identity
-from atlas_core.training.run_config import (
-    InvalidFields,
-    trainer_config_class,
-    trainer_kwargs,
-)
+from atlas_core.training.run_config import InvalidFields, trainer_config_class
 
 METRICS_FILE = METRICS_LOG_FILE
 
@@ -38,57 +33,24 @@ class FinishedRun:
     args: Any = None  # the trainer's configuration (GRPOConfig / SFTConfig) the run used
 
 
-def build_trainer(cfg: DictConfig, callbacks: list | None = None):
-    """The trainer ``cfg`` describes, ready to ``train()``; raises InvalidFields on bad input."""
+def build_trainer(run: RunConfig, callbacks: list | None = None):
+    """The trainer ``run`` describes, ready to ``train()``; raises InvalidFields on bad input."""
     from atlas_core.models.tiny import resolve_model_path
     from atlas_core.tasks.arithmetic import REWARD_FUNCTIONS
     from atlas_core.training.callbacks import JsonlMetricsCallback
-    from atlas_core.training.data import DatasetSourceError, load_run_dataset
 
-    algorithm = cfg.algorithm
-    try:
-        dataset = load_run_dataset(
-            str(cfg.dataset.source),
-            split=str(cfg.dataset.split),
-            algorithm=algorithm,
-            num_samples=int(cfg.dataset.num_samples),
-            max_operand=int(cfg.dataset.max_operand),
-            seed=int(cfg.dataset.seed),
-            guided_fraction=float(cfg.dataset.get("guided_fraction", 0.0)),
-        )
-    except DatasetSourceError as exc:
-        raise InvalidFields(str(exc).splitlines()) from None
-
-    # exact_match scores against ground_truth: the policy's answers (grpo) or the student's (teacher, by
-    # default when no reward is named).
-    funcs = list(cfg.reward.funcs or [])
-    needs_truth = "exact_match" in funcs and algorithm in ("grpo", "teacher")
-    needs_truth |= algorithm == "teacher" and not funcs and not cfg.reward.get("config")
-    if needs_truth and "ground_truth" not in dataset.column_names:
-        raise InvalidFields(
-            [
-                f"dataset.source: '{cfg.dataset.source}' has no 'ground_truth' column, which exact-match scoring "
-                f"needs (columns: {', '.join(dataset.column_names)})"
-            ]
-        )
-    model = resolve_model_path(str(cfg.model))
-    kwargs = trainer_kwargs(cfg)
-    kwargs.setdefault("run_name", cfg.run_name)
-    if algorithm in ("grpo", "teacher") and cfg.reward.weights is not None:
-        kwargs["reward_weights"] = [float(w) for w in cfg.reward.weights]
-    try:
-        args = trainer_config_class(algorithm)(output_dir=str(cfg.output_dir), model_name_or_path=model, **kwargs)
-    except (ValueError, TypeError) as exc:
-        raise InvalidFields([f"trainer: {' '.join(str(exc).split())}"]) from None
-
-    callbacks = [JsonlMetricsCallback(Path(cfg.output_dir) / METRICS_FILE), *(callbacks or [])]
+    algorithm, reward = run.algorithm, run.reward
+    dataset = _training_dataset(run)
+    model = resolve_model_path(run.model)
+    args = _trainer_args(run, model)
+    callbacks = [JsonlMetricsCallback(Path(run.output_dir) / METRICS_FILE), *(callbacks or [])]
     try:
         if algorithm in ("grpo", "teacher"):
-            funcs = [REWARD_FUNCTIONS[name] for name in cfg.reward.funcs or []]
-            if cfg.reward.get("config"):
+            funcs = [REWARD_FUNCTIONS[name] for name in reward.funcs]
+            if reward.config:
                 from atlas_core.reward.interpretation import RIMReward
 
-                funcs.append(RIMReward(str(cfg.reward.config)))
+                funcs.append(RIMReward(reward.config))
         if algorithm == "grpo":
             from atlas_core.training.algorithms.grpo import GRPOTrainer
 
@@ -102,43 +64,87 @@ def build_trainer(cfg: DictConfig, callbacks: list | None = None):
                 args=args,
                 train_dataset=dataset,
                 callbacks=callbacks,
-                student_model=resolve_model_path(str(cfg.student)),
+                student_model=resolve_model_path(run.student),
             )
         from atlas_core.training.algorithms.sft import SFTTrainer
 
         return SFTTrainer(model=model, args=args, train_dataset=dataset, callbacks=callbacks)
     except OSError as exc:  # from_pretrained: missing files, no network for a hub id, unreadable weights
         reason = " ".join(str(exc).split())[:300]
-        raise InvalidFields([f"model: cannot load '{cfg.model}': {reason}"]) from None
+        raise InvalidFields([f"model: cannot load '{run.model}': {reason}"]) from None
     except (ValueError, TypeError) as exc:  # the trainers name the argument at fault
         raise InvalidFields([" ".join(str(exc).split())]) from None
 
 
-def run_training(cfg: DictConfig, callbacks: list | None = None, quiet: bool = False) -> FinishedRun:
-    """Train per ``cfg``, resuming as ``cfg.resume`` says (the newest checkpoint every rank can load); saves the final
-    model (and tokenizer) into ``output_dir``. ``quiet`` drops the trainer's own console output
+def _training_dataset(run: RunConfig):
+    """The training problems; with exact-match scoring, each needs a ``ground_truth``."""
+    from atlas_core.training.data import DatasetSourceError, load_run_dataset
+
+    data, algorithm = run.dataset, run.algorithm
+    try:
+        dataset = load_run_dataset(
+            data.source,
+            split=data.split,
+            algorithm=algorithm,
+            num_samples=int(data.num_samples),
+            max_operand=int(data.max_operand),
+            seed=int(data.seed),
+            guided_fraction=float(data.guided_fraction or 0.0),
+        )
+    except DatasetSourceError as exc:
+        raise InvalidFields(str(exc).splitlines()) from None
+    # exact_match scores against ground_truth: the policy's answers (grpo) or the student's (teacher, by
+    # default when no reward is named).
+    funcs = run.reward.funcs
+    needs_truth = "exact_match" in funcs and algorithm in ("grpo", "teacher")
+    needs_truth |= algorithm == "teacher" and not funcs and not run.reward.config
+    if needs_truth and "ground_truth" not in dataset.column_names:
+        raise InvalidFields(
+            [
+                f"dataset.source: '{data.source}' has no 'ground_truth' column, which exact-match scoring "
+                f"needs (columns: {', '.join(dataset.column_names)})"
+            ]
+        )
+    return dataset
+
+
+def _trainer_args(run: RunConfig, model: str):
+    """The GRPOConfig / SFTConfig of the run: its trainer fields (a teacher's teaching settings among them)."""
+    kwargs = dict(run.trainer)
+    kwargs.setdefault("run_name", run.run_name)
+    if run.algorithm in ("grpo", "teacher") and run.reward.weights is not None:
+        kwargs["reward_weights"] = [float(w) for w in run.reward.weights]
+    try:
+        return trainer_config_class(run.algorithm)(output_dir=run.output_dir, model_name_or_path=model, **kwargs)
+    except (ValueError, TypeError) as exc:
+        raise InvalidFields([f"trainer: {' '.join(str(exc).split())}"]) from None
+
+
+def run_training(run: RunConfig, callbacks: list | None = None, quiet: bool = False) -> FinishedRun:
+    """Train per ``run``, resuming as ``run.resume`` says (the newest checkpoint every rank can load); saves the
+    final model (and tokenizer) into ``output_dir``. ``quiet`` drops the trainer's own console output
     (its progress bar and printed logs) for callers that show progress themselves."""
-    trainer = build_trainer(cfg, callbacks)
+    trainer = build_trainer(run, callbacks)
     if quiet:
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
     # One decision for every rank, made together before any step (atlas_core.training.resume).
-    identity = run_identity(str(cfg.run_name), training_settings(cfg, trainer.args))
+    identity = run_identity(run.run_name, training_settings(run, trainer.args))
     agreement = agree_on_checkpoint(
-        cfg.output_dir, resume_policy(cfg.resume), deepspeed=trainer.is_deepspeed_enabled, identity=identity
+        run.output_dir, resume_policy(run.resume), deepspeed=trainer.is_deepspeed_enabled, identity=identity
     )
     try:
         finished_at = finished_step(agreement.checkpoint, trainer.args.max_steps)
         if finished_at is None:
             trainer.add_callback(RunIdentityCallback(identity))
             trainer.train(resume_from_checkpoint=agreement.checkpoint)
-            trainer.save_model(str(cfg.output_dir))
+            trainer.save_model(run.output_dir)
     finally:
         agreement.release()
     return FinishedRun(
-        output_dir=Path(cfg.output_dir),
+        output_dir=Path(run.output_dir),
         global_step=trainer.state.global_step if finished_at is None else finished_at,
         resumed_from=agreement.checkpoint,
         process_index=trainer.accelerator.process_index,
@@ -149,17 +155,18 @@ def run_training(cfg: DictConfig, callbacks: list | None = None, quiet: bool = F
     )
 
 
-def training_settings(cfg: DictConfig, args) -> dict[str, Any]:
+def training_settings(run: RunConfig, args) -> dict[str, Any]:
     """What a checkpoint must share with this run to be resumed (see resume.IDENTITY_TRAINER_FIELDS)."""
+    reward = run.reward
     settings = {
-        "algorithm": cfg.algorithm,
-        "model": str(cfg.model),
-        "student": None if cfg.get("student") is None else str(cfg.student),
-        "dataset.source": str(cfg.dataset.source),
-        "dataset.split": cfg.dataset.get("split"),
-        "reward.funcs": list(cfg.reward.funcs or []),
-        "reward.config": None if cfg.reward.get("config") is None else str(cfg.reward.config),
-        "reward.weights": None if cfg.reward.weights is None else list(cfg.reward.weights),
+        "algorithm": run.algorithm,
+        "model": run.model,
+        "student": run.student,
+        "dataset.source": run.dataset.source,
+        "dataset.split": run.dataset.split,
+        "reward.funcs": list(reward.funcs),
+        "reward.config": reward.config,
+        "reward.weights": None if reward.weights is None else list(reward.weights),
     }
     for name in IDENTITY_TRAINER_FIELDS:
         if hasattr(args, name):

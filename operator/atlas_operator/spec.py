@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from atlas_contract.names import (
     WATCHDOG_EXIT_CODE,
 )
 from atlas_contract.results import RESULT_RANGES
+from atlas_contract.teaching import TEACHING_FIELDS, TeachingSettings
 from atlas_operator.schema import camel, spec_field
 
 __all__ = ["API_VERSION", "GROUP", "KINDS", "SHORT_NAMES", "VERSION", "PHASES", "Run", "SPEC_TYPES"]
@@ -343,40 +345,29 @@ class StudentSpec:
     )
 
 
-@dataclass
-class TeachingSpec:
-    """The adaptive teaching protocol (probe → guidance → student) and its reward."""
+# The contract's teaching settings the CRD has (atlas_contract/teaching.py): the student's temperature is not among
+# them (a run sets it in spec.training.extra, atlas_operator/validation.py).
+CRD_TEACHING_FIELDS = tuple(name for name in TEACHING_FIELDS if name != "student_temperature")
 
-    max_probe_tokens: int = spec_field(
-        "tokens of the diagnostic probe",
-        defaults.TEACHING["max_probe_tokens"],
-        **defaults.LIMITS["max_probe_tokens"].schema(),
-    )
-    max_guidance_tokens: int = spec_field(
-        "tokens of the teaching guidance",
-        defaults.TEACHING["max_guidance_tokens"],
-        **defaults.LIMITS["max_guidance_tokens"].schema(),
-    )
-    efficiency_horizon: float = spec_field(
-        "guidance length at which the efficiency bonus reaches 0",
-        defaults.TEACHING["efficiency_horizon"],
-        **defaults.LIMITS["efficiency_horizon"].schema(),
-    )
-    degradation_penalty: float = spec_field(
-        "subtracted when guidance makes the student worse",
-        defaults.TEACHING["degradation_penalty"],
-        **defaults.LIMITS["degradation_penalty"].schema(),
-    )
-    student_samples: int = spec_field(
-        "student answers per task, baseline and guided",
-        defaults.TEACHING["student_samples"],
-        **defaults.LIMITS["student_samples"].schema(),
-    )
-    student_max_tokens: int = spec_field(
-        "tokens per student answer",
-        defaults.TEACHING["student_max_tokens"],
-        **defaults.LIMITS["student_max_tokens"].schema(),
-    )
+
+def _teaching_spec() -> type:
+    """spec.teaching: TeachingSettings' fields as CRD fields (each one's type, meaning, default and range from the
+    contract), generated so that none is written twice."""
+    hints = typing.get_type_hints(TeachingSettings)
+    specs = [
+        (
+            f.name,
+            hints[f.name],
+            spec_field(f.metadata["help"].rstrip("."), f.default, **defaults.LIMITS[f.name].schema()),
+        )
+        for f in dataclasses.fields(TeachingSettings)
+        if f.name in CRD_TEACHING_FIELDS
+    ]
+    doc = "The adaptive teaching protocol (probe → guidance → student) and its reward."
+    return dataclasses.make_dataclass("TeachingSpec", specs, namespace={"__doc__": doc, "__module__": __name__})
+
+
+TeachingSpec = _teaching_spec()
 
 
 @dataclass

@@ -18,6 +18,7 @@ from atlas_operator.spec import (
     AtlasTeacherSpec,
     Run,
     RunSpec,
+    TeachingSpec,
     TrainingSpec,
     resolve_rollout,
 )
@@ -149,7 +150,8 @@ OPERATOR_OWNED_TRAINER_FIELDS = {
     "vllm_tensor_parallel_size": "set spec.rollout.tensorParallelSize instead",
     "vllm_enable_sleep_mode": "set spec.rollout.enableSleepMode instead",
     "vllm_max_model_length": "set spec.rollout.maxModelLen instead",
-    **{name: f"set spec.teaching.{camel(name)} instead" for name in defaults.TEACHING if name != "student_temperature"},
+    # spec.teaching's fields (the student's temperature, which it lacks, is set here, in spec.training.extra).
+    **{f.name: f"set spec.teaching.{camel(f.name)} instead" for f in dataclasses.fields(TeachingSpec)},
 }
 
 

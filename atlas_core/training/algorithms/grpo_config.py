@@ -8,13 +8,15 @@ see TRL's documentation for those. :class:`AtlasArguments` are Atlas's own, shar
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, fields, make_dataclass
 
 from trl import GRPOConfig as _TRLGRPOConfig
 
 from atlas_contract import rules
-from atlas_contract.defaults import SERVER_TIMEOUT_S, TEACHING
+from atlas_contract.defaults import SERVER_TIMEOUT_S
 from atlas_contract.names import ENV_KIND, ENV_NAMESPACE, ENV_RUN, TRAINER_METRICS_PORT
+from atlas_contract.teaching import TeachingSettings
 
 
 @dataclass
@@ -159,64 +161,32 @@ class AtlasArguments:
         return {"namespace": self.metrics_namespace, "run": self.metrics_run, "kind": self.metrics_kind}
 
 
-@dataclass
-class TeachingArguments:
-    r"""Fields of the teaching protocol, used by ``TeacherGRPOTrainer`` (ignored by ``GRPOTrainer``).
+def _check_teaching_fields(self) -> None:
+    """A teaching value of the wrong kind or out of range (atlas_contract.defaults.LIMITS) refuses the config."""
+    problems = TeachingSettings.of(self).problems()
+    if problems:
+        raise ValueError("; ".join(problems))
 
-    Parameters:
-        max_probe_tokens (`int`, *optional*, defaults to `50`):
-            Token budget of the student's diagnostic probe (its description of its approach).
-        max_guidance_tokens (`int`, *optional*, defaults to `200`):
-            Token budget of ``generate_guidance``; during training the teacher's completions are bounded by
-            ``max_completion_length``.
-        efficiency_horizon (`float`, *optional*, defaults to `200`):
-            Guidance length (tokens) at which the efficiency bonus ``max(0, 1 - L / horizon)`` reaches 0.
-        degradation_penalty (`float`, *optional*, defaults to `2.0`):
-            Subtracted from the reward when guidance makes the student worse.
-        student_samples (`int`, *optional*, defaults to `2`):
-            Student answers per task, with and without guidance: their mean is the score, their agreement
-            the diagnostic's confidence.
-        student_max_tokens (`int`, *optional*, defaults to `256`):
-            Token budget of one student answer.
-        student_temperature (`float`, *optional*, defaults to `0.7`):
-            Sampling temperature of the student (0 = greedy).
+
+def _teaching_arguments() -> type:
+    """The contract's TeachingSettings as GRPOConfig fields (TRL reads flat dataclass fields: same names, defaults
+    and help, generated so that none is copied by hand), and student_offload, which only a training run has."""
+    hints = typing.get_type_hints(TeachingSettings)
+    specs: list[tuple] = [
+        (f.name, hints[f.name], field(default=f.default, metadata=dict(f.metadata))) for f in fields(TeachingSettings)
+    ]
+    specs.append(("student_offload", bool, field(default=False, metadata={"help": "Keep a local student on the CPU."})))
+    doc = (TeachingSettings.__doc__ or "").rstrip() + _STUDENT_OFFLOAD_DOC
+    namespace = {"__doc__": doc, "__module__": __name__, "_check_teaching_fields": _check_teaching_fields}
+    return make_dataclass("TeachingArguments", specs, namespace=namespace)
+
+
+_STUDENT_OFFLOAD_DOC = """
         student_offload (`bool`, *optional*, defaults to `False`):
             Keep a local student on the CPU instead of the trainer's device.
-    """
-
-    max_probe_tokens: int = field(
-        default=TEACHING["max_probe_tokens"], metadata={"help": "Token budget of the student's diagnostic probe."}
-    )
-    max_guidance_tokens: int = field(
-        default=TEACHING["max_guidance_tokens"], metadata={"help": "Token budget of generate_guidance."}
-    )
-    efficiency_horizon: float = field(
-        default=TEACHING["efficiency_horizon"],
-        metadata={"help": "Guidance tokens at which the efficiency bonus reaches 0."},
-    )
-    degradation_penalty: float = field(
-        default=TEACHING["degradation_penalty"],
-        metadata={"help": "Subtracted from the reward when guidance makes the student worse."},
-    )
-    student_samples: int = field(
-        default=TEACHING["student_samples"], metadata={"help": "Student answers per task, with and without guidance."}
-    )
-    student_max_tokens: int = field(
-        default=TEACHING["student_max_tokens"], metadata={"help": "Token budget of one student answer."}
-    )
-    student_temperature: float = field(
-        default=TEACHING["student_temperature"], metadata={"help": "Sampling temperature of the student."}
-    )
-    student_offload: bool = field(default=False, metadata={"help": "Keep a local student on the CPU."})
-
-    def _check_teaching_fields(self) -> None:
-        problems = []
-        for name, default in TEACHING.items():
-            problem = rules.setting_problem(name, getattr(self, name), (type(default),))
-            if problem:
-                problems.append(f"{name}: {problem}")
-        if problems:
-            raise ValueError("; ".join(problems))
+"""
+# Fields of the teaching protocol, used by ``TeacherGRPOTrainer`` (ignored by ``GRPOTrainer``).
+TeachingArguments = _teaching_arguments()
 
 
 @dataclass

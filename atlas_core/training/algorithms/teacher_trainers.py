@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
+from atlas_contract.teaching import TeachingSettings
 from atlas_core.tasks.arithmetic import completion_text
 from atlas_core.training import teaching
 from atlas_core.training.algorithms.grpo import GRPOTrainer
 from atlas_core.training.protocol import (
     DiagnosticResult,
-    ProtocolSettings,
     TeachingProtocol,
     diagnostic_judge_of,
 )
@@ -228,7 +228,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
         """The protocol this trainer runs (built per use: ``student`` and ``args`` may be replaced)."""
         return TeachingProtocol(
             self.student,
-            ProtocolSettings.of(self.args),
+            TeachingSettings.of(self.args),
             self.answer_scorers,
             self.scorer_weights,
             diagnostic_judge_of(self.answer_scorers),

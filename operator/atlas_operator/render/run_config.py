@@ -18,6 +18,7 @@ from atlas_contract.names import (
     WEIGHT_SYNC_PORT,
     ChildNames,
 )
+from atlas_contract.run_config import DatasetConfig, EvaluationDataset, EvaluationSettings, RewardConfig, RunConfig
 from atlas_operator.presets import accelerate_config
 from atlas_operator.render.common import REWARD_REF_DIR, _metadata, on_jobset
 from atlas_operator.spec import AtlasTeacherSpec, Run, TrainingSpec, reward_funcs
@@ -65,6 +66,37 @@ def rollout_endpoint(run: Run) -> str:
 
 def run_config(run: Run) -> dict[str, Any]:
     """The run configuration the trainer pods load (`atlas_core.cli.train recipe=run.yaml`)."""
+    return typed_run_config(run).to_dict()
+
+
+def typed_run_config(run: Run) -> RunConfig:
+    """run.yaml as the contract types it (atlas_contract/run_config.py), built from the run's spec."""
+    spec = run.spec
+    trainer = trainer_config(run)
+    student = None
+    if isinstance(spec, AtlasTeacherSpec) and spec.student:
+        student = student_endpoint(run) if spec.student.rollout.replicas else spec.student.model
+        trainer.update(vars(spec.teaching))  # the CRD's teaching fields are named as the contract's TeachingSettings
+    return RunConfig(
+        algorithm=spec.algorithm,
+        model=spec.model,
+        run_name=run.name,
+        output_dir=output_dir(run),
+        resume="auto",  # one decision for all ranks (atlas_core.training.resume)
+        dataset=DatasetConfig(source=spec.dataset.source, split=spec.dataset.split),
+        reward=RewardConfig(
+            funcs=tuple(reward_funcs(run)),
+            config=reward_config_path(run),
+            weights=None if spec.reward.weights is None else tuple(spec.reward.weights),
+        ),
+        trainer=trainer,
+        student=student,
+        evaluation=evaluation_settings(run),
+    )
+
+
+def trainer_config(run: Run) -> dict[str, Any]:
+    """run.yaml's ``trainer``: the algorithm's defaults, spec.training, and what the operator owns."""
     spec = run.spec
     trainer = {**defaults.training_defaults(spec.algorithm), **training_fields(spec.training)}
     trainer.update(
@@ -79,23 +111,7 @@ def run_config(run: Run) -> dict[str, Any]:
     else:
         trainer.setdefault("bf16", True)
     trainer.update(rollout_fields(run))
-    config: dict[str, Any] = {
-        "algorithm": spec.algorithm,
-        "model": spec.model,
-        "run_name": run.name,
-        "output_dir": output_dir(run),
-        "resume": "auto",  # one decision for all ranks (atlas_core.training.resume)
-        "dataset": {"source": spec.dataset.source, "split": spec.dataset.split},
-        "reward": {"funcs": reward_funcs(run), "config": reward_config_path(run), "weights": spec.reward.weights},
-        "trainer": trainer,
-    }
-    if isinstance(spec, AtlasTeacherSpec) and spec.student:
-        config["student"] = student_endpoint(run) if spec.student.rollout.replicas else spec.student.model
-        trainer.update(vars(spec.teaching))
-    evaluation = evaluation_config(run)
-    if evaluation is not None:
-        config["evaluation"] = evaluation
-    return config
+    return trainer
 
 
 def rollout_fields(run: Run) -> dict[str, Any]:
@@ -125,22 +141,19 @@ def rollout_fields(run: Run) -> dict[str, Any]:
     }
 
 
-def evaluation_config(run: Run) -> dict[str, Any] | None:
+def evaluation_settings(run: Run) -> EvaluationSettings | None:
     """run.yaml's ``evaluation`` (AtlasTeacher spec.evaluation; None when unset): what the trainer's Master
     evaluates after training. The source is passed as spec.dataset.source is (the trainer resolves both alike)."""
     evaluation = getattr(run.spec, "evaluation", None)
     if evaluation is None:
         return None
-    config: dict[str, Any] = {
-        "dataset": {
-            "source": evaluation.dataset.source or run.spec.dataset.source,
-            "split": evaluation.dataset.split,
-        },
-        "samples": evaluation.samples,
-    }
-    if evaluation.limit is not None:
-        config["limit"] = evaluation.limit
-    return config
+    return EvaluationSettings(
+        dataset=EvaluationDataset(
+            source=evaluation.dataset.source or run.spec.dataset.source, split=evaluation.dataset.split
+        ),
+        samples=evaluation.samples,
+        limit=evaluation.limit,
+    )
 
 
 def training_fields(training: TrainingSpec) -> dict[str, Any]:
