@@ -469,6 +469,7 @@ def test_rollout_and_watchdog_facts_are_the_codes():
     from atlas_operator import spec
     from atlas_operator.cli import parse_file
     from atlas_operator.render import Images, rollout_pod_template, rollout_server_command
+    from atlas_operator.schema import camel
     from atlas_operator.status import WATCHDOG_RESTART_REASON, WATCHDOG_RESTART_RULE
 
     from atlas_contract import defaults, names
@@ -499,7 +500,7 @@ def test_rollout_and_watchdog_facts_are_the_codes():
     assert f"`gpuMemoryUtilization` defaults to {spec.SERVER_GPU_MEMORY_UTILIZATION:g}" in readme
     assert f"(`gpuMemoryUtilization`, default {spec.COLOCATED_GPU_MEMORY_UTILIZATION:g}:" in readme
     server_only = re.search(r"a server-only field \(([^)]*)\)", readme).group(1)
-    assert re.findall(r"`(\w+)`", server_only) == [spec.camel(f) for f in spec.SERVER_ONLY_ROLLOUT_FIELDS]
+    assert re.findall(r"`(\w+)`", server_only) == [camel(f) for f in spec.SERVER_ONLY_ROLLOUT_FIELDS]
 
     # The step watchdog: its defaults on the cluster and in the Python API, its exit and its names.
     step = defaults.TRAINING_COMMON["step_timeout_seconds"]

@@ -98,7 +98,7 @@ def test_status_constants_are_the_crds_own():
     """Condition types and status.children keys come from the classes that generate the CRD: one the CRD does not
     declare cannot be set (it would be refused, or pruned, by the API server)."""
     from atlas_operator.reconcile import condition
-    from atlas_operator.spec import CHILD_KEYS, ConditionType
+    from atlas_operator.run_status import CHILD_KEYS, ConditionType
 
     crd = custom_resource_definition("AtlasTeacher")
     status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from atlas_operator.run_status import RunStatus
 from atlas_operator.schema import openapi_schema
-from atlas_operator.spec import GROUP, KINDS, SHORT_NAMES, SPEC_TYPES, VERSION, RunStatus
+from atlas_operator.spec import GROUP, KINDS, SHORT_NAMES, SPEC_TYPES, VERSION
 from atlas_operator.validation_rules import crd_validations
 
 PRINTER_COLUMNS = [

@@ -23,7 +23,7 @@ from atlas_operator.informer import Informer
 from atlas_operator.kube import ApiError, Kube, Resource
 from atlas_operator.ownership import NAME_TAKEN
 from atlas_operator.reconcile import Reconciler, RetryLater
-from atlas_operator.spec import ConditionType
+from atlas_operator.run_status import ConditionType
 from atlas_operator.status import now, progress_patch, status_update
 
 log = logging.getLogger("atlas_operator")

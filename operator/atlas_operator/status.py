@@ -10,7 +10,7 @@ from typing import Any
 
 from atlas_contract.metrics import PROGRESS
 from atlas_contract.names import WATCHDOG_EXIT_CODE
-from atlas_operator.spec import CHILD_KEYS, ConditionType
+from atlas_operator.run_status import CHILD_KEYS, ConditionType
 
 # The JobSet failurePolicy rule the operator renders for a restart after a step-watchdog exit; its RestartingJobSet
 # condition's reason is ``FailurePolicy_<rule>`` (JobSet v0.12.0 RestartingJobSetReasonFailurePolicyFormat).
@@ -227,7 +227,7 @@ def status_update(old: dict[str, Any], generation: int | None, result: Outcome, 
     for a phase transition, and each of ``result.events`` that the conditions do not already say."""
     undeclared = set(result.children) - CHILD_KEYS
     if undeclared:  # the CRD's schema would prune them: a child the status cannot show is a bug, said here
-        raise ValueError(f"status.children: keys not declared in spec.Children: {sorted(undeclared)}")
+        raise ValueError(f"status.children: keys not declared in run_status.Children: {sorted(undeclared)}")
     new = {
         "phase": result.phase,
         "observedGeneration": generation,

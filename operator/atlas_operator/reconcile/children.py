@@ -23,7 +23,7 @@ from atlas_operator.render import (
     on_jobset,
 )
 from atlas_operator.revisions import PINNED_KINDS, Revision
-from atlas_operator.spec import ConditionType as Condition
+from atlas_operator.run_status import ConditionType as Condition
 from atlas_operator.spec import Run
 from atlas_operator.status import (
     Event,

@@ -8,7 +8,7 @@ from typing import Any
 from atlas_operator.ownership import (
     Foreign,
 )
-from atlas_operator.spec import ConditionType as Condition
+from atlas_operator.run_status import ConditionType as Condition
 
 log = logging.getLogger("atlas_operator")
 

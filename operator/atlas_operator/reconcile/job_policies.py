@@ -14,7 +14,7 @@ from atlas_operator.ownership import (
 from atlas_operator.reconcile.common import RetryLater, condition
 from atlas_operator.reconcile.patching import _managed_patch
 from atlas_operator.revisions import Revision
-from atlas_operator.spec import ConditionType as Condition
+from atlas_operator.run_status import ConditionType as Condition
 from atlas_operator.spec import Run
 from atlas_operator.status import (
     FINISHED,

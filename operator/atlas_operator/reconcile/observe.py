@@ -16,7 +16,7 @@ from atlas_operator.render import (
     on_jobset,
     trainer_container,
 )
-from atlas_operator.spec import ConditionType as Condition
+from atlas_operator.run_status import ConditionType as Condition
 from atlas_operator.spec import Run
 from atlas_operator.status import (
     FINISHED,

@@ -28,7 +28,7 @@ from atlas_operator.render import (
     render_children,
 )
 from atlas_operator.revisions import Revision, stamp
-from atlas_operator.spec import ConditionType as Condition
+from atlas_operator.run_status import ConditionType as Condition
 from atlas_operator.spec import Run
 from atlas_operator.status import (
     Event,
