@@ -196,22 +196,10 @@ def _load_rows(source: str, split: str, limit: int | None, seed: int, notes: lis
     return dataset.to_list()
 
 
-def check(args: argparse.Namespace) -> tuple[Plan | None, list[str], list[str]]:
-    """(plan, problems, notes): every problem of the command line found before any model is loaded."""
+def _reward_weights(args: argparse.Namespace, funcs: list[str], problems: list[str]) -> list[float] | None:
+    """--reward-weights as numbers (None: unset), with the reward rules' problems of funcs and weights."""
     from atlas_contract import rules
-    from atlas_contract.rules import model_reference
 
-    problems: list[str] = []
-    notes: list[str] = []
-    settings = _settings(args, problems)
-    port = _number("--metrics-port", args.metrics_port, int, problems, 0)
-    if port is not None and port > 65535:
-        problems.append(f"--metrics-port: expected a port in 0..65535 (0 = off), got {port}")
-    device = str(args.device).strip()
-    if device != "auto" and device != "cpu" and not (device == "cuda" or device.startswith("cuda:")):
-        problems.append(f"--device: expected auto, cpu, cuda or cuda:N, got {device!r}")
-
-    funcs = _listed(args.reward_funcs)
     weights: list[float] | None = None
     if args.reward_weights is not None:
         weights = []
@@ -224,27 +212,57 @@ def check(args: argparse.Namespace) -> tuple[Plan | None, list[str], list[str]]:
         weights,
         name=lambda f: {"funcs": "--reward-funcs", "weights": "--reward-weights"}.get(f, f),
     )
-    scorers: list[Any] = []
-    if args.reward_config:
-        from atlas_core.reward.config import RIMConfigError
-        from atlas_core.reward.interpretation import RIMReward
+    return weights
 
-        try:
-            scorers.append(RIMReward(str(args.reward_config)))
-        except (RIMConfigError, ValueError) as exc:
-            for line in str(exc).splitlines():
-                problems.append(f"--reward-config: {line.removeprefix('config_path: ')}")
-    problems += _output_problems(args.output)
 
-    endpoints = []
+def _rim_scorers(args: argparse.Namespace, problems: list[str]) -> list[Any]:
+    """The RIM scorer of --reward-config (none when unset or when the config cannot be used)."""
+    if not args.reward_config:
+        return []
+    from atlas_core.reward.config import RIMConfigError
+    from atlas_core.reward.interpretation import RIMReward
+
+    try:
+        return [RIMReward(str(args.reward_config))]
+    except (RIMConfigError, ValueError) as exc:
+        for line in str(exc).splitlines():
+            problems.append(f"--reward-config: {line.removeprefix('config_path: ')}")
+        return []
+
+
+def _models_problems(args: argparse.Namespace) -> list[str]:
+    """--teacher and --student: a local model is checked on disk; endpoints are asked, both at once (each may
+    take the whole timeout)."""
+    from atlas_contract.rules import model_reference
+
+    problems, endpoints = [], []
     for option, ref in (("--teacher", args.teacher), ("--student", args.student)):
         if ref and model_reference(ref) == "endpoint":
             endpoints.append((option, ref))
         else:
             problems += _model_problems(option, ref)
-    if endpoints:  # both at once: each may take the whole timeout
+    if endpoints:
         with ThreadPoolExecutor(len(endpoints)) as pool:
             problems += [p for p in pool.map(lambda e: endpoint_problem(*e), endpoints) if p]
+    return problems
+
+
+def check(args: argparse.Namespace) -> tuple[Plan | None, list[str], list[str]]:
+    """(plan, problems, notes): every problem of the command line found before any model is loaded."""
+    problems: list[str] = []
+    notes: list[str] = []
+    settings = _settings(args, problems)
+    port = _number("--metrics-port", args.metrics_port, int, problems, 0)
+    if port is not None and port > 65535:
+        problems.append(f"--metrics-port: expected a port in 0..65535 (0 = off), got {port}")
+    device = str(args.device).strip()
+    if device != "auto" and device != "cpu" and not (device == "cuda" or device.startswith("cuda:")):
+        problems.append(f"--device: expected auto, cpu, cuda or cuda:N, got {device!r}")
+    funcs = _listed(args.reward_funcs)
+    weights = _reward_weights(args, funcs, problems)
+    scorers = _rim_scorers(args, problems)
+    problems += _output_problems(args.output)
+    problems += _models_problems(args)
 
     rows = None
     if not args.dataset:

@@ -135,83 +135,30 @@ def report_table(report: Any, title: str):
 
 def run(plan: Plan, notes: list[str] = ()) -> int:
     from rich.console import Console
-    from rich.markup import escape
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from atlas_core.evaluation import EvaluationError, evaluate_teaching
+    from atlas_core.evaluation import EvaluationError
 
-    err = Console(stderr=True)
-    out = Console()
+    err, out = Console(stderr=True), Console()
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    labels = metric_labels(plan.output)
-    if plan.metrics_port:
-        from atlas_core.telemetry.metrics import serve_metrics
-
-        try:
-            port = serve_metrics(plan.metrics_port, plan.metrics_host)
-        except OSError as exc:
-            print(
-                f"error: --metrics-port: cannot serve on {plan.metrics_host}:{plan.metrics_port} "
-                f"({exc.strerror or exc})",
-                file=sys.stderr,
-            )
-            return 2
-        err.print(f"Prometheus: http://{plan.metrics_host}:{port}/metrics while it runs", soft_wrap=True)
-    total = len(plan.rows)
-    already = done_before(plan)
-    err.print(
-        "[bold]atlas eval[/]: "
-        + escape(
-            f"teacher {plan.teacher}, student {plan.student}; {total} problems of {plan.dataset} ({plan.split}), "
-            f"{plan.settings.samples} answers each alone and guided → {plan.output}"
-        ),
-        highlight=False,
-        soft_wrap=True,
-    )
-    if already:
-        err.print(
-            escape(
-                f"resuming: {min(already, total)} of {total} problems already in {plan.output / EVAL_PROBLEMS_FILE}"
-            ),
-            highlight=False,
-            soft_wrap=True,
-        )
+    if plan.metrics_port and not _serve_metrics(plan, err):
+        return 2
+    _announce(plan, err)
     quiet_libraries()
     teacher, student, problems = load_models(plan)
     if problems:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-
     done = {"problems": 0}
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    kept = plan.output / EVAL_PROBLEMS_FILE
     try:
-        with Progress(*columns, console=err) as progress:
-            task = progress.add_task("problems", total=total)
-
-            def on_progress(finished: int, of: int) -> None:
-                done["problems"] = finished
-                progress.update(task, completed=finished, total=of)
-                if plan.metrics_port and finished:
-                    _live_gauges(plan, labels)
-
-            report = evaluate_teaching(
-                teacher,
-                student,
-                plan.rows,
-                plan.settings,
-                output_dir=plan.output,
-                scorers=plan.scorers,
-                weights=plan.weights,
-                on_progress=on_progress,
-                names=plan.names,
-            )
+        report = _evaluate_with_progress(plan, teacher, student, err, done)
     except EvaluationError as exc:
         cause = " ".join(str(exc.__cause__ or exc).split())[:300]
         print(
             f"error: evaluation stopped after {exc.done} of {exc.total} problems ({cause}); the {exc.done} finished "
-            f"are kept in {plan.output / EVAL_PROBLEMS_FILE}: run the same command again to resume",
+            f"are kept in {kept}: run the same command again to resume",
             file=sys.stderr,
         )
         return 1
@@ -220,9 +167,9 @@ def run(plan: Plan, notes: list[str] = ()) -> int:
             print(f"error: {'--' + line if line.startswith('output: ') else line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        total = len(plan.rows)
         print(
-            f"interrupted: {done['problems']} of {total} problems kept in {plan.output / EVAL_PROBLEMS_FILE}: "
-            "run the same command again to resume",
+            f"interrupted: {done['problems']} of {total} problems kept in {kept}: run the same command again to resume",
             file=sys.stderr,
         )
         return 130
@@ -231,11 +178,76 @@ def run(plan: Plan, notes: list[str] = ()) -> int:
             if hasattr(scorer, "close"):
                 scorer.close()
     if plan.metrics_port:
-        set_gauges(report, labels)
-    title = escape(
-        f"teaching evaluation: {report.problems} problems of {plan.dataset} ({plan.split}), K = {report.samples}"
+        set_gauges(report, metric_labels(plan.output))
+    _print_report(plan, report, out)
+    return 0
+
+
+def _serve_metrics(plan: Plan, err) -> bool:
+    """The Prometheus endpoint of --metrics-port; False (after one error line) when it cannot be served."""
+    from atlas_core.telemetry.metrics import serve_metrics
+
+    try:
+        port = serve_metrics(plan.metrics_port, plan.metrics_host)
+    except OSError as exc:
+        print(
+            f"error: --metrics-port: cannot serve on {plan.metrics_host}:{plan.metrics_port} ({exc.strerror or exc})",
+            file=sys.stderr,
+        )
+        return False
+    err.print(f"Prometheus: http://{plan.metrics_host}:{port}/metrics while it runs", soft_wrap=True)
+    return True
+
+
+def _announce(plan: Plan, err) -> None:
+    """What is evaluated, where it goes, and how much an earlier run of the same command already did."""
+    from rich.markup import escape
+
+    total, already = len(plan.rows), done_before(plan)
+    what = (
+        f"teacher {plan.teacher}, student {plan.student}; {total} problems of {plan.dataset} ({plan.split}), "
+        f"{plan.settings.samples} answers each alone and guided → {plan.output}"
     )
-    out.print(report_table(report, title))
+    err.print("[bold]atlas eval[/]: " + escape(what), highlight=False, soft_wrap=True)
+    if already:
+        resuming = f"resuming: {min(already, total)} of {total} problems already in {plan.output / EVAL_PROBLEMS_FILE}"
+        err.print(escape(resuming), highlight=False, soft_wrap=True)
+
+
+def _evaluate_with_progress(plan: Plan, teacher, student, err, done: dict[str, int]):
+    """The two-pass evaluation behind a progress bar; ``done`` counts the finished problems as they land."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from atlas_core.evaluation import evaluate_teaching
+
+    labels = metric_labels(plan.output)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err) as progress:
+        task = progress.add_task("problems", total=len(plan.rows))
+
+        def on_progress(finished: int, of: int) -> None:
+            done["problems"] = finished
+            progress.update(task, completed=finished, total=of)
+            if plan.metrics_port and finished:
+                _live_gauges(plan, labels)
+
+        return evaluate_teaching(
+            teacher,
+            student,
+            plan.rows,
+            plan.settings,
+            output_dir=plan.output,
+            scorers=plan.scorers,
+            weights=plan.weights,
+            on_progress=on_progress,
+            names=plan.names,
+        )
+
+
+def _print_report(plan: Plan, report, out) -> None:
+    from rich.markup import escape
+
+    title = f"teaching evaluation: {report.problems} problems of {plan.dataset} ({plan.split}), K = {report.samples}"
+    out.print(report_table(report, escape(title)))
     out.print(escape(f"eval.json: {plan.output / EVAL_REPORT_FILE}"), highlight=False, soft_wrap=True)
     out.print(escape(f"problems.jsonl: {plan.output / EVAL_PROBLEMS_FILE}"), highlight=False, soft_wrap=True)
-    return 0
