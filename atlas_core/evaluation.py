@@ -27,14 +27,10 @@ from typing import Any
 from atlas_contract.defaults import EVALUATION
 from atlas_contract.names import EVAL_PROBLEMS_FILE, EVAL_REPORT_FILE
 from atlas_contract.teaching import TEACHING_FIELDS, TeachingSettings
-from atlas_core.tasks.arithmetic import extract_answer
+from atlas_core.evaluation_figures import CAPABILITY_BANDS, TeachingEvaluation, figures
 from atlas_core.training import teaching
 from atlas_core.training.protocol import TeachingProtocol, diagnostic_judge_of
 from atlas_core.training.student import Student
-
-#: Capability bands of the report, by the protocol's template thresholds.
-CAPABILITY_BANDS = {"walkthrough": "weak", "hints": "moderate", "minimal": "strong"}
-BOOTSTRAP_RESAMPLES = 2000
 
 
 @dataclass(frozen=True)
@@ -103,74 +99,40 @@ SETTING_LIMITS = {
 INTEGER_SETTINGS = frozenset({"samples", "limit", "batch_size", "teacher_max_tokens"})
 
 
-@dataclass
-class Figures:
-    """The figures of a set of problems (all of them, or one capability band)."""
-
-    problems: int
-    """Problems evaluated."""
-    student_accuracy: float | None
-    """Mean accuracy of the student alone (per problem: the share of its ``samples`` answers scored right)."""
-    guided_accuracy: float | None
-    """Mean accuracy of the student with the teacher's guidance."""
-    accuracy_delta: float | None
-    """guided − alone, as a fraction (0.157 = +15.7 points)."""
-    accuracy_delta_low: float | None
-    """Lower end of the paired bootstrap 95% interval of the delta."""
-    accuracy_delta_high: float | None
-    """Upper end of that interval."""
-    non_degradation_rate: float | None
-    """Share of problems where guided ≥ alone."""
-    improvement_rate: float | None
-    """Share of problems where guided > alone."""
-    mean_degradation: float | None
-    """Mean of alone − guided over the degraded problems (None when none degraded)."""
-    completion_rate_alone: float | None
-    """Share of the student's answers alone from which an answer could be extracted."""
-    completion_rate_guided: float | None
-    """The same, with guidance."""
-    guidance_tokens_mean: float | None
-    """Mean length of the guidance the student read (see ``TeachingEvaluation.token_unit``)."""
-    student_tokens_alone_mean: float | None
-    """Mean tokens of a student answer alone."""
-    student_tokens_guided_mean: float | None
-    """Mean tokens of a student answer with guidance."""
-    teaching_reward_mean: float | None
-    """Mean teaching reward (the training formula) of the guidance."""
-
-
-@dataclass
-class TeachingEvaluation(Figures):
-    """Every figure of an evaluation, overall and by diagnosed capability (weak / moderate / strong)."""
-
-    by_capability: dict[str, Figures] = field(default_factory=dict)
-    """The same figures for the problems diagnosed weak (< 0.3), moderate and strong (> 0.7)."""
-    teacher: str = ""
-    student: str = ""
-    dataset: str = ""
-    split: str = ""
-    scorer: str = "exact_match"
-    samples: int = 0
-    seed: int = 0
-    token_unit: str = "tokens"
-    """``tokens`` (the teacher's tokenizer) or ``words`` (an endpoint teacher without a local tokenizer)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def summary(self) -> dict[str, Any]:
-        """What ``.status.result.evaluation`` carries (``atlas_contract.results``)."""
-        from atlas_contract.results import evaluation_summary
-
-        return evaluation_summary(self.to_dict())
-
-
 class EvaluationError(RuntimeError):
     """A model or endpoint failed mid-way; finished problems are in ``problems.jsonl``."""
 
     def __init__(self, message: str, done: int, total: int):
         super().__init__(message)
         self.done, self.total = done, total
+
+
+def _rows_to_evaluate(
+    dataset: Sequence[dict[str, Any]], settings: EvaluationRunSettings, scored: bool
+) -> list[dict[str, Any]]:
+    """The rows under ``settings.limit``; ValueError names bad settings, no rows, or rows nothing can score."""
+    problems = settings.problems()
+    if problems:
+        raise ValueError("\n".join(problems))
+    rows = list(dataset)[: settings.limit] if settings.limit else list(dataset)
+    if not rows:
+        raise ValueError("dataset: no problems to evaluate")
+    if not scored:
+        missing = [i for i, r in enumerate(rows) if r.get("ground_truth") in (None, "")]
+        if missing:
+            raise ValueError(
+                f"dataset: {len(missing)} problem(s) have no ground_truth (first: row {missing[0]}); "
+                "give a scorer (reward functions or a RIM config)"
+            )
+    return rows
+
+
+def _append_records(path: Path, records: list[dict[str, Any]]) -> None:
+    """A finished batch's lines, so an interrupted evaluation resumes after it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as out:
+        for record in records:
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 def evaluate_teaching(
@@ -200,19 +162,7 @@ def evaluate_teaching(
         EvaluationError: a model failed mid-way (the finished problems are kept).
     """
     settings = settings or EvaluationRunSettings()
-    problems = settings.problems()
-    if problems:
-        raise ValueError("\n".join(problems))
-    rows = list(dataset)[: settings.limit] if settings.limit else list(dataset)
-    if not rows:
-        raise ValueError("dataset: no problems to evaluate")
-    if not scorers:
-        missing = [i for i, r in enumerate(rows) if r.get("ground_truth") in (None, "")]
-        if missing:
-            raise ValueError(
-                f"dataset: {len(missing)} problem(s) have no ground_truth (first: row {missing[0]}); "
-                "give a scorer (reward functions or a RIM config)"
-            )
+    rows = _rows_to_evaluate(dataset, settings, scored=bool(scorers))
     names = names or {}
     meter = meter or GuidanceMeter(getattr(teacher, "tokenizer", None))
     protocol = TeachingProtocol(student, settings.protocol_settings(), scorers, weights, diagnostic_judge_of(scorers))
@@ -233,10 +183,7 @@ def evaluate_teaching(
                 len(rows),
             ) from exc
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a", encoding="utf-8") as out:
-                for record in new:
-                    out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            _append_records(path, new)
         records += new
         if on_progress:
             on_progress(len(records), len(rows))
@@ -299,53 +246,6 @@ def _evaluate_batch(protocol, teacher, batch, start, settings, meter, key) -> li
             }
         )
     return records
-
-
-def figures(records: list[dict[str, Any]], seed: int = 0) -> Figures:
-    """The figures of per-problem records (``problems.jsonl`` lines)."""
-    n = len(records)
-    if not n:
-        return Figures(0, *([None] * 14))
-    alone = [r["accuracy_alone"] for r in records]
-    guided = [r["accuracy_guided"] for r in records]
-    deltas = [g - a for a, g in zip(alone, guided, strict=True)]
-    degraded = [-d for d in deltas if d < -1e-9]
-    low, high = paired_bootstrap(alone, guided, seed)
-
-    def answered(key: str) -> float:
-        texts = [t for r in records for t in r[key]]
-        return sum(extract_answer(t) is not None for t in texts) / len(texts)
-
-    return Figures(
-        problems=n,
-        student_accuracy=statistics.mean(alone),
-        guided_accuracy=statistics.mean(guided),
-        accuracy_delta=statistics.mean(deltas),
-        accuracy_delta_low=low,
-        accuracy_delta_high=high,
-        non_degradation_rate=sum(d >= -1e-9 for d in deltas) / n,
-        improvement_rate=sum(d > 1e-9 for d in deltas) / n,
-        mean_degradation=statistics.mean(degraded) if degraded else None,
-        completion_rate_alone=answered("answers_alone"),
-        completion_rate_guided=answered("answers_guided"),
-        guidance_tokens_mean=statistics.mean(r["guidance_tokens"] for r in records),
-        student_tokens_alone_mean=statistics.mean(t for r in records for t in r["tokens_alone"]),
-        student_tokens_guided_mean=statistics.mean(t for r in records for t in r["tokens_guided"]),
-        teaching_reward_mean=statistics.mean(r["teaching_reward"] for r in records),
-    )
-
-
-def paired_bootstrap(
-    alone: Sequence[float], guided: Sequence[float], seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES
-) -> tuple[float, float]:
-    """95% interval of mean(guided − alone), resampling problems with replacement (pairs kept together)."""
-    import numpy as np
-
-    deltas = np.asarray(guided, dtype=float) - np.asarray(alone, dtype=float)
-    rng = np.random.default_rng(seed)
-    means = deltas[rng.integers(0, len(deltas), size=(resamples, len(deltas)))].mean(axis=1)
-    low, high = np.quantile(means, [0.025, 0.975])
-    return float(low), float(high)
 
 
 class GuidanceMeter:

@@ -16,7 +16,7 @@ import pytest
 
 from atlas_cli.main import main as atlas
 from atlas_contract.defaults import TEACHING
-from atlas_core.evaluation import TeachingEvaluation
+from atlas_core.evaluation_figures import TeachingEvaluation
 from atlas_core.tasks import multistep
 from atlas_core.training.teaching import GUIDANCE_INTRO, PROBE_INSTRUCTION, TEACHER_TEMPLATES
 from tests.support.env import free_port

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from atlas_contract import results
-from atlas_core.evaluation import figures, paired_bootstrap
+from atlas_core.evaluation_figures import figures, paired_bootstrap
 from atlas_core.tasks import multistep
 from atlas_core.tasks.arithmetic import exact_match_reward
 from atlas_core.training.teaching import make_teacher_sft_dataset, task_text, withhold_answer

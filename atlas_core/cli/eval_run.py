@@ -70,7 +70,7 @@ def set_gauges(figures: Any, labels: dict[str, str]) -> None:
 
 def _live_gauges(plan: Plan, labels: dict[str, str]) -> None:
     """The gauges from the problems finished so far (``problems.jsonl``), while the evaluation runs."""
-    from atlas_core.evaluation import figures
+    from atlas_core.evaluation_figures import figures
 
     path = plan.output / EVAL_PROBLEMS_FILE
     if not path.exists():
