@@ -85,15 +85,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     Numbers are read as text and checked together with everything else, so that every problem of a command
     line is reported at once, in the ``error: --option: …`` form."""
-    defaults = _setting_defaults()
-    docs = _setting_docs()
+    defaults, docs = _setting_defaults(), _setting_docs()
 
     def setting_help(name: str, text: str | None = None) -> str:
         default = defaults[name]
         shown = "all" if default is None else default
         return f"{text or docs.get(name, name)} (default {shown})".replace("%", "%%")
 
-    models = parser.add_argument_group("models and data (required)")
+    _model_and_data_options(parser.add_argument_group("models and data (required)"))
+    _evaluation_options(parser.add_argument_group("evaluation"), defaults, setting_help)
+    _scoring_options(parser.add_argument_group("scoring (default: exact match of the answer with ground_truth)"))
+    budgets = parser.add_argument_group("protocol")
+    for name in PROTOCOL_SETTINGS:
+        metavar = "T" if is_float_setting(name) else "N"
+        budgets.add_argument(SETTING_OPTIONS[name], default=defaults[name], metavar=metavar, help=setting_help(name))
+    metrics = parser.add_argument_group("metrics")
+    metrics.add_argument(
+        "--metrics-port",
+        default=0,
+        metavar="PORT",
+        help="serve the atlas_eval_* gauges on this port while it runs; 0 = off (default %(default)s)",
+    )
+    metrics.add_argument(
+        "--metrics-host",
+        default=METRICS_HOST,
+        metavar="HOST",
+        help="address of the metrics server (default %(default)s)",
+    )
+
+
+def _model_and_data_options(models) -> None:
     models.add_argument("--teacher", metavar="MODEL", help=f"the teacher: {MODEL_KINDS}")
     models.add_argument("--student", metavar="MODEL", help="the student, in any of the teacher's forms")
     models.add_argument(
@@ -102,7 +123,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="held-out problems (prompt + ground_truth): builtin://multistep (the bundled teaching task), "
         "builtin://arithmetic, a .jsonl/.json/.csv/.parquet file, a save_to_disk folder, or hf://org/name",
     )
-    run = parser.add_argument_group("evaluation")
+
+
+def _evaluation_options(run, defaults: dict, setting_help) -> None:
     run.add_argument("--split", default=_default_split(), help="dataset split (default %(default)s)")
     run.add_argument("-k", "--samples", default=defaults["samples"], metavar="K", help=setting_help("samples"))
     run.add_argument(
@@ -126,7 +149,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="where local models run: auto (cuda when available, else cpu), cpu, cuda, cuda:N (default %(default)s)",
     )
-    scoring = parser.add_argument_group("scoring (default: exact match of the answer with ground_truth)")
+
+
+def _scoring_options(scoring) -> None:
     scoring.add_argument(
         "--reward-funcs",
         action="append",
@@ -142,23 +167,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="WEIGHTS",
         help="one weight per reward function, then one for the RIM config; comma-separated or repeated",
-    )
-    budgets = parser.add_argument_group("protocol")
-    for name in PROTOCOL_SETTINGS:
-        metavar = "T" if is_float_setting(name) else "N"
-        budgets.add_argument(SETTING_OPTIONS[name], default=defaults[name], metavar=metavar, help=setting_help(name))
-    metrics = parser.add_argument_group("metrics")
-    metrics.add_argument(
-        "--metrics-port",
-        default=0,
-        metavar="PORT",
-        help="serve the atlas_eval_* gauges on this port while it runs; 0 = off (default %(default)s)",
-    )
-    metrics.add_argument(
-        "--metrics-host",
-        default=METRICS_HOST,
-        metavar="HOST",
-        help="address of the metrics server (default %(default)s)",
     )
 
 
