@@ -20,6 +20,7 @@ from tests.support.operator_cluster import (
     NETWORK_POLICIES,
     TIMEOUT,
     children_of,
+    cleanup_runs,  # noqa: F401  (autouse: each test's runs deleted)
     own_cluster,
     permissions_used,
     wait_children,
@@ -41,13 +42,6 @@ def cluster(tmp_path_factory, trainer_metrics_port):
     metrics_url = f"http://127.0.0.1:{trainer_metrics_port}/metrics"
     with own_cluster(tmp_path_factory.mktemp("cluster"), metrics_url=metrics_url) as shared:
         yield shared
-
-
-@pytest.fixture(autouse=True)
-def _cleanup_runs(request):
-    yield
-    if "cluster" in request.fixturenames:
-        request.getfixturevalue("cluster").delete_created()
 
 
 # --------------------------------------------------------------------------- tests

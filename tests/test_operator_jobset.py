@@ -23,7 +23,14 @@ from tests.support.jobset_world import (
 from tests.support.k8s_schemas import jobset_webhook_problems
 from tests.support.kube_emulator import JOBSET_RESOURCES, JOBSETS, PYTORCHJOBS, wait_for
 from tests.support.manifests import NS, teacher, training
-from tests.support.operator_cluster import KUEUE_QUEUE_LABEL, TIMEOUT, kueue_admit, own_cluster, wait_children
+from tests.support.operator_cluster import (
+    KUEUE_QUEUE_LABEL,
+    TIMEOUT,
+    cleanup_runs,  # noqa: F401  (autouse: each test's runs deleted)
+    kueue_admit,
+    own_cluster,
+    wait_children,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -34,13 +41,6 @@ OPERATOR = "atlas-operator/"
 def cluster(tmp_path_factory):
     with own_cluster(tmp_path_factory.mktemp("jobset-cluster")) as shared:
         yield shared
-
-
-@pytest.fixture(autouse=True)
-def _cleanup_runs(request):
-    yield
-    if "cluster" in request.fixturenames:
-        request.getfixturevalue("cluster").delete_created()
 
 
 # --------------------------------------------------------------------------- the operator's requests

@@ -24,7 +24,14 @@ from tests.support.kube_emulator import (
     write_kubeconfig,
 )
 from tests.support.manifests import NS, teacher, training
-from tests.support.operator_cluster import NETWORK_POLICIES, TIMEOUT, OperatorProcess, own_cluster, wait_children
+from tests.support.operator_cluster import (
+    NETWORK_POLICIES,
+    TIMEOUT,
+    OperatorProcess,
+    cleanup_runs,  # noqa: F401  (autouse: each test's runs deleted)
+    own_cluster,
+    wait_children,
+)
 
 pytestmark = pytest.mark.timeout(300)
 OPERATOR = ("atlas-operator/", "kopf/")
@@ -35,13 +42,6 @@ WORKLOADS = ("pytorchjobs", "jobsets", "deployments", "configmaps")
 def cluster(tmp_path_factory):
     with own_cluster(tmp_path_factory.mktemp("cluster")) as shared:
         yield shared
-
-
-@pytest.fixture(autouse=True)
-def _cleanup_runs(request):
-    yield
-    if "cluster" in request.fixturenames:
-        request.getfixturevalue("cluster").delete_created()
 
 
 def operator_writes(cluster, resource: str | None = None, name: str | None = None, start: int = 0) -> list:

@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import kubernetes
+import pytest
 
 from atlas_contract.names import ChildNames
 from tests.support.env import free_port, python_env
@@ -351,3 +352,12 @@ def kueue_admit(
         name,
         {"spec": {"suspend": False, "replicatedJobs": rjobs}},
     )
+
+
+@pytest.fixture(autouse=True)
+def cleanup_runs(request):
+    """After each test of a module that imports this fixture: the runs it created are deleted from its
+    module's ``cluster`` (an operator and an emulator shared by the module's tests)."""
+    yield
+    if "cluster" in request.fixturenames:
+        request.getfixturevalue("cluster").delete_created()
