@@ -27,7 +27,7 @@ class DemoSize:
     """Held-out problems (``builtin://multistep``'s test split) each teacher is evaluated on."""
 
 
-#: (field, flag, help) of each size option; ``--steps`` keeps its name from the first demo.
+#: field -> (flag, help) of each size option; ``--steps`` keeps its name from the first demo.
 _FLAGS = {
     "sft_steps": ("--sft-steps", "student SFT warm-up steps"),
     "grpo_steps": ("--steps", "GRPO steps"),

@@ -185,10 +185,8 @@ SETTING_FLAGS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
 )
 
 
-def _setting_default(setting: str) -> Any:
-    from atlas_operator.config import OperatorConfig
-
-    defaults = OperatorConfig()
+def _shown_default(defaults: Any, setting: str) -> Any:
+    """A setting's default as ``--help`` shows it (``defaults``: an ``OperatorConfig()``)."""
     if setting in ("trainer_image", "rollout_image"):
         return getattr(defaults.images, setting.removesuffix("_image"))
     value = getattr(defaults, setting)
@@ -198,8 +196,9 @@ def _setting_default(setting: str) -> Any:
 
 
 def _operator_parser() -> argparse.ArgumentParser:
-    from atlas_operator.config import ENV
+    from atlas_operator.config import ENV, OperatorConfig
 
+    defaults = OperatorConfig()
     parser = argparse.ArgumentParser(prog="atlas operator", description="Run the Atlas operator (kopf).")
     parser.add_argument(
         "-n",
@@ -210,7 +209,7 @@ def _operator_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     for setting, flag, meaning, options in SETTING_FLAGS:
-        shown = f"${ENV[setting]}, default {_setting_default(setting)}"
+        shown = f"${ENV[setting]}, default {_shown_default(defaults, setting)}"
         parser.add_argument(flag, dest=setting, default=None, help=f"{meaning} ({shown})", **options)
     parser.add_argument(
         "--log-format", choices=("json", "plain", "full"), default=os.environ.get("ATLAS_LOG_FORMAT", "plain")
