@@ -18,7 +18,7 @@ import time
 import kopf
 
 from atlas_contract.names import GROUP, KINDS, LABEL_MANAGED_BY, MANAGED_BY, VERSION
-from atlas_operator import config, kube, metrics
+from atlas_operator import config, kube, metrics, validation_rules
 from atlas_operator.informer import Informer
 from atlas_operator.kube import ApiError, Kube, Resource
 from atlas_operator.ownership import NAME_TAKEN
@@ -57,6 +57,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.background.cancellation_polling = 1
     # Thousands of watched objects live in the informer: the collector's full passes over them, at its default pace,
     # were a good share of a busy operator's CPU. Objects made at start-up are left out of them; passes are rarer.
+    validation_rules.compile_rules()  # before the first runs arrive, not in each of their handler threads
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 20, 20)
     memo.refreshing = set()  # runs whose refresh for a child's change is queued, not started yet

@@ -124,6 +124,7 @@ def _literal(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+@functools.cache  # field names only (a bounded set), asked for on every parse of every run
 def camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part[:1].upper() + part[1:] for part in rest)

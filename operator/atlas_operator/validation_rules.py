@@ -23,6 +23,7 @@ Rules use only CEL's standard library (no Kubernetes extension library), so any 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -363,12 +364,28 @@ def crd_validations(kind: str) -> dict[str, list[dict[str, str]]]:
 # ------------------------------------------------------------------ the operator's enforcement
 
 
-@functools.cache
+_compiling = threading.Lock()
+
+
 def _compiled(kind: str) -> tuple[tuple[Rule, Any], ...]:
+    # One compilation per kind, under a lock: the operator's handler threads all validate their first runs at once,
+    # and each compiling the rules itself (25 ms with the runtime's imports) stalled a burst of new runs.
+    with _compiling:
+        return _compile(kind)
+
+
+@functools.cache
+def _compile(kind: str) -> tuple[tuple[Rule, Any], ...]:
     from cel_expr_python import cel  # here: writing the CRDs (python -m atlas_operator.generate) needs no runtime
 
     env = cel.NewEnv(variables={"self": cel.Type.DYN})
     return tuple((rule, env.compile(rule.expression(kind))) for rule in rules_for(kind) if not rule.transition)
+
+
+def compile_rules() -> None:
+    """Compile every kind's rules now (the operator's start-up), not in the first reconciliations."""
+    for kind in sorted({kind for rule in RULES for kind in rule.kinds}):
+        _compiled(kind)
 
 
 def problems(kind: str, name: str, spec: dict[str, Any]) -> list[str]:

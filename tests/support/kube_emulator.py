@@ -240,6 +240,17 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
     # history (O(n) per request, O(n^2) per test); history moves here so that scan stays short.
     _served: list[kmock.Request] = attrs.field(factory=list, init=False)
 
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        """An expected error (404, 409, 422...) as the API server's Status, without kmock's formatted traceback in
+        its details: a real server sends none, and formatting one was a seventh of the emulator's CPU under load
+        (a new run's children are each looked up, and not found, before it makes them). Unexpected errors (500)
+        keep kmock's rendering, traceback included, for debugging the emulator."""
+        if not isinstance(exc, kmock.KubernetesError):
+            return await super()._render_error(exc)
+        status = {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure", "code": exc.status}
+        status |= {"reason": exc.reason or type(exc).__name__, "message": exc.message or repr(exc)}
+        return aiohttp.web.json_response({**status, "details": exc.details or {}}, status=exc.status)
+
     # -- declaring -----------------------------------------------------------------------------
 
     def declare(self, resources: Mapping[str, Mapping[str, Any]]) -> None:
