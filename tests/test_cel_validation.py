@@ -441,3 +441,27 @@ def test_what_cel_cannot_hold_never_stops_the_rules():
     with pytest.raises(InvalidFields) as invalid:
         parse_run(manifest)
     assert sorted(p.split(":")[0] for p in invalid.value.problems) == ["spec.env[0]", "spec.training.maxSteps"]
+
+
+def test_the_operators_handler_threads_compile_the_rules_once():
+    """Sixteen handler threads taking the first runs of a burst together: the rules are compiled once per kind, not
+    once per thread (each compilation held the others back; see bench/operator_throughput.py)."""
+    import threading
+
+    from atlas_operator import validation_rules
+
+    validation_rules._compile.cache_clear()
+    start = threading.Barrier(16)
+
+    def first_run(index: int) -> None:
+        start.wait()
+        parse_run(training(f"burst-{index}"))
+
+    threads = [threading.Thread(target=first_run, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert validation_rules._compile.cache_info().misses == 1  # AtlasTraining's, once
+    validation_rules.compile_rules()  # what the operator's start-up does: every kind, each once
+    assert validation_rules._compile.cache_info().misses == 2
