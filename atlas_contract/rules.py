@@ -156,6 +156,9 @@ DATA_PARALLEL_REASON = "vllm serve --data-parallel-size > 1 errors out for dense
 # ------------------------------------------------------------------ model references
 
 BUILTIN_SCHEME = "builtin://"
+TINY_MODEL_URI = "builtin://tiny-llama"  # built here (atlas_core/models/tiny.py)
+SMOLLM2_MODEL_URI = "builtin://smollm2-135m-instruct"  # a real chat model from a wheel (atlas_core/models/smollm2.py)
+BUILTIN_MODELS = (TINY_MODEL_URI, SMOLLM2_MODEL_URI)
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 

@@ -22,7 +22,7 @@ from atlas_contract.reading import FieldReader
 from atlas_contract.teaching import TeachingSettings
 from atlas_contract.text import bounded_repr
 
-MODEL_KINDS = "a hub id, a saved model folder or builtin://tiny-llama"
+MODEL_KINDS = "a hub id, a saved model folder, builtin://tiny-llama or builtin://smollm2-135m-instruct"
 DATASET_KINDS = "builtin://arithmetic, a file, a folder or hf://org/name"
 STUDENT_KINDS = "a hub id, a path or an OpenAI-compatible URL"
 

@@ -25,12 +25,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from transformers import TrainerCallback
 
 from atlas_contract.names import METRICS_LOG_FILE, TRAINER_METRICS_PORT
+from atlas_core.cli import display
 from atlas_core.cli.demo_options import DemoSize
 from atlas_core.cli.display import points, quiet_libraries
 
@@ -273,7 +273,7 @@ def run_demo(output: Path, size: DemoSize | None = None, metrics_port: int = TRA
     from atlas_core.training.runner import run_training
 
     quiet_libraries(hide_warnings=True)
-    console = Console()
+    console = display.console()
     output.mkdir(parents=True, exist_ok=True)
     metrics_path = output / METRICS_FILE
     metrics_path.unlink(missing_ok=True)

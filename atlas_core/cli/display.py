@@ -8,6 +8,18 @@ def points(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:+.1f}"
 
 
+def console(stderr: bool = False):
+    """A rich Console; when the output is not a terminal (a pipe, a log file, CI), tables keep their whole width
+    instead of rich's 80 columns, which cut headers and cells ("teacher-…", "non-degra…")."""
+    from rich.console import Console
+
+    screen = Console(stderr=stderr)
+    return screen if screen.is_terminal else Console(stderr=stderr, width=PIPED_WIDTH)
+
+
+PIPED_WIDTH = 240  # wide enough for the demo's and atlas eval's tables; a table takes only the width it needs
+
+
 def quiet_libraries(hide_warnings: bool = False) -> None:
     """The command shows its own progress: no library bars or load reports (and, with ``hide_warnings``, no Python
     warnings either). A library not installed (an endpoint-only `atlas eval`) is skipped."""

@@ -43,7 +43,8 @@ def is_float_setting(name: str) -> bool:
 
 
 MODEL_KINDS = (
-    "a saved model folder (a run's output or checkpoint-N folder), builtin://tiny-llama, a hub id, "
+    "a saved model folder (a run's output or checkpoint-N folder), builtin://tiny-llama, "
+    "builtin://smollm2-135m-instruct (a real chat model: make real-model), a hub id, "
     "or an http(s):// OpenAI-compatible endpoint"
 )
 

@@ -100,12 +100,11 @@ def _settings(args: argparse.Namespace, problems: list[str]):
 
 def _model_problems(option: str, ref: str | None) -> list[str]:
     """The contract's model-reference rule, under the option's name (endpoints are checked separately)."""
-    from atlas_contract.rules import model_problems
-    from atlas_core.models.tiny import TINY_MODEL_URI
+    from atlas_contract.rules import BUILTIN_MODELS, model_problems
 
     if not ref:
         return [f"{option}: required ({MODEL_KINDS})"]
-    return model_problems(ref, option, builtins=(TINY_MODEL_URI,))
+    return model_problems(ref, option, builtins=BUILTIN_MODELS)
 
 
 def models_url(url: str) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from atlas_contract.names import ENV_KIND, ENV_NAMESPACE, ENV_RUN, EVAL_PROBLEMS_FILE, EVAL_REPORT_FILE
+from atlas_core.cli import display
 from atlas_core.cli.display import points, quiet_libraries
 from atlas_core.cli.eval_options import METRICS_KIND
 from atlas_core.cli.eval_plan import Plan, done_before
@@ -134,11 +135,9 @@ def report_table(report: Any, title: str):
 
 
 def run(plan: Plan, notes: list[str] = ()) -> int:
-    from rich.console import Console
-
     from atlas_core.evaluation import EvaluationError
 
-    err, out = Console(stderr=True), Console()
+    err, out = display.console(stderr=True), display.console()
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if plan.metrics_port and not _serve_metrics(plan, err):

@@ -19,10 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from atlas_contract.rules import model_problems, model_reference
+from atlas_contract.rules import SMOLLM2_MODEL_URI, TINY_MODEL_URI, model_problems, model_reference
 
-#: The value of ``model`` (or ``student``) that means "the locally built tiny model".
-TINY_MODEL_URI = "builtin://tiny-llama"
+__all__ = ["TINY_MODEL_URI", "build_tiny_model", "resolve_model_path"]
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -163,9 +162,14 @@ def build_tiny_model(cache_dir: str | os.PathLike | None = None, spec: TinyModel
 
 
 def resolve_model_path(model: str, cache_dir: str | os.PathLike | None = None) -> str:
-    """Map ``builtin://tiny-llama`` to the built directory; anything else is returned unchanged."""
+    """Map a builtin model (``builtin://tiny-llama``, ``builtin://smollm2-135m-instruct``) to its built folder;
+    anything else is returned unchanged."""
     if model == TINY_MODEL_URI:
         return str(build_tiny_model(cache_dir))
+    if model == SMOLLM2_MODEL_URI:
+        from atlas_core.models.smollm2 import build_smollm2
+
+        return str(build_smollm2(cache_dir))
     return model
 
 

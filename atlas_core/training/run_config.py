@@ -231,9 +231,8 @@ def _reward_problems(cfg: DictConfig) -> list[str]:
 
 
 def _model_problems(model: str, field: str = "model") -> list[str]:
-    from atlas_core.models.tiny import TINY_MODEL_URI
 
-    return rules.model_problems(model, field, builtins=(TINY_MODEL_URI,))
+    return rules.model_problems(model, field, builtins=rules.BUILTIN_MODELS)
 
 
 def _output_dir_problems(output_dir: str) -> list[str]:
