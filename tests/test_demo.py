@@ -25,7 +25,7 @@ def test_demo_end_to_end(tmp_path, atlas_cache):
     proc = subprocess.Popen(
         [PYTHON, "-m", "atlas_cli.main", "demo", "--output", str(out), "--metrics-port", str(port), *size],
         cwd=tmp_path,
-        env=python_env(COLUMNS="120"),
+        env={key: value for key, value in python_env().items() if key != "COLUMNS"},  # piped: tables kept whole
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -76,6 +76,7 @@ def test_demo_end_to_end(tmp_path, atlas_cache):
     assert reports["sft-teacher"]["student_accuracy"] == reports["grpo-teacher"]["student_accuracy"]
     table = output[output.index("teaching evaluation") :]
     assert "+ SFT-only teacher" in table and "+ GRPO teacher" in table and "non-degradation" in table
+    assert "…" not in output  # no header or cell cut to 80 columns
     # the endpoint is gone once the demo has finished
     try:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)

@@ -10,11 +10,16 @@ def points(value: float | None) -> str:
 
 def console(stderr: bool = False):
     """A rich Console; when the output is not a terminal (a pipe, a log file, CI), tables keep their whole width
-    instead of rich's 80 columns, which cut headers and cells ("teacher-…", "non-degra…")."""
+    instead of rich's 80 columns, which cut headers and cells ("teacher-…", "non-degra…"); $COLUMNS still decides
+    when it is set."""
+    import os
+
     from rich.console import Console
 
     screen = Console(stderr=stderr)
-    return screen if screen.is_terminal else Console(stderr=stderr, width=PIPED_WIDTH)
+    if screen.is_terminal or os.environ.get("COLUMNS"):
+        return screen
+    return Console(stderr=stderr, width=PIPED_WIDTH)
 
 
 PIPED_WIDTH = 240  # wide enough for the demo's and atlas eval's tables; a table takes only the width it needs
