@@ -66,7 +66,7 @@ def _demo(args: argparse.Namespace) -> int:
     from atlas_core.cli.demo import run_demo
     from atlas_core.cli.demo_options import size_of
 
-    return run_demo(output=Path(args.output), size=size_of(args), metrics_port=args.metrics_port)
+    return run_demo(output=Path(args.output), size=size_of(args), metrics_port=args.metrics_port, seed=args.seed)
 
 
 def _eval(args: argparse.Namespace) -> int:

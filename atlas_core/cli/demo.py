@@ -31,7 +31,7 @@ from transformers import TrainerCallback
 
 from atlas_contract.names import METRICS_LOG_FILE, TRAINER_METRICS_PORT
 from atlas_core.cli import display
-from atlas_core.cli.demo_options import DemoSize
+from atlas_core.cli.demo_options import DEMO_SEED, DemoSize
 from atlas_core.cli.display import points, quiet_libraries
 
 METRICS_FILE = METRICS_LOG_FILE
@@ -114,7 +114,9 @@ STAGES = (
 )
 
 
-def _stage_overrides(recipe: str, extra: list[str], stage: str, output: Path, steps: int, metrics_port: int):
+def _stage_overrides(
+    recipe: str, extra: list[str], stage: str, output: Path, steps: int, metrics_port: int, seed: int = 0
+):
     return [
         f"recipe={recipe}",
         *(item.format(output=output) for item in extra),
@@ -126,6 +128,7 @@ def _stage_overrides(recipe: str, extra: list[str], stage: str, output: Path, st
         "trainer.logging_steps=1",
         "trainer.save_steps=50",
         "resume=false",
+        f"trainer.seed={seed}",  # sampling, shuffling; the teaching evaluation's sampling follows it
     ]
 
 
@@ -262,7 +265,9 @@ def plot_curves(records: list[dict], path: Path, reports: dict | None = None) ->
     plt.close(fig)
 
 
-def run_demo(output: Path, size: DemoSize | None = None, metrics_port: int = TRAINER_METRICS_PORT) -> int:
+def run_demo(
+    output: Path, size: DemoSize | None = None, metrics_port: int = TRAINER_METRICS_PORT, seed: int = DEMO_SEED
+) -> int:
     size = size or DemoSize()
     from atlas_contract.errors import InvalidFields
     from atlas_core.cli.train import report_problems
@@ -294,7 +299,7 @@ def run_demo(output: Path, size: DemoSize | None = None, metrics_port: int = TRA
             }
             for stage, recipe, extra in STAGES:
                 steps = steps_of[stage]
-                cfg = load_run_config(_stage_overrides(recipe, extra, stage, output, steps, metrics_port))
+                cfg = load_run_config(_stage_overrides(recipe, extra, stage, output, steps, metrics_port, seed))
                 problems = validate_run_config(cfg)
                 if problems:
                     raise InvalidFields(problems)
