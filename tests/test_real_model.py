@@ -117,3 +117,16 @@ def test_atlas_eval_with_the_real_model_as_teacher_and_student(tmp_path, real_mo
         assert len(tokenizer(row["guidance"], add_special_tokens=False)["input_ids"]) <= 24 + 1
         assert row["answers_alone"][0].strip() and row["answers_guided"][0].strip()
     assert re.search(r"delta, points", done.stdout), done.stdout[-2000:]
+
+
+def test_continuous_batching_gives_the_padded_batchs_greedy_answers(real_model_dir):
+    """LocalStudent's two generation paths (bench/real_speed.py times them): the same answers, token counts and
+    per-sample grouping, greedy."""
+    from atlas_core.training.student import LocalStudent
+
+    padded = LocalStudent(str(real_model_dir))
+    continuous = LocalStudent(padded.model, padded.tokenizer)
+    continuous.continuous_batching = True
+    expected = padded.generate(PROMPTS, max_new_tokens=12, num_samples=2, temperature=0)
+    assert continuous.generate(PROMPTS, max_new_tokens=12, num_samples=2, temperature=0) == expected
+    assert [len(group) for group in expected] == [2, 2] and expected[0][0].tokens > 0

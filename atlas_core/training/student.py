@@ -62,6 +62,10 @@ def _outside_zero3_init():
 class LocalStudent:
     """A model loaded frozen: no gradients, eval mode; on ``device`` or, with ``offload``, on CPU."""
 
+    #: Generate through transformers' continuous batching (``model.generate_batch``: paged attention, a finished
+    #: sequence leaves the batch) instead of one padded ``generate``; bench/real_speed.py compares them.
+    continuous_batching: bool = False
+
     def __init__(self, model: Any, tokenizer=None, device=None, offload: bool = False, role: str = "student"):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
@@ -97,6 +101,8 @@ class LocalStudent:
         texts = [
             self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations
         ]
+        if self.continuous_batching:
+            return self._generate_continuous(texts, max_new_tokens, num_samples, temperature)
         batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
         greedy = temperature <= 0
         sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature}
@@ -119,6 +125,32 @@ class LocalStudent:
             tokens = [t for t in row.tolist() if t != self.tokenizer.pad_token_id]
             answers.append(StudentAnswer(self.tokenizer.decode(tokens, skip_special_tokens=True), len(tokens)))
         return [answers[i * num_samples : (i + 1) * num_samples] for i in range(len(conversations))]
+
+    def _generate_continuous(self, texts, max_new_tokens, num_samples, temperature):
+        import torch
+        from transformers import GenerationConfig
+
+        greedy = temperature <= 0
+        prompts = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        requests = [ids for ids in prompts for _ in range(1 if greedy else num_samples)]
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=not greedy,
+            temperature=temperature if not greedy else None,
+            eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
+        with torch.no_grad():
+            results = self.model.generate_batch(requests, generation_config=config, warmup=False)
+        outputs = list(results.values())  # in the order of the requests
+        if len(outputs) != len(requests) or any(getattr(o, "error", None) for o in outputs):
+            raise RuntimeError(f"{self.role} {self.name!r} failed to generate: continuous batching lost requests")
+        answers = []
+        for output in outputs:
+            tokens = [t for t in output.generated_tokens if t != self.tokenizer.pad_token_id]
+            answer = StudentAnswer(self.tokenizer.decode(tokens, skip_special_tokens=True), len(tokens))
+            answers.extend([answer] * (num_samples if greedy else 1))
+        return [answers[i * num_samples : (i + 1) * num_samples] for i in range(len(texts))]
 
 
 class EndpointStudent:

@@ -1,0 +1,109 @@
+"""Teaching evaluation speed on the real model (builtin://smollm2-135m-instruct): problems per minute.
+
+The same ``evaluate_teaching`` (probe, answers alone, teacher guidance, answers guided: the protocol training runs
+too), with the real model as teacher and student, on the first ``--problems`` of ``builtin://multistep``'s test
+split, three ways in one run:
+
+* one problem at a time (``batch_size=1``);
+* today's padded batches (``batch_size=--batch``): ``model.generate`` on a left-padded batch, which computes every
+  row until the longest one ends;
+* transformers' continuous batching (``model.generate_batch``: paged attention, a finished sequence leaves the
+  batch), through the same protocol calls.
+
+Each path's records must agree with the others' (greedy decoding: same answers, same scores) for its figure to
+count. Targets of issue #30: the fastest path >= 3x one at a time and >= 1.5x today's batches.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.real_speed [--problems 16] [--batch 16] [--student-tokens 96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--problems", type=int, default=16, help="held-out problems (default 16)")
+    parser.add_argument("--batch", type=int, default=16, help="problems per padded batch (default 16)")
+    parser.add_argument("--student-tokens", type=int, default=96, help="student answer budget (default 96)")
+    parser.add_argument("--teacher-tokens", type=int, default=96, help="teacher completion budget (default 96)")
+    parser.add_argument("--skip-one", action="store_true", help="skip the one-at-a-time path (the slowest)")
+    args = parser.parse_args()
+
+    from atlas_contract.rules import SMOLLM2_MODEL_URI
+    from atlas_contract.teaching import TeachingSettings
+    from atlas_core.cli.display import quiet_libraries
+    from atlas_core.evaluation import EvaluationRunSettings, GuidanceMeter, evaluate_teaching
+    from atlas_core.tasks.multistep import make_multistep_dataset
+    from atlas_core.training.student import LocalStudent
+
+    quiet_libraries(hide_warnings=True)
+    model = LocalStudent(SMOLLM2_MODEL_URI)
+    teacher = LocalStudent(model.model, model.tokenizer, role="teacher")
+    rows = make_multistep_dataset(args.problems, "test")
+    teaching = TeachingSettings(
+        student_temperature=0.0,  # greedy: every path must give the same answers
+        student_samples=1,
+        student_max_tokens=args.student_tokens,
+        max_guidance_tokens=min(64, args.teacher_tokens),
+        max_probe_tokens=32,
+    )
+
+    def run(batch_size: int, continuous: bool) -> tuple[float, list]:
+        for student in (model, teacher):
+            student.continuous_batching = continuous
+        settings = EvaluationRunSettings(
+            samples=1, batch_size=batch_size, teacher_max_tokens=args.teacher_tokens, teaching=teaching
+        )
+        folder = Path(tempfile.mkdtemp(prefix="atlas-real-speed-"))
+        started = time.perf_counter()
+        report = evaluate_teaching(
+            teacher, model, rows, settings, output_dir=folder, meter=GuidanceMeter(model.tokenizer)
+        )
+        seconds = time.perf_counter() - started
+        lines = (folder / "problems.jsonl").read_text().splitlines()
+        texts = [
+            {k: json.loads(line)[k] for k in ("probe", "guidance", "answers_alone", "answers_guided")} for line in lines
+        ]
+        return seconds, report, texts
+
+    paths = [("padded batches (today)", args.batch, False), ("continuous batching", args.batch, True)]
+    if not args.skip_one:
+        paths.insert(0, ("one problem at a time", 1, False))
+    results = {}
+    for label, batch_size, continuous in paths:
+        seconds, report, texts = run(batch_size, continuous)
+        results[label] = (seconds, report, texts)
+        print(
+            f"{label:24} {args.problems / seconds * 60:7.2f} problems/min ({seconds:.0f} s); "
+            f"alone {report.student_accuracy:.1%}, guided {report.guided_accuracy:.1%}",
+            flush=True,
+        )
+    today = results["padded batches (today)"][0]
+    fastest_label, (fastest, _, _) = min(results.items(), key=lambda item: item[1][0])
+    print(f"\nfastest: {fastest_label}")
+    figures = {label: seconds for label, (seconds, _, _) in results.items()}
+    reference = results["padded batches (today)"][2]
+    for label, (_, _, texts) in results.items():
+        same = sum(a == b for a, b in zip(texts, reference, strict=True))
+        print(
+            f"  {'PASS' if same == len(reference) else 'MISS'}  {label}: same probe, guidance and answers as today's "
+            f"batches on {same} of {len(reference)} problems"
+        )
+    if "one problem at a time" in figures:
+        ratio = figures["one problem at a time"] / fastest
+        print(f"  {'PASS' if ratio >= 3 else 'MISS'}  fastest vs one at a time >= 3x: {ratio:.2f}x")
+    ratio = today / fastest
+    print(f"  {'PASS' if ratio >= 1.5 else 'MISS'}  fastest vs today's padded batches >= 1.5x: {ratio:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
