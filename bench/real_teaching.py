@@ -1,0 +1,202 @@
+"""The teaching claim on a real model: student alone vs untrained teacher vs trained teacher (SmolLM2-135M-Instruct).
+
+The student is ``builtin://smollm2-135m-instruct``, frozen and greedy. The teacher starts as the same model and is
+trained by our pipeline within ``--minutes`` of training (default 45, on 2 cores): an SFT warm-up on the teacher
+demonstrations of ``builtin://teacher-multistep`` (as the demo's teacher stage does; ``--sft-share`` of the time),
+then teacher GRPO against the frozen student on ``builtin://multistep``'s train split (the rest). Each stage stops
+when its share of the time is spent (a callback ends the training after the step in flight; the model is saved).
+
+A 3-minute run here (4 SFT steps, 5 GRPO steps; 8 problems, too few to conclude): untrained teacher -25.0 points
+[-50.0, +0.0], non-degradation 75%; trained +12.5 [+0.0, +37.5], 100%. The 45-minute figures are not measured yet.
+
+Then the two-pass evaluation (``atlas_core.evaluation.evaluate_teaching``, the protocol settings the teacher trained
+with, greedy teacher) on ``--problems`` held-out problems of the test split: the untrained teacher and the trained
+one, the same student alone. Printed beside the targets of issue #30: the trained teacher's delta > 0 with its 95%
+interval above 0, its non-degradation >= 97%, and better than the untrained teacher on both; with the per-capability
+split of each.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.real_teaching [--minutes 45] [--problems 100] [--output DIR] [--reuse]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TARGET_NON_DEGRADATION = 0.97
+
+#: (stage, recipe, overrides) of the teacher's two stages; {output}, {model} and {seed} are filled in. Learning rates
+#: are a real model's (the demo's are the tiny model's, 10-100x larger).
+STAGES = (
+    (
+        "teacher-sft",
+        "tiny_sft",
+        [
+            "model={model}",
+            "dataset.source=builtin://teacher-multistep",
+            "dataset.num_samples=4000",
+            "trainer.per_device_train_batch_size=8",
+            "trainer.learning_rate=2e-5",
+        ],
+    ),
+    (
+        "teacher",
+        "tiny_teacher",
+        [
+            "model={output}/teacher-sft",
+            "student={model}",
+            "dataset.source=builtin://multistep",
+            "dataset.num_samples=2000",
+            "trainer.per_device_train_batch_size=4",
+            "trainer.num_generations=4",
+            "trainer.max_completion_length=64",
+            "trainer.learning_rate=2e-6",
+            "trainer.student_temperature=0.0",
+            "trainer.student_samples=1",
+            "trainer.student_max_tokens=64",
+            "trainer.max_probe_tokens=24",
+        ],
+    ),
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=45.0, help="training time, both stages (default 45)")
+    parser.add_argument("--sft-share", type=float, default=0.3, help="share of it for the SFT warm-up (default 0.3)")
+    parser.add_argument("--problems", type=int, default=100, help="held-out problems (default 100)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the training and the evaluation (default 0)")
+    parser.add_argument("--output", help="folder (default: a temporary one)")
+    parser.add_argument("--reuse", action="store_true", help="evaluate the teacher already trained in --output")
+    args = parser.parse_args()
+
+    from atlas_contract.rules import SMOLLM2_MODEL_URI
+    from atlas_core.cli.display import quiet_libraries
+    from atlas_core.models.tiny import resolve_model_path
+
+    quiet_libraries(hide_warnings=True)
+    output = Path(args.output or tempfile.mkdtemp(prefix="atlas-real-teaching-"))
+    model = resolve_model_path(SMOLLM2_MODEL_URI)
+    budgets = {"teacher-sft": args.minutes * args.sft_share * 60, "teacher": args.minutes * (1 - args.sft_share) * 60}
+    teacher_args = None
+    for stage, recipe, extra in STAGES:
+        if args.reuse and (output / stage / "model.safetensors").exists():
+            continue
+        started = time.perf_counter()
+        result = _train(stage, recipe, extra, output, model, args.seed, budgets[stage])
+        print(f"{stage}: {result.global_step} steps in {time.perf_counter() - started:.0f} s", flush=True)
+        teacher_args = result.args if stage == "teacher" else teacher_args
+    if teacher_args is None:
+        teacher_args = _saved_args(output / "teacher")
+    return _evaluate(output, model, teacher_args, args.problems)
+
+
+def _train(stage: str, recipe: str, extra: list[str], output: Path, model: str, seed: int, seconds: float):
+    from transformers import TrainerCallback
+
+    from atlas_contract.errors import InvalidFields
+    from atlas_core.training.run_config import load_run_config, parse_run_config, validate_run_config
+    from atlas_core.training.runner import run_training
+
+    class TimeBudget(TrainerCallback):
+        """Ends the training once ``seconds`` have passed (after the step in flight; the model is then saved)."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.deadline = time.monotonic() + seconds
+
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = time.monotonic() >= self.deadline
+
+    overrides = [f"recipe={recipe}", *(item.format(output=output, model=model) for item in extra)]
+    overrides += [f"output_dir={output / stage}", f"run_name=real-{stage}", "trainer.max_steps=100000"]
+    overrides += ["trainer.save_strategy=no", "trainer.logging_steps=1", "trainer.metrics_port=0", "resume=false"]
+    overrides += [f"trainer.seed={seed}"]
+    cfg = load_run_config(overrides)
+    problems = validate_run_config(cfg)
+    if problems:
+        raise InvalidFields(problems)
+    return run_training(parse_run_config(cfg), callbacks=[TimeBudget()], quiet=True)
+
+
+def _saved_args(stage: Path):
+    import torch
+
+    return torch.load(stage / "training_args.bin", weights_only=False)
+
+
+def _evaluate(output: Path, model: str, teacher_args, problems: int) -> int:
+    from atlas_contract.rules import SMOLLM2_MODEL_URI
+    from atlas_contract.teaching import TeachingSettings
+    from atlas_core.evaluation import GuidanceMeter, evaluate_teaching
+    from atlas_core.tasks.multistep import make_multistep_dataset
+    from atlas_core.training.finish import evaluation_settings
+    from atlas_core.training.student import LocalStudent
+
+    student = LocalStudent(model)
+    rows = make_multistep_dataset(problems, "test")
+    teaching = TeachingSettings.of(teacher_args)
+    settings = evaluation_settings(teaching, teacher_args, samples=teaching.student_samples)
+    teachers = {"untrained teacher": model, "trained teacher": str(output / "teacher")}
+    reports = {}
+    for label, path in teachers.items():
+        teacher = LocalStudent(path, role="teacher")
+        started = time.perf_counter()
+        reports[label] = evaluate_teaching(
+            teacher,
+            student,
+            rows,
+            settings,
+            output_dir=output / "eval" / label.split()[0],
+            meter=GuidanceMeter(teacher.tokenizer),
+        )
+        print(f"{label}: evaluated in {time.perf_counter() - started:.0f} s", flush=True)
+
+    print(f"\n{problems} held-out problems of builtin://multistep (test), student {SMOLLM2_MODEL_URI} alone and guided")
+    print(f"{'':20}{'alone':>9}{'guided':>9}{'delta pts':>11}{'95% CI':>18}{'non-degr.':>11}{'guid. tok':>11}")
+    for label, r in reports.items():
+        interval = f"[{100 * r.accuracy_delta_low:+.1f}, {100 * r.accuracy_delta_high:+.1f}]"
+        print(
+            f"{label:20}{r.student_accuracy:>9.1%}{r.guided_accuracy:>9.1%}{100 * r.accuracy_delta:>+11.1f}"
+            f"{interval:>18}{r.non_degradation_rate:>11.1%}{r.guidance_tokens_mean:>11.1f}"
+        )
+    for label, r in reports.items():
+        bands = ", ".join(
+            f"{band} {f.problems}: {f.student_accuracy:.0%}→{f.guided_accuracy:.0%}"
+            for band, f in r.by_capability.items()
+            if f.problems
+        )
+        print(f"  by capability, {label}: {bands}")
+    trained, untrained = reports["trained teacher"], reports["untrained teacher"]
+    checks = [
+        ("trained teacher's delta > 0 (pts)", 100 * trained.accuracy_delta, trained.accuracy_delta > 0),
+        ("its 95% interval above 0 (low, pts)", 100 * trained.accuracy_delta_low, trained.accuracy_delta_low > 0),
+        (
+            f"its non-degradation >= {TARGET_NON_DEGRADATION:.0%}",
+            trained.non_degradation_rate,
+            trained.non_degradation_rate >= TARGET_NON_DEGRADATION,
+        ),
+        (
+            "delta, trained - untrained (pts) > 0",
+            100 * (trained.accuracy_delta - untrained.accuracy_delta),
+            trained.accuracy_delta > untrained.accuracy_delta,
+        ),
+        (
+            "non-degradation, trained - untrained > 0",
+            trained.non_degradation_rate - untrained.non_degradation_rate,
+            trained.non_degradation_rate > untrained.non_degradation_rate,
+        ),
+    ]
+    print()
+    for name, value, ok in checks:
+        print(f"  {'PASS' if ok else 'MISS'}  {name}: {value:.3f}")
+    print(f"\nmodels and per-problem records: {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
