@@ -6,14 +6,14 @@ demonstrations of ``builtin://teacher-multistep`` (as the demo's teacher stage d
 then teacher GRPO against the frozen student on ``builtin://multistep``'s train split (the rest). Each stage stops
 when its share of the time is spent (a callback ends the training after the step in flight; the model is saved).
 
-A 3-minute run here (4 SFT steps, 5 GRPO steps; 8 problems, too few to conclude): untrained teacher -25.0 points
-[-50.0, +0.0], non-degradation 75%; trained +12.5 [+0.0, +37.5], 100%. The 45-minute figures are not measured yet.
-
 Then the two-pass evaluation (``atlas_core.evaluation.evaluate_teaching``, the protocol settings the teacher trained
 with, greedy teacher) on ``--problems`` held-out problems of the test split: the untrained teacher and the trained
 one, the same student alone. Printed beside the targets of issue #30: the trained teacher's delta > 0 with its 95%
 interval above 0, its non-degradation >= 97%, and better than the untrained teacher on both; with the per-capability
 split of each.
+
+A 3-minute run here (4 SFT steps, 5 GRPO steps; 8 problems, too few to conclude): untrained teacher -25.0 points
+[-50.0, +0.0], non-degradation 75%; trained +12.5 [+0.0, +37.5], 100%. The 45-minute figures are not measured yet.
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench.real_teaching [--minutes 45] [--problems 100] [--output DIR] [--reuse]
 """
