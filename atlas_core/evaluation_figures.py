@@ -125,3 +125,25 @@ def paired_bootstrap(
     means = deltas[rng.integers(0, len(deltas), size=(resamples, len(deltas)))].mean(axis=1)
     low, high = np.quantile(means, [0.025, 0.975])
     return float(low), float(high)
+
+
+def comparison_lines(reports: dict[str, TeachingEvaluation], label_width: int = 28) -> list[str]:
+    """Teachers side by side in plain text, as the benches print them: accuracy alone and guided, the delta in points
+    with its 95% interval, non-degradation and guidance tokens; then each one's split by diagnosed capability."""
+    lines = [
+        f"{'':{label_width}}{'alone':>9}{'guided':>9}{'delta pts':>11}{'95% CI':>18}{'non-degr.':>11}{'guid. tok':>11}"
+    ]
+    for label, r in reports.items():
+        interval = f"[{100 * r.accuracy_delta_low:+.1f}, {100 * r.accuracy_delta_high:+.1f}]"
+        lines.append(
+            f"{label:{label_width}}{r.student_accuracy:>9.1%}{r.guided_accuracy:>9.1%}{100 * r.accuracy_delta:>+11.1f}"
+            f"{interval:>18}{r.non_degradation_rate:>11.1%}{r.guidance_tokens_mean:>11.1f}"
+        )
+    for label, r in reports.items():
+        bands = ", ".join(
+            f"{band} {f.problems}: {f.student_accuracy:.0%}→{f.guided_accuracy:.0%}"
+            for band, f in r.by_capability.items()
+            if f.problems
+        )
+        lines.append(f"  by capability, {label}: {bands}")
+    return lines

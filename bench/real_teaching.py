@@ -133,6 +133,7 @@ def _evaluate(output: Path, model: str, teacher_args, problems: int) -> int:
     from atlas_contract.rules import SMOLLM2_MODEL_URI
     from atlas_contract.teaching import TeachingSettings
     from atlas_core.evaluation import GuidanceMeter, evaluate_teaching
+    from atlas_core.evaluation_figures import comparison_lines
     from atlas_core.tasks.multistep import make_multistep_dataset
     from atlas_core.training.finish import evaluation_settings
     from atlas_core.training.student import LocalStudent
@@ -157,20 +158,7 @@ def _evaluate(output: Path, model: str, teacher_args, problems: int) -> int:
         print(f"{label}: evaluated in {time.perf_counter() - started:.0f} s", flush=True)
 
     print(f"\n{problems} held-out problems of builtin://multistep (test), student {SMOLLM2_MODEL_URI} alone and guided")
-    print(f"{'':20}{'alone':>9}{'guided':>9}{'delta pts':>11}{'95% CI':>18}{'non-degr.':>11}{'guid. tok':>11}")
-    for label, r in reports.items():
-        interval = f"[{100 * r.accuracy_delta_low:+.1f}, {100 * r.accuracy_delta_high:+.1f}]"
-        print(
-            f"{label:20}{r.student_accuracy:>9.1%}{r.guided_accuracy:>9.1%}{100 * r.accuracy_delta:>+11.1f}"
-            f"{interval:>18}{r.non_degradation_rate:>11.1%}{r.guidance_tokens_mean:>11.1f}"
-        )
-    for label, r in reports.items():
-        bands = ", ".join(
-            f"{band} {f.problems}: {f.student_accuracy:.0%}→{f.guided_accuracy:.0%}"
-            for band, f in r.by_capability.items()
-            if f.problems
-        )
-        print(f"  by capability, {label}: {bands}")
+    print("\n".join(comparison_lines(reports, label_width=20)))
     trained, untrained = reports["trained teacher"], reports["untrained teacher"]
     checks = [
         ("trained teacher's delta > 0 (pts)", 100 * trained.accuracy_delta, trained.accuracy_delta > 0),

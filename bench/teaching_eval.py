@@ -58,6 +58,7 @@ def _one_seed(output: Path, seed: int, args: argparse.Namespace) -> dict:
     from atlas_core.cli.demo import evaluate_teachers, run_demo
     from atlas_core.cli.demo_options import DemoSize
     from atlas_core.cli.display import quiet_libraries
+    from atlas_core.evaluation_figures import comparison_lines
     from atlas_core.training.algorithms.grpo_config import GRPOConfig
 
     quiet_libraries()
@@ -78,20 +79,7 @@ def _one_seed(output: Path, seed: int, args: argparse.Namespace) -> dict:
     sft, grpo = reports["SFT-only teacher"], reports["GRPO teacher"]
 
     print(f"\nseed {seed} — teaching evaluation: {grpo.problems} held-out problems, demo {demo_seconds:.0f} s")
-    print(f"{'':28}{'alone':>9}{'guided':>9}{'delta pts':>11}{'95% CI':>18}{'non-degr.':>11}{'guid. tok':>11}")
-    for label, r in reports.items():
-        interval = f"[{100 * r.accuracy_delta_low:+.1f}, {100 * r.accuracy_delta_high:+.1f}]"
-        print(
-            f"{label:28}{r.student_accuracy:>9.1%}{r.guided_accuracy:>9.1%}{100 * r.accuracy_delta:>+11.1f}"
-            f"{interval:>18}{r.non_degradation_rate:>11.1%}{r.guidance_tokens_mean:>11.1f}"
-        )
-    for label, r in reports.items():
-        bands = ", ".join(
-            f"{band} {f.problems}: {f.student_accuracy:.0%}→{f.guided_accuracy:.0%}"
-            for band, f in r.by_capability.items()
-            if f.problems
-        )
-        print(f"  by capability, {label}: {bands}")
+    print("\n".join(comparison_lines(reports)))
     checks = [
         (
             f"GRPO teacher delta >= {100 * TARGET_DELTA:.1f} pts",

