@@ -12,8 +12,11 @@ one, the same student alone. Printed beside the targets of issue #30: the traine
 interval above 0, its non-degradation >= 97%, and better than the untrained teacher on both; with the per-capability
 split of each.
 
-A 3-minute run here (4 SFT steps, 5 GRPO steps; 8 problems, too few to conclude): untrained teacher -25.0 points
-[-50.0, +0.0], non-degradation 75%; trained +12.5 [+0.0, +37.5], 100%. The 45-minute figures are not measured yet.
+Short runs here (2 cores; the 45-minute figures are not measured yet), untrained vs trained teacher:
+* 3 minutes (4 SFT steps, 5 GRPO steps), 8 problems: -25.0 points [-50.0, +0.0], non-degradation 75% vs +12.5
+  [+0.0, +37.5], 100%;
+* 8 minutes (13 SFT steps, 14 GRPO steps), 24 problems: -33.3 [-54.2, -16.7], 66.7% vs -4.2 [-20.8, +12.5], 87.5%
+  (guidance 61.5 -> 12.4 tokens; strong problems kept 11% -> 67%).
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench.real_teaching [--minutes 45] [--problems 100] [--output DIR] [--reuse]
 """
