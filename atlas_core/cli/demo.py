@@ -114,9 +114,7 @@ STAGES = (
 )
 
 
-def _stage_overrides(
-    recipe: str, extra: list[str], stage: str, output: Path, steps: int, metrics_port: int, seed: int = 0
-):
+def _stage_overrides(recipe: str, extra: list[str], stage: str, output: Path, steps: int, metrics_port: int, seed: int):
     return [
         f"recipe={recipe}",
         *(item.format(output=output) for item in extra),

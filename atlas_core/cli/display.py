@@ -8,6 +8,9 @@ def points(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:+.1f}"
 
 
+PIPED_WIDTH = 240  # wide enough for the demo's and atlas eval's tables; a table takes only the width it needs
+
+
 def console(stderr: bool = False):
     """A rich Console; when the output is not a terminal (a pipe, a log file, CI), tables keep their whole width
     instead of rich's 80 columns, which cut headers and cells ("teacher-…", "non-degra…"); $COLUMNS still decides
@@ -20,9 +23,6 @@ def console(stderr: bool = False):
     if screen.is_terminal or os.environ.get("COLUMNS"):
         return screen
     return Console(stderr=stderr, width=PIPED_WIDTH)
-
-
-PIPED_WIDTH = 240  # wide enough for the demo's and atlas eval's tables; a table takes only the width it needs
 
 
 def quiet_libraries(hide_warnings: bool = False) -> None:

@@ -66,7 +66,7 @@ def load_gguf(path: Path):
 def build_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
     """Convert (once) and return the folder to ``from_pretrained``. Written under a temporary name and renamed into
     place, so concurrent callers (several ranks of one run) never see a half-written model."""
-    from atlas_core.models.tiny import build_once, default_cache_dir
+    from atlas_core.models.cache import build_once, default_cache_dir
 
     path = gguf_path()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()

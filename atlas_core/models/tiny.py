@@ -13,16 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from atlas_contract.rules import SMOLLM2_MODEL_URI, TINY_MODEL_URI, model_problems, model_reference
-
-__all__ = ["TINY_MODEL_URI", "build_tiny_model", "resolve_model_path"]
+from atlas_core.models.cache import build_once, default_cache_dir
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -56,11 +52,6 @@ class TinyModelSpec:
     def cache_key(self) -> str:
         blob = json.dumps(asdict(self), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
-
-
-def default_cache_dir() -> Path:
-    """``$ATLAS_CACHE_DIR``, else ``~/.cache/atlas``."""
-    return Path(os.environ.get("ATLAS_CACHE_DIR") or Path.home() / ".cache" / "atlas")
 
 
 def _tokenizer_corpus() -> list[str]:
@@ -148,27 +139,6 @@ def build_tiny_model(cache_dir: str | os.PathLike | None = None, spec: TinyModel
         (staging / "atlas_tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
 
     return build_once(root / f"tiny-llama-{spec.cache_key()}", write)
-
-
-def build_once(target: Path, write: Callable[[Path], None]) -> Path:
-    """``target``, a saved model folder, made by ``write(staging)`` unless it is there already. Written under a
-    temporary name and renamed into place, so concurrent callers (several ranks of one run) never see a half-written
-    model; a caller that loses the race keeps the winner's identical copy."""
-    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        write(staging)
-        try:
-            staging.rename(target)
-        except OSError:
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def resolve_model_path(model: str, cache_dir: str | os.PathLike | None = None) -> str:

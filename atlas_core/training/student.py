@@ -120,11 +120,16 @@ class LocalStudent:
         except Exception as exc:  # noqa: BLE001 - reported as the documented RuntimeError
             raise RuntimeError(f"{self.role} {self.name!r} failed to generate: {type(exc).__name__}: {exc}") from exc
         new = output[:, batch["input_ids"].shape[1] :]
+        return self._grouped([row.tolist() for row in new], num_samples)
+
+    def _grouped(self, rows: list[list[int]], num_samples: int) -> list[list[StudentAnswer]]:
+        """Generated token rows (``num_samples`` per conversation, in order) as answers without their padding,
+        grouped by conversation."""
         answers = []
-        for row in new:
-            tokens = [t for t in row.tolist() if t != self.tokenizer.pad_token_id]
+        for row in rows:
+            tokens = [t for t in row if t != self.tokenizer.pad_token_id]
             answers.append(StudentAnswer(self.tokenizer.decode(tokens, skip_special_tokens=True), len(tokens)))
-        return [answers[i * num_samples : (i + 1) * num_samples] for i in range(len(conversations))]
+        return [answers[i : i + num_samples] for i in range(0, len(answers), num_samples)]
 
     def _generate_continuous(self, texts, max_new_tokens, num_samples, temperature):
         import torch
@@ -145,12 +150,10 @@ class LocalStudent:
         outputs = list(results.values())  # in the order of the requests
         if len(outputs) != len(requests) or any(getattr(o, "error", None) for o in outputs):
             raise RuntimeError(f"{self.role} {self.name!r} failed to generate: continuous batching lost requests")
-        answers = []
-        for output in outputs:
-            tokens = [t for t in output.generated_tokens if t != self.tokenizer.pad_token_id]
-            answer = StudentAnswer(self.tokenizer.decode(tokens, skip_special_tokens=True), len(tokens))
-            answers.extend([answer] * (num_samples if greedy else 1))
-        return [answers[i * num_samples : (i + 1) * num_samples] for i in range(len(texts))]
+        rows = [list(output.generated_tokens) for output in outputs]
+        if greedy:  # one request per conversation: each sample is its answer
+            rows = [row for row in rows for _ in range(num_samples)]
+        return self._grouped(rows, num_samples)
 
 
 class EndpointStudent:
