@@ -20,6 +20,10 @@ from atlas_core.tasks.arithmetic import (
         ("\\boxed{4} <solution>9</solution>", "4"),  # boxed beats the solution tag
         ("first 3, then 1,250.0", "1250"),  # last number, normalised
         ("answer: -0.50", "-0.5"),
+        # a real chat model's prose: the stated answer beats the numbers of a check after it
+        ("So, the final answer is 8. Check: 8 - 3 = 5", "8"),
+        ("4 + 7 + 2 = 13\n\nThe answer is: 13. That is 6 more than 7", "13"),
+        ("The answer is \\boxed{}. 11 + 7 = 18", "18"),  # an empty box and no stated number: the last one
         ("\\boxed{ $1,000$ }", "1000"),
         ("\\boxed{Paris.}", "paris"),
         ("\\boxed{unclosed 8", "8"),  # an unbalanced box is ignored

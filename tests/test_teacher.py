@@ -141,6 +141,29 @@ def test_guidance_extraction_and_withheld_answer():
     assert teaching.extract_guidance("<thinking>x</thinking>plain words") == "plain words"
     assert teaching.extract_guidance("<teaching>cut off") == "cut off"
     assert teaching.withhold_answer("3 + 4 is 7, not 17 or 7.5", "7") == "3 + 4 is [withheld], not 17 or 7.5"
+    # a real teacher writes the answer in words too
+    said = "So the sum is Twenty-One, or twenty one; not twenty or twenty-two."
+    assert teaching.withhold_answer(said, "21") == "So the sum is [withheld], or [withheld]; not twenty or twenty-two."
+    assert teaching.withhold_answer("six, sixteen and 16", "16") == "six, [withheld] and [withheld]"
+    assert teaching.withhold_answer("minus five is -5", "-5") == "[withheld] is [withheld]"
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        ("0", "zero"),
+        ("13", "thirteen"),
+        ("40", "forty"),
+        ("-21", "minus twenty one"),
+        ("105", "one hundred five"),
+        ("2,000", "two thousand"),
+        ("12345", "twelve thousand three hundred forty five"),
+        ("7.5", None),
+        ("Paris", None),
+    ],
+)
+def test_number_words(answer, words):
+    assert teaching.number_words(answer) == words
 
 
 def test_diagnostic_probe_measures_capability_from_student_answers(tmp_path, tiny_model_dir):

@@ -3,7 +3,8 @@
 Rows are ``{"prompt": [chat messages], "ground_truth": "7"}`` so that TRL passes
 ``ground_truth`` to reward functions as a keyword argument. Answers are read from a
 completion by :func:`extract_answer` (last ``\\boxed{}``, else ``<solution>…</solution>``,
-else the last number) and compared after :func:`normalize_answer`.
+else the number after the last "answer is", else the last number) and compared after
+:func:`normalize_answer`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ SYSTEM_HINT = "Put the final answer in \\boxed{}."
 
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?|[-+]?\.\d+")
 _SOLUTION = re.compile(r"<solution>(.*?)</solution>", re.DOTALL)
+#: A real chat model states its answer in prose ("So, the final answer is 8.") and often goes on with more
+#: numbers (a check, a restatement): the number right after "answer is" / "answer:" is what it committed to.
+_ANSWER_PHRASE = re.compile(
+    r"\banswers?\s*(?:is|was|would be|will be|=|:)\s*:?\s*\$?\s*([-+]?\d[\d,]*(?:\.\d+)?|[-+]?\.\d+)", re.IGNORECASE
+)
 
 
 SPLITS = ("train", "test")
@@ -144,6 +150,9 @@ def extract_answer(text: str) -> str | None:
     solutions = _SOLUTION.findall(text)
     if solutions and solutions[-1].strip():
         return normalize_answer(solutions[-1])
+    stated = _ANSWER_PHRASE.findall(text)
+    if stated:
+        return normalize_answer(stated[-1])
     numbers = _NUMBER.findall(text)
     if numbers:
         return normalize_answer(numbers[-1])

@@ -19,9 +19,9 @@ draws from ``train``; evaluation draws from ``test``. ``test`` mixes two fifths 
 two-step problems, in a fixed order, so that ``limit`` keeps the mix.
 
 **Teacher demonstrations** (the teacher's SFT warm-up) are deliberately of mixed quality: each gives the
-intermediate step, a generic method or a short check, drawn with weights that loosely follow the template
-of the (random) capability in its prompt — mostly the first step for a walkthrough, mostly a check for
-minimal guidance — and never look at the problem. On one-step problems the intermediate step *is* the
+intermediate step, a generic method, a short check or nothing, drawn with weights that loosely follow the
+template of the (random) capability in its prompt — mostly the first step for a walkthrough, mostly nothing
+or a check for minimal guidance — and never look at the problem. On one-step problems the intermediate step *is* the
 answer, so that guidance is masked to ``[withheld]`` and helps no one; a wrong one misleads. Getting the
 first step right, and giving it where it helps, is left for RL.
 """
@@ -45,9 +45,11 @@ METHOD_GUIDANCE = "Add the numbers from left to right."
 CHECK_GUIDANCE = "Check your sum before you answer."
 #: The styles of the teacher's warm-up demonstrations, and how often each is drawn under each template of
 #: the protocol (atlas_core.training.teaching.template_for): the warm-up teacher mostly follows its template
-#: (a walkthrough gives the first step, minimal guidance a check), not always, and never looks at the problem.
-DEMONSTRATION_STYLES = ("step", "method", "check")
-DEMONSTRATION_WEIGHTS = {"walkthrough": (4, 1, 1), "hints": (2, 1, 1), "minimal": (1, 1, 4)}
+#: (a walkthrough gives the first step, minimal guidance a check or nothing), not always, and never looks at the
+#: problem. "none" is an empty ``<teaching>``: a student that can already do the task answers as it would alone,
+#: which is the only guidance that can never make it worse (non-degradation).
+DEMONSTRATION_STYLES = ("step", "method", "check", "none")
+DEMONSTRATION_WEIGHTS = {"walkthrough": (4, 1, 1, 0), "hints": (2, 1, 1, 1), "minimal": (1, 1, 2, 4)}
 
 
 def _value(a: int, op: str, b: int) -> int:
@@ -175,10 +177,8 @@ def make_student_sft_dataset(n: int, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def teacher_demonstration(row: dict[str, Any], rng: random.Random, template: str) -> str:
-    """A teacher completion of the warm-up: the intermediate step, the generic method or a short check, drawn
-    with the weights of ``template`` (:data:`DEMONSTRATION_WEIGHTS`)."""
+    """A teacher completion of the warm-up: the intermediate step, the generic method, a short check or nothing,
+    drawn with the weights of ``template`` (:data:`DEMONSTRATION_WEIGHTS`)."""
     style = rng.choices(DEMONSTRATION_STYLES, weights=DEMONSTRATION_WEIGHTS[template])[0]
-    guidance = {"step": step_guidance, "method": lambda r: METHOD_GUIDANCE, "check": lambda r: CHECK_GUIDANCE}[style](
-        row
-    )
+    guidance = {"step": step_guidance(row), "method": METHOD_GUIDANCE, "check": CHECK_GUIDANCE, "none": ""}[style]
     return f"<thinking>{row['kind']}</thinking><teaching>{guidance}</teaching>"

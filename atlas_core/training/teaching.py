@@ -23,7 +23,7 @@ TEACHER_TEMPLATES = {
     ),
     "minimal": (
         "You are a teacher. The student can usually do this task. Give minimal guidance: a short check the "
-        "student should verify their answer with, without stating the final answer."
+        "student should verify their answer with, or nothing if they need none, without stating the final answer."
     ),
 }
 TEACHER_FORMAT = (
@@ -98,11 +98,48 @@ def extract_guidance(completion: str) -> str:
 
 
 def withhold_answer(guidance: str, ground_truth: Any) -> str:
-    """Mask the reference answer where the guidance states it: the teacher must teach, not tell."""
+    """Mask the reference answer where the guidance states it, in digits or, for a whole number, in words
+    ("sixteen", "twenty-one"): the teacher must teach, not tell."""
     if ground_truth is None or not str(ground_truth).strip():
         return guidance
-    answer = re.escape(str(ground_truth).strip())
-    return re.sub(rf"(?<![\w.]){answer}(?![\w]|\.\d)", "[withheld]", guidance)
+    answer = str(ground_truth).strip()
+    forms = [rf"(?<![\w.]){re.escape(answer)}(?![\w]|\.\d)"]
+    words = number_words(answer)
+    if words:
+        # "twenty-one", "twenty one" and "Twenty-One" alike; a longer number word is not a match ("sixteen" ⊄ "six")
+        forms.append(r"(?<![\w-])" + r"[\s-]+".join(map(re.escape, words.split())) + r"(?![\w-])")
+    return re.sub("|".join(forms), "[withheld]", guidance, flags=re.IGNORECASE)
+
+
+_ONES = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen"
+).split()
+_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def number_words(answer: str) -> str | None:
+    """A whole number from -999,999 to 999,999 in English words, separated by spaces ("-21" → "minus twenty
+    one"); None for anything else."""
+    text = answer.replace(",", "")
+    if not re.fullmatch(r"[-+]?\d{1,6}", text):
+        return None
+    value = int(text)
+
+    def below_thousand(n: int) -> list[str]:
+        words = [_ONES[n // 100], "hundred"] if n >= 100 else []
+        n %= 100
+        if n >= 20:
+            words += [_TENS[n // 10]] + ([_ONES[n % 10]] if n % 10 else [])
+        elif n or not words:
+            words.append(_ONES[n])
+        return words
+
+    thousands, rest = divmod(abs(value), 1000)
+    words = (below_thousand(thousands) + ["thousand"] if thousands else []) + (
+        below_thousand(rest) if rest or not thousands else []
+    )
+    return " ".join((["minus"] if value < 0 else []) + words)
 
 
 def guidance_example(row: dict[str, Any]) -> str:
