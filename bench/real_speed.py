@@ -62,9 +62,9 @@ def main() -> int:
         max_probe_tokens=32,
     )
 
-    def run(batch_size: int, continuous: bool) -> tuple[float, list]:
+    def run(batch_size: int, decoding: str) -> tuple[float, list]:
         for student in (model, teacher):
-            student.continuous_batching = continuous
+            student.decoding = decoding
         settings = EvaluationRunSettings(
             samples=1, batch_size=batch_size, teacher_max_tokens=args.teacher_tokens, teaching=teaching
         )
@@ -80,12 +80,16 @@ def main() -> int:
         ]
         return seconds, report, texts
 
-    paths = [("padded batches (today)", args.batch, False), ("continuous batching", args.batch, True)]
+    paths = [
+        ("padded batches (today)", args.batch, "padded"),
+        ("shrinking batches", args.batch, "shrinking"),
+        ("continuous batching", args.batch, "continuous"),
+    ]
     if not args.skip_one:
-        paths.insert(0, ("one problem at a time", 1, False))
+        paths.insert(0, ("one problem at a time", 1, "padded"))
     results = {}
-    for label, batch_size, continuous in paths:
-        seconds, report, texts = run(batch_size, continuous)
+    for label, batch_size, decoding in paths:
+        seconds, report, texts = run(batch_size, decoding)
         results[label] = (seconds, report, texts)
         print(
             f"{label:24} {args.problems / seconds * 60:7.2f} problems/min ({seconds:.0f} s); "

@@ -119,14 +119,19 @@ def test_atlas_eval_with_the_real_model_as_teacher_and_student(tmp_path, real_mo
     assert re.search(r"delta, points", done.stdout), done.stdout[-2000:]
 
 
-def test_continuous_batching_gives_the_padded_batchs_greedy_answers(real_model_dir):
-    """LocalStudent's two generation paths (bench/real_speed.py times them): the same answers, token counts and
-    per-sample grouping, greedy."""
+@pytest.mark.parametrize("decoding", ["shrinking", "continuous"])
+def test_each_decoding_gives_the_padded_batchs_greedy_answers(real_model_dir, decoding):
+    """LocalStudent's generation paths (bench/real_speed.py times them): the same answers, token counts and
+    per-sample grouping as one padded ``generate``, greedy; rows of different lengths (one ends early)."""
     from atlas_core.training.student import LocalStudent
 
     padded = LocalStudent(str(real_model_dir))
-    continuous = LocalStudent(padded.model, padded.tokenizer)
-    continuous.continuous_batching = True
-    expected = padded.generate(PROMPTS, max_new_tokens=12, num_samples=2, temperature=0)
-    assert continuous.generate(PROMPTS, max_new_tokens=12, num_samples=2, temperature=0) == expected
-    assert [len(group) for group in expected] == [2, 2] and expected[0][0].tokens > 0
+    padded.decoding = "padded"
+    other = LocalStudent(padded.model, padded.tokenizer)
+    other.decoding = decoding
+    prompts = [PROMPTS[0], [{"role": "user", "content": "What is 2 + 2?"}], [{"role": "user", "content": "Say hi."}]]
+    expected = padded.generate(prompts, max_new_tokens=32, num_samples=2, temperature=0)
+    assert other.generate(prompts, max_new_tokens=32, num_samples=2, temperature=0) == expected
+    assert [len(group) for group in expected] == [2, 2, 2] and expected[0][0].tokens > 0
+    # the rows end at different steps, before the budget: the shrinking batch lost rows on its way
+    assert len({group[0].tokens for group in expected}) == 3 and max(g[0].tokens for g in expected) < 32, expected

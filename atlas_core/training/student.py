@@ -1,7 +1,8 @@
 """The frozen student the teacher is trained to help: a local model or an OpenAI-compatible endpoint.
 
-Both answer a batch of conversations, several samples each, in one call: a local model with one
-``generate`` over the whole (left-padded) batch, an endpoint with concurrent requests (retried
+Both answer a batch of conversations, several samples each, in one call: a local model decodes the whole
+(left-padded) batch at once, its finished rows leaving it (``LocalStudent.decoding``), an endpoint with
+concurrent requests (retried
 like the RIM judges', :mod:`atlas_core.openai_calls`). Failures raise ``RuntimeError`` naming the student.
 """
 
@@ -62,9 +63,14 @@ def _outside_zero3_init():
 class LocalStudent:
     """A model loaded frozen: no gradients, eval mode; on ``device`` or, with ``offload``, on CPU."""
 
-    #: Generate through transformers' continuous batching (``model.generate_batch``: paged attention, a finished
-    #: sequence leaves the batch) instead of one padded ``generate``; bench/real_speed.py compares them.
-    continuous_batching: bool = False
+    #: How a batch of conversations is decoded (bench/real_speed.py compares them, side by side):
+    #: ``"shrinking"`` (the default) — one left-padded batch whose finished rows leave it, so that each step
+    #: computes only the rows still writing (the KV cache is cut to them); ``"padded"`` — one ``model.generate``
+    #: over the batch, which computes every row until the longest one ends; ``"continuous"`` — transformers'
+    #: continuous batching (``model.generate_batch``, paged attention), slower on CPU. Greedy decoding gives the
+    #: same tokens on each.
+    decoding: str = "shrinking"
+    DECODINGS = ("shrinking", "padded", "continuous")
 
     def __init__(self, model: Any, tokenizer=None, device=None, offload: bool = False, role: str = "student"):
         import torch
@@ -101,13 +107,19 @@ class LocalStudent:
         texts = [
             self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations
         ]
-        if self.continuous_batching:
+        if self.decoding not in self.DECODINGS:
+            raise ValueError(f"decoding: expected one of {', '.join(self.DECODINGS)}, got {self.decoding!r}")
+        if self.decoding == "continuous":
             return self._generate_continuous(texts, max_new_tokens, num_samples, temperature)
         batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
         greedy = temperature <= 0
         sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature}
         try:
             with torch.no_grad():
+                if self.decoding == "shrinking":
+                    return self._grouped(
+                        self._decode_shrinking(batch, max_new_tokens, num_samples, temperature), num_samples
+                    )
                 output = self.model.generate(
                     **batch,
                     max_new_tokens=max_new_tokens,
@@ -130,6 +142,58 @@ class LocalStudent:
             tokens = [t for t in row if t != self.tokenizer.pad_token_id]
             answers.append(StudentAnswer(self.tokenizer.decode(tokens, skip_special_tokens=True), len(tokens)))
         return [answers[i : i + num_samples] for i in range(0, len(answers), num_samples)]
+
+    def _decode_shrinking(self, batch, max_new_tokens: int, num_samples: int, temperature: float) -> list[list[int]]:
+        """Decode a left-padded batch step by step; a row that wrote its end-of-sequence token leaves the batch
+        and the KV cache (``DynamicCache.batch_select_indices``), so a step costs the rows still writing, not the
+        whole batch. Positions and masks as ``generate`` builds them; sampling with its default top-k."""
+        import torch
+        from transformers import DynamicCache
+
+        greedy = temperature <= 0
+        repeats = 1 if greedy else num_samples
+        input_ids = batch["input_ids"].repeat_interleave(repeats, dim=0)
+        mask = batch["attention_mask"].repeat_interleave(repeats, dim=0)
+        config = self.model.generation_config
+        ends = {self.tokenizer.eos_token_id, *_as_list(config.eos_token_id)} - {None}
+        end_ids = torch.tensor(sorted(ends), device=self.device)
+        top_k = config.top_k or 0
+        rows: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
+        active = torch.arange(input_ids.shape[0], device=self.device)
+        cache = DynamicCache(config=self.model.config)
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        logits = self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        ).logits[:, -1, :]
+        for step in range(max_new_tokens):
+            if greedy:
+                tokens = logits.argmax(dim=-1)
+            else:
+                scaled = logits.float() / temperature
+                if 0 < top_k < scaled.shape[-1]:
+                    floor = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
+                    scaled = scaled.masked_fill(scaled < floor, float("-inf"))
+                tokens = torch.multinomial(torch.softmax(scaled, dim=-1), 1).squeeze(1)
+            for row, token in zip(active.tolist(), tokens.tolist(), strict=True):
+                rows[row].append(token)
+            writing = ~torch.isin(tokens, end_ids)
+            if step == max_new_tokens - 1 or not writing.any():
+                break
+            if not writing.all():  # finished rows leave the batch and the cache
+                keep = writing.nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                active, tokens, mask = active[keep], tokens[keep], mask[keep]
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+            logits = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=mask.long().sum(-1, keepdim=True) - 1,
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1, :]
+        if greedy and num_samples > 1:  # greedy decoding gives one answer: each sample is that answer
+            rows = [row for row in rows for _ in range(num_samples)]
+        return rows
 
     def _generate_continuous(self, texts, max_new_tokens, num_samples, temperature):
         import torch
@@ -154,6 +218,10 @@ class LocalStudent:
         if greedy:  # one request per conversation: each sample is its answer
             rows = [row for row in rows for _ in range(num_samples)]
         return self._grouped(rows, num_samples)
+
+
+def _as_list(value: Any) -> list:
+    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 class EndpointStudent:
