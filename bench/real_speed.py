@@ -37,10 +37,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", type=int, default=16, help="held-out problems (default 16)")
-    parser.add_argument("--batch", type=int, default=16, help="problems per padded batch (default 16)")
+    parser.add_argument(
+        "--batch", type=int, help="problems per batch (default: atlas eval's, EvaluationRunSettings.batch_size)"
+    )
     parser.add_argument("--student-tokens", type=int, default=96, help="student answer budget (default 96)")
     parser.add_argument("--teacher-tokens", type=int, default=96, help="teacher completion budget (default 96)")
     parser.add_argument("--skip-one", action="store_true", help="skip the one-at-a-time path (the slowest)")
+    parser.add_argument("--skip-continuous", action="store_true", help="skip transformers' continuous batching")
     args = parser.parse_args()
 
     from atlas_contract.rules import SMOLLM2_MODEL_URI
@@ -80,11 +83,15 @@ def main() -> int:
         ]
         return seconds, report, texts
 
+    args.batch = args.batch or EvaluationRunSettings().batch_size
     paths = [
         ("padded batches (today)", args.batch, "padded"),
         ("shrinking batches", args.batch, "shrinking"),
-        ("continuous batching", args.batch, "continuous"),
     ]
+    if args.problems > args.batch:  # every problem in one batch: its finished rows leave it
+        paths.append(("shrinking, one batch", args.problems, "shrinking"))
+    if not args.skip_continuous:
+        paths.append(("continuous batching", args.batch, "continuous"))
     if not args.skip_one:
         paths.insert(0, ("one problem at a time", 1, "padded"))
     results = {}
