@@ -2,22 +2,32 @@
 
 The same ``evaluate_teaching`` (probe, answers alone, teacher guidance, answers guided: the protocol training runs
 too), with the real model as teacher and student, on the first ``--problems`` of ``builtin://multistep``'s test
-split, three ways in one run:
+split, several ways in one run:
 
 * one problem at a time (``batch_size=1``);
-* today's padded batches (``batch_size=--batch``): ``model.generate`` on a left-padded batch, which computes every
-  row until the longest one ends;
+* today's padded batches (``batch_size=--batch``, default atlas eval's 32): ``model.generate`` on a left-padded batch,
+  which computes every row until the longest one ends;
+* shrinking batches (``LocalStudent.decoding = "shrinking"``, the default now): the same batch decoded step by step,
+  a finished row leaving the batch and its KV cache; and the same with every problem in one batch;
 * transformers' continuous batching (``model.generate_batch``: paged attention, a finished sequence leaves the
   batch), through the same protocol calls.
 
 Each path's records must agree with the others' (greedy decoding: same answers, same scores) for its figure to
 count. Targets of issue #30: the fastest path >= 3x one at a time and >= 1.5x today's batches.
 
-Measured here (2 cores, AMD EPYC, 8 problems, batch 8, 96-token answers and teacher completions): one at a time
-4.13 problems/min, padded batches 12.48 (3.02x), continuous batching 5.14 (0.41x the padded batches). On CPU,
-transformers' continuous batching runs paged attention in eager Python and loses what it saves on padding, so
-padded batches stay the default; on a GPU (flash or SDPA paged kernels) the balance differs and is not measured here.
-Every path gave the same probes, guidance and answers on 8 of 8 problems.
+Measured here (2 cores, AMD EPYC, 96-token answers and teacher completions), two runs:
+
+* 64 problems, batch 32, ``--skip-one --skip-continuous``: padded 27.55 problems/min, shrinking 28.59 (1.04x),
+  shrinking in one batch of 64 31.69 (1.15x: MISS of the 1.5x target); the same probes, guidance and answers on 64
+  of 64 problems;
+* 8 problems, batch 8 (before the shrinking path): one at a time 4.13 problems/min, padded 12.48 (3.02x),
+  continuous batching 5.14 (0.41x the padded batches); the same records on 8 of 8.
+
+On 2 CPU cores a decoding step of this 135M-parameter model costs about the same for 1 row as for 16 (the weights'
+memory traffic dominates), so a row leaving the batch saves little; what saves time is more rows per step, and the
+longest answer still sets the number of steps. transformers' continuous batching runs paged attention in eager
+Python on CPU and loses what it saves on padding; on a GPU (flash or SDPA paged kernels) the balance differs and is
+not measured here.
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench.real_speed [--problems 16] [--batch 16] [--student-tokens 96]
 """
