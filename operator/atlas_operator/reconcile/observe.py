@@ -20,6 +20,7 @@ from atlas_operator.run_status import ConditionType as Condition
 from atlas_operator.spec import Run
 from atlas_operator.status import (
     FINISHED,
+    TRAINER_JOBS,
     Event,
     job_state,
     pod_stuck,
@@ -141,16 +142,19 @@ class Observation:
 
     def rank0_pod(self, run: Run, job: dict[str, Any]) -> dict[str, Any] | None:
         """The pod of rank 0 of ``job``: the PyTorchJob's Master by name; a JobSet's trainer pod of completion
-        index 0 of the current attempt, by label (its name ends in a random suffix)."""
+        index 0 of the current attempt, by label (its name ends in a random suffix) — on TrainJob, ``job`` is the
+        JobSet the Trainer made, whose trainer job is ``node``."""
         job_uid = (job.get("metadata") or {}).get("uid")
         if job["kind"] != "JobSet":
             pod = self.kube.get(kube.POD, run.namespace, ChildNames(run.name).master_pod)
             return pod if pod is not None and _made_by(pod, job_uid) else None
+        names = {rjob.get("name") for rjob in (job.get("spec") or {}).get("replicatedJobs") or []}
+        trainer = next((name for name in TRAINER_JOBS if name in names), TRAINER_JOBS[0])
         selector = ",".join(
             f"{key}={value}"
             for key, value in (
                 ("jobset.sigs.k8s.io/jobset-name", job["metadata"]["name"]),
-                ("jobset.sigs.k8s.io/replicatedjob-name", "trainer"),
+                ("jobset.sigs.k8s.io/replicatedjob-name", trainer),
                 ("jobset.sigs.k8s.io/restart-attempt", str((job.get("status") or {}).get("restarts") or 0)),
             )
         )
