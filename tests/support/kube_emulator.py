@@ -101,6 +101,13 @@ JOBSET_RESOURCES: dict[str, dict[str, Any]] = {
     JOBSETS: dict(kind="JobSet", namespaced=True, subresources=["status"]),
     JOBS: dict(kind="Job", namespaced=True, subresources=["status"]),
 }
+TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
+CLUSTER_TRAINING_RUNTIMES = "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"
+# Kubeflow Trainer v2 (it needs JobSet: a cluster with it serves both).
+TRAINER_RESOURCES: dict[str, dict[str, Any]] = {
+    TRAINJOBS: dict(kind="TrainJob", namespaced=True, subresources=["status"]),
+    CLUSTER_TRAINING_RUNTIMES: dict(kind="ClusterTrainingRuntime", namespaced=False),
+}
 ATLAS_RESOURCES: dict[str, dict[str, Any]] = {
     TRAININGS: dict(kind="AtlasTraining", namespaced=True, subresources=["status"]),
     TEACHERS: dict(kind="AtlasTeacher", namespaced=True, subresources=["status"]),
@@ -108,10 +115,15 @@ ATLAS_RESOURCES: dict[str, dict[str, Any]] = {
 VERBS = ["get", "list", "watch", "create", "update", "patch", "delete"]
 
 
-def default_resources(*, pytorchjobs: bool = True, jobsets: bool = True) -> dict[str, dict[str, Any]]:
-    """``jobsets=False``: a cluster without the JobSet CRD (batch/v1 Jobs stay, as in any cluster)."""
+def default_resources(
+    *, pytorchjobs: bool = True, jobsets: bool = True, trainer: bool = True
+) -> dict[str, dict[str, Any]]:
+    """``jobsets=False``: a cluster without the JobSet CRD (batch/v1 Jobs stay, as in any cluster);
+    ``trainer=False``: without the Kubeflow Trainer's (served only with JobSet's)."""
     res = dict(CORE_RESOURCES)
     res[JOBS] = JOBSET_RESOURCES[JOBS]
+    if trainer and jobsets:
+        res.update(TRAINER_RESOURCES)
     if pytorchjobs:
         res.update(KUBEFLOW_RESOURCES)
     if jobsets:
@@ -876,6 +888,8 @@ __all__ = [
     "Fault",
     "JOBS",
     "JOBSETS",
+    "TRAINJOBS",
+    "CLUSTER_TRAINING_RUNTIMES",
     "KopfProcess",
     "PODS",
     "PYTORCHJOBS",

@@ -91,6 +91,19 @@ class Observation:
             kind = self._kinds.get(key)
         return (kind, run_name) if stuck != before and kind in KINDS else None
 
+    def run_of_trainjob_gang(self, obj: dict[str, Any]) -> dict[str, str] | None:
+        """The run (``{"kind", "name"}``) of the JobSet the Kubeflow Trainer made of its TrainJob: controlled by a
+        TrainJob, labelled with the run's name (through the TrainJob's runtime patch); None for anything else, or a
+        run this process has not reconciled yet (its first reconciliation reads the JobSet)."""
+        meta = obj.get("metadata") or {}
+        refs = [r for r in meta.get("ownerReferences") or [] if r.get("controller")]
+        run_name = (meta.get("labels") or {}).get(LABEL_INSTANCE)
+        if obj.get("kind") != "JobSet" or not run_name or not refs or refs[0].get("kind") != "TrainJob":
+            return None
+        with self._stuck_lock:
+            kind = self._kinds.get((meta.get("namespace", "default"), run_name))
+        return {"kind": kind, "name": run_name} if kind in KINDS else None
+
     def pods_condition(self, run: Run) -> dict[str, Any]:
         """PodsStarted: False with the kubelet's reason while a pod of the run cannot start its containers."""
         with self._stuck_lock:
