@@ -172,8 +172,8 @@ def install_trainjob_runtime(cluster, max_restarts: int = 3) -> dict[str, Any]:
 
 
 def trainer_builds_jobset(cluster, trainjob: dict[str, Any], runtime: dict[str, Any]) -> dict[str, Any]:
-    """What the Kubeflow Trainer controller does with a new TrainJob: its JobSet (tests/support/trainer_controller.py)
-    builds it)."""
+    """What the Kubeflow Trainer controller does with a new TrainJob: it creates its JobSet (as
+    tests/support/trainer_controller.py builds it)."""
     from tests.support.trainer_controller import build_jobset
 
     return cluster.custom.create_namespaced_custom_object(
