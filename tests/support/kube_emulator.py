@@ -697,6 +697,7 @@ async def running_emulator(
     *,
     pytorchjobs: bool = True,
     jobsets: bool = True,
+    trainer: bool = True,
     extra: Mapping[str, Mapping[str, Any]] | None = None,
     host: str = "127.0.0.1",
     port: int | None = None,
@@ -704,7 +705,7 @@ async def running_emulator(
     """Serve from the CURRENT event loop. ``emu.url`` is e.g. http://127.0.0.1:41234/ ."""
     install_kmock_fixes()
     emu = AtlasKubeEmulator()
-    emu.declare(default_resources(pytorchjobs=pytorchjobs, jobsets=jobsets))
+    emu.declare(default_resources(pytorchjobs=pytorchjobs, jobsets=jobsets, trainer=trainer))
     if extra:
         emu.declare(extra)
     async with emu, kmock.Server(emu, host=host, port=port):
