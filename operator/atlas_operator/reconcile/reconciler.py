@@ -55,6 +55,7 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
         self._scraper = ThreadPoolExecutor(max_workers=8, thread_name_prefix="atlas-scrape")
         self._result_lock = threading.Lock()
         self._result_reads: dict[tuple, int] = {}  # (namespace, run, run uid, job uid) → pod reads so far
+        self._restarts_counted: dict[tuple, int] = {}  # (namespace, run, run uid, JobSet uid) → restarts seen
         # Pods the kubelet cannot start (from the pod watch): (namespace, run) → pod → (reason, message); and the
         # kind of each run reconciled, so a pod's run is known from its app.kubernetes.io/instance label alone.
         self._stuck_lock = threading.Lock()
@@ -212,11 +213,17 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
         jobset = self.kube.get(kube.JOBSET, namespace, job["metadata"]["name"])
         return jobset if jobset is not None and is_controlled_by(jobset, job) else None
 
-    @staticmethod
-    def observe_restarts(run: Run, body: dict[str, Any], job: dict[str, Any], result: Outcome) -> None:
-        """A JobSet's whole-gang restarts, and a Warning for each new one the step watchdog caused."""
+    def observe_restarts(self, run: Run, body: dict[str, Any], job: dict[str, Any], result: Outcome) -> None:
+        """A JobSet's whole-gang restarts, and a Warning for each new one the step watchdog caused — counted once
+        per restart, even when two reconciliations read the run before either wrote its status (a TrainJob's
+        JobSet and the TrainJob itself change together)."""
         result.restarts = int((job.get("status") or {}).get("restarts") or 0)
-        result.watchdog_restarts = watchdog_restarts(job, body.get("status"))
+        key = (run.namespace, run.name, run.uid, (job.get("metadata") or {}).get("uid"))
+        with self._result_lock:
+            counted = self._restarts_counted.get(key, 0)
+            shown = int((body.get("status") or {}).get("restarts") or 0)
+            result.watchdog_restarts = watchdog_restarts(job, {"restarts": max(counted, shown)})
+            self._restarts_counted[key] = max(counted, result.restarts)
         if result.watchdog_restarts:
             result.events.append(
                 Event(
@@ -261,6 +268,8 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
         with self._result_lock:
             for read in [k for k in self._result_reads if k[:3] == key]:
                 del self._result_reads[read]
+            for counted in [k for k in self._restarts_counted if k[:3] == key]:
+                del self._restarts_counted[counted]
         with self._stuck_lock:
             self._stuck.pop(key[:2], None)
             self._kinds.pop(key[:2], None)
