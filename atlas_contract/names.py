@@ -11,7 +11,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KINDS = {"AtlasTraining": "atlastrainings", "AtlasTeacher": "atlasteachers"}
 SHORT_NAMES = {"AtlasTraining": ["atr"], "AtlasTeacher": ["ateach"]}
 PHASES = ("Pending", "Queued", "Running", "Succeeded", "Failed", "Suspended", "Invalid")
-BACKENDS = ("PyTorchJob", "JobSet")  # spec.backend; the operator's default is ATLAS_DEFAULT_BACKEND
+BACKENDS = ("PyTorchJob", "JobSet", "TrainJob")  # spec.backend; the operator's default is ATLAS_DEFAULT_BACKEND
 ALGORITHMS = ("grpo", "sft", "teacher")  # run configuration `algorithm`; AtlasTeacher runs `teacher`
 
 # ------------------------------------------------------------------ ports
@@ -140,7 +140,27 @@ JOBSET_REPLICATED_JOBS = ("rollout", "student", "trainer")
 JOBSET_TRAINER_CONTAINER = "trainer"
 
 
+# TrainJob backend (Kubeflow Trainer v2, trainer.kubeflow.org/v1alpha1): the TrainJob names a ClusterTrainingRuntime
+# the Helm chart installs; the Trainer controller turns both into a JobSet named after the TrainJob whose trainer job
+# and container are both called "node" (its torch plugin hard-codes the master <trainjob>-node-0-0.<trainjob>:29500).
+TRAINJOB_RUNTIME = "atlas-grpo"  # the chart's ClusterTrainingRuntime (value trainJob.runtime.name)
+TRAINJOB_TRAINER_JOB = "node"
+TRAINJOB_TRAINER_CONTAINER = "node"
+TRAINJOB_MASTER_PORT = 29500  # the Trainer's PET_MASTER_PORT (ContainerTrainerPort), not ours to choose
+TRAINJOB_ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # "trainer" marks the trainer's job
+# runtimePatches are a map keyed by their manager, a domain-prefixed path (the Trainer's webhook); Kueue adds its own.
+TRAINJOB_PATCH_MANAGER = f"{GROUP}/operator"
+# The torch plugin's: a TrainJob whose trainer env sets one is refused by the Trainer's webhook.
+TRAINJOB_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+
+
 def max_jobset_run_name(nodes: int) -> int:
     """The longest run name the JobSet backend takes: JobSet names each trainer pod
     ``<run>-trainer-0-<index>-<5 random>``, and that must be a DNS label (63 characters)."""
     return 63 - len(f"-trainer-0-{max(nodes - 1, 0)}-abcde")
+
+
+def max_trainjob_run_name(nodes: int) -> int:
+    """The longest run name the TrainJob backend takes: the Trainer's JobSet names each trainer pod
+    ``<run>-node-0-<index>-<5 random>``, and that must be a DNS label (63 characters)."""
+    return 63 - len(f"-{TRAINJOB_TRAINER_JOB}-0-{max(nodes - 1, 0)}-abcde")

@@ -23,7 +23,7 @@ from atlas_operator.validation_rules import CHECKPOINT_FIXED
 from cel_expr_python import cel
 
 from atlas_contract.errors import InvalidFields
-from atlas_contract.names import max_jobset_run_name
+from atlas_contract.names import max_jobset_run_name, max_trainjob_run_name
 from tests.support.cel_admission import admission_refusals, crd_schema, is_transition
 from tests.support.k8s_schemas import crd_jsonschema, openapi_validate
 from tests.support.manifests import teacher, tiny_training, training, with_spec
@@ -71,7 +71,7 @@ def variants(count: int, seed: int = 33) -> list[dict[str, Any]]:
     for _ in range(count):
         kind = pick(*KINDS)
         manifest = (teacher if kind == "AtlasTeacher" else training)(
-            pick("grpo-run", "a" * 44, "a" * 45, "a" * 46, "a" * 55, "a" * 56, "Bad-name", "1-run")
+            pick("grpo-run", "a" * 44, "a" * 45, "a" * 46, "a" * 48, "a" * 49, "a" * 55, "a" * 56, "Bad-name", "1-run")
         )
         spec = manifest["spec"]
         spec["training"] = some(perDeviceTrainBatchSize=(4,), numGenerations=(None, 4), maxSteps=(10,))
@@ -99,10 +99,12 @@ def variants(count: int, seed: int = 33) -> list[dict[str, Any]]:
             config=(None, None, "interpretation"),
             configMapRef=(None, None, {"name": "my-reward"}),
         )
-        spec["backend"] = pick(None, "PyTorchJob", "JobSet")
+        spec["backend"] = pick(None, "PyTorchJob", "JobSet", "TrainJob")
+        spec["automountServiceAccountToken"] = pick(None, None, False, True)
         spec["env"] = pick(
             [],
             [{"name": "KEY", "value": "v"}],
+            [{"name": "PET_NNODES", "value": "2"}],
             [{"name": "A", "value": "1"}, {"name": "KEY", "value": "v", "valueFrom": {"secretKeyRef": {"name": "s"}}}],
         )
         if kind == "AtlasTeacher":
@@ -205,6 +207,16 @@ def test_the_jobset_name_rule_is_the_pod_name_limit():
         for length in (limit, limit + 1):
             manifest = training("a" * length, backend="JobSet", resources={"nodes": nodes, "gpusPerNode": 8})
             refused = [r for r in admission_refusals(manifest) if "JobSet" in r.message]
+            assert bool(refused) == (length > limit), (nodes, length)
+
+
+def test_the_trainjob_name_rule_is_the_pod_name_limit():
+    """metadata.name on TrainJob: the rule's arithmetic is names.max_trainjob_run_name for every node count."""
+    for nodes in (1, 2, 10, 11, 100, 101):
+        limit = max_trainjob_run_name(nodes)
+        for length in (limit, limit + 1):
+            manifest = training("a" * length, backend="TrainJob", resources={"nodes": nodes, "gpusPerNode": 8})
+            refused = [r for r in admission_refusals(manifest) if "TrainJob" in r.message]
             assert bool(refused) == (length > limit), (nodes, length)
 
 

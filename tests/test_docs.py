@@ -427,7 +427,11 @@ def test_namespaced_rbac_cluster_role_is_described_as_the_chart_grants_it():
         assert "only reads CRDs" not in text
         for rule in cluster_rules:
             for resource in rule["resources"]:
-                word = {"customresourcedefinitions": "CustomResourceDefinitions", "namespaces": "Namespaces"}[resource]
+                word = {
+                    "customresourcedefinitions": "CustomResourceDefinitions",
+                    "namespaces": "Namespaces",
+                    "clustertrainingruntimes": "ClusterTrainingRuntimes",
+                }[resource]
                 verbs = "/".join(f"`{v}`" for v in rule["verbs"])
                 assert f"{verbs} {word}" in text, f"{name}: the namespaced ClusterRole's {verbs} on {word}"
 

@@ -1,10 +1,11 @@
 """End to end on one machine: the operator's rendered job, executed locally, trains the tiny model — the same
-suite on both backends (the operator's default backend set to each, so the manifests are the same).
+suite on the three backends (the operator's default backend set to each, so the manifests are the same).
 
-API server: kmock's emulator. Operator: `atlas operator`. Kubeflow (PyTorchJob) or the JobSet and Job
-controllers (JobSet), and the kubelet: tests/support/pytorchjob_executor.py and jobset_executor.py (on kubelet.py),
-which run each pod's container command with the environment, hostnames and volumes those controllers give it (a
-`vllm serve` server as a local stand-in).
+API server: kmock's emulator. Operator: `atlas operator`. Kubeflow (PyTorchJob), the JobSet and Job controllers
+(JobSet), or the Kubeflow Trainer over those (TrainJob, on the chart's ClusterTrainingRuntime), and the kubelet:
+tests/support/pytorchjob_executor.py, jobset_executor.py and trainjob_executor.py (on kubelet.py), which run each
+pod's container command with the environment, hostnames and volumes those controllers give it (a `vllm serve`
+server as a local stand-in).
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import yaml
 
 from tests.support.env import REPO, free_port
 from tests.support.jobset_executor import JobSetExecutor
+from tests.support.jobset_world import install_trainjob_runtime
 from tests.support.kube_emulator import PYTORCHJOBS, wait_for
 from tests.support.manifests import NS, tiny_training
-from tests.support.operator_cluster import TIMEOUT, kueue_admit, own_cluster
+from tests.support.operator_cluster import TIMEOUT, kueue_admit, kueue_admit_trainjob, own_cluster
 from tests.support.pytorchjob_executor import PyTorchJobExecutor
+from tests.support.trainjob_executor import TrainJobExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -55,7 +58,8 @@ class StatusRecorder:
         self._thread.join(5)
 
 
-BACKENDS = ("PyTorchJob", "JobSet")
+BACKENDS = ("PyTorchJob", "JobSet", "TrainJob")
+EXECUTORS = {"PyTorchJob": PyTorchJobExecutor, "JobSet": JobSetExecutor, "TrainJob": TrainJobExecutor}
 
 
 @pytest.fixture(params=BACKENDS)
@@ -69,8 +73,9 @@ def local_cluster(request, tmp_path, tiny_model_dir):
         metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
         operator_env={"ATLAS_DEFAULT_BACKEND": backend},
     ) as cluster:
-        executor_class = JobSetExecutor if backend == "JobSet" else PyTorchJobExecutor
-        executor = executor_class(
+        if backend == "TrainJob":  # what the chart installs beside the operator
+            install_trainjob_runtime(cluster)
+        executor = EXECUTORS[backend](
             cluster.api_client, tmp_path / "pods", NS, Path(sys.executable).parent, host_ports={"metrics": metrics_port}
         ).start()
         yield cluster, executor
@@ -78,13 +83,17 @@ def local_cluster(request, tmp_path, tiny_model_dir):
 
 
 def on_jobset(executor) -> bool:
+    """Whether the run's trainer is a JobSet's (ours on JobSet, the Kubeflow Trainer's on TrainJob): restarted as a
+    gang, its restarts mirrored in .status.restarts."""
     return isinstance(executor, JobSetExecutor)
 
 
 def trainer_pods(executor, name: str) -> list:
     """The run's trainer pods, rank 0 first: the PyTorchJob's Master and Workers, or the JobSet trainer's pods by
-    completion index (of the current attempt: a gang restart makes new pods)."""
-    return executor.jobset_pods(name, "trainer") if on_jobset(executor) else executor.pods(name)
+    completion index (of the current attempt: a gang restart makes new pods) — the Trainer names that job node."""
+    if not on_jobset(executor):
+        return executor.pods(name)
+    return executor.jobset_pods(name, "node" if isinstance(executor, TrainJobExecutor) else "trainer")
 
 
 def wait_phase(cluster, manifest, phases, executor):
@@ -104,7 +113,7 @@ def metrics_lines(path: Path) -> list[dict]:
 
 
 def test_a_teacher_run_trains_and_reports_progress(local_cluster):
-    """(An AtlasTraining run trains on both backends in the queued-run test below.)"""
+    """(An AtlasTraining run trains on every backend in the queued-run test below.)"""
     cluster, executor = local_cluster
     teacher = yaml.safe_load((REPO / "examples/local-teacher.yaml").read_text())
     teacher["spec"]["training"]["maxSteps"] = 10  # long enough for a few status refreshes while it runs
@@ -212,8 +221,9 @@ def assert_resumed_without_repeating_steps(log: str, out: Path, steps: int, ever
 
 
 def test_killed_worker_restarts_and_resumes_from_the_checkpoint(local_cluster):
-    """PyTorchJob: Kubeflow restarts the failed pod in place. JobSet: the failed trainer Job fails the JobSet's
-    attempt and the whole gang is made again (restart-attempt 1); either way training resumes from the PVC."""
+    """PyTorchJob: Kubeflow restarts the failed pod in place. JobSet and TrainJob: the failed trainer Job fails the
+    JobSet's attempt and the whole gang is made again (restart-attempt 1); either way training resumes from the
+    PVC."""
     cluster, executor = local_cluster
     create_pvc(cluster)
     manifest = tiny_training(
@@ -284,7 +294,11 @@ def test_a_dead_server_restarts_the_whole_gang_which_resumes_from_the_checkpoint
 
 def admit(cluster, executor, name: str) -> None:
     """What Kueue does when it admits the run's workload: JobSet, ``kueue_admit`` (tests/support/operator_cluster.py);
-    PyTorchJob (Kueue's kubeflow integration, when enabled), ``runPolicy.suspend`` set to false."""
+    TrainJob, ``kueue_admit_trainjob``; PyTorchJob (Kueue's kubeflow integration, when enabled),
+    ``runPolicy.suspend`` set to false."""
+    if isinstance(executor, TrainJobExecutor):
+        kueue_admit_trainjob(cluster.api_client, name)
+        return
     if on_jobset(executor):
         kueue_admit(cluster.api_client, name)
         return
@@ -316,7 +330,8 @@ def test_a_stalled_trainer_is_ended_by_its_watchdog_and_resumes_from_the_checkpo
     """A real stall: the teacher's student endpoint (a local OpenAI-compatible server) stops answering mid-run.
     Within spec.training.stepTimeoutSeconds the trainer's step watchdog prints the stacks and the reason (naming
     the student's URL) and exits with code 75; the job restarts it — in place on PyTorchJob, the whole gang on
-    JobSet (its WatchdogExit failure-policy rule, which the operator reports) — and once the endpoint answers again
+    JobSet and TrainJob (the JobSet's, or the runtime's, WatchdogExit failure-policy rule, which the operator
+    reports) — and once the endpoint answers again
     training resumes from the checkpoint without repeating a step."""
     from atlas_contract.names import WATCHDOG_EXIT_CODE
     from tests.support.judge_server import JudgeServer, Reply

@@ -585,3 +585,47 @@ def test_dashboard_metrics_only_from_known_families():
             assert name.startswith(("atlas_training_", "atlas_teaching_", "atlas_rim_")) or name in contract, (
                 f"{title}: unknown metric {name}"
             )
+
+
+# --------------------------------------------------------------------------- the TrainJob backend's runtime
+
+TRAINER_API = ["--api-versions", "trainer.kubeflow.org/v1alpha1/ClusterTrainingRuntime"]
+
+
+def test_the_trainjob_runtime_is_installed_only_where_the_trainer_is(helm, default_objs):
+    """The ClusterTrainingRuntime is the operator's own rendering (atlas_operator.render.trainjob) with the chart's
+    values, installed only where the Kubeflow Trainer serves its API, and off with trainJob.runtime.enabled=false;
+    the operator is told its name."""
+    from atlas_operator.render.trainjob import training_runtime
+
+    assert not by_kind(default_objs, "ClusterTrainingRuntime")  # no Trainer CRDs: nothing the API would refuse
+    assert not by_kind(render(helm, *TRAINER_API, "--set", "trainJob.runtime.enabled=false"), "ClusterTrainingRuntime")
+    objs = render(
+        helm,
+        *TRAINER_API,
+        "--set", "trainJob.runtime.name=grpo-h100",
+        "--set", "trainJob.runtime.maxRestarts=7",
+        "--set", "operator.trainerImage=registry.example/atlas-trainer:1.2",
+    )  # fmt: skip
+    (runtime,) = by_kind(objs, "ClusterTrainingRuntime")
+    expected = training_runtime("grpo-h100", "registry.example/atlas-trainer:1.2", max_restarts=7)
+    assert runtime["spec"] == expected["spec"]
+    assert expected["metadata"]["labels"].items() <= runtime["metadata"]["labels"].items()
+    assert runtime["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    _, container = _operator_container(objs)
+    assert {"name": "ATLAS_TRAINJOB_RUNTIME", "value": "grpo-h100"} in container["env"]
+
+
+def test_the_trainjob_runtime_matches_the_trainer_crd(helm):
+    from tests.support.k8s_schemas import RUNTIME_CRD_NAME, crd_schemas, openapi_validate, pruned_fields
+    from tests.support.trainer_controller import runtime_webhook_problems
+
+    (runtime,) = by_kind(render(helm, *TRAINER_API), "ClusterTrainingRuntime")
+    schema, structural = crd_schemas(RUNTIME_CRD_NAME)
+    openapi_validate(runtime, schema)
+    assert pruned_fields(runtime, structural) == [] and runtime_webhook_problems(runtime) == []
+
+
+def test_rbac_reads_the_trainjob_runtime_only(default_objs):
+    (role,) = by_kind(default_objs, "ClusterRole")
+    assert _verbs(role["rules"], "trainer.kubeflow.org", "clustertrainingruntimes") == ["get"]

@@ -747,9 +747,48 @@ def jobset_life(cluster) -> dict:
     return manifest
 
 
+def trainjob_life(cluster) -> dict:
+    """A TrainJob run's life, up to its deletion: the runtime read, the TrainJob created, the JobSet the Trainer makes
+    of it followed (the jobsets watch), suspended and resumed (the TrainJob patched), its result read from the trainer
+    pods the JobSet lists. Returns the run."""
+    from atlas_contract.results import result_message
+    from tests.support.jobset_world import (
+        condition,
+        install_trainjob_runtime,
+        set_jobset_status,
+        trainer_builds_jobset,
+        trainer_pod,
+        trainer_writes_status,
+    )
+    from tests.support.kube_emulator import TRAINJOBS
+
+    runtime = install_trainjob_runtime(cluster)
+    manifest = teacher("rbac-trainjob", backend="TrainJob", checkpoint={"pvc": "ckpt"})
+    cluster.apply(manifest)
+    tj = wait_for(lambda: cluster.emu.get(TRAINJOBS, NS, "rbac-trainjob"), timeout=TIMEOUT, what="the TrainJob")
+    js = trainer_builds_jobset(cluster, tj, runtime)
+    set_jobset_status(cluster, "rbac-trainjob", {"node": {"active": 1}})
+    trainer_writes_status(cluster, "rbac-trainjob")
+    cluster.wait_status(manifest, lambda s: s.get("phase") == "Running", "the TrainJob run Running")
+    for suspend in (True, False):
+        cluster.patch_spec(manifest, {"suspend": suspend})
+        wait_for(
+            lambda flag=suspend: cluster.emu.get(TRAINJOBS, NS, "rbac-trainjob")["spec"]["suspend"] is flag,
+            timeout=TIMEOUT,
+            what=f"the TrainJob's suspend {suspend}",
+        )
+    trainer_pod(cluster, js, 0, 0, result_message(5, 0.25))
+    done = [condition("Completed", True, "AllJobsCompleted", "jobset completed successfully")]
+    set_jobset_status(cluster, "rbac-trainjob", {"node": {"succeeded": 1}}, done, terminal="Completed")
+    trainer_writes_status(cluster, "rbac-trainjob")
+    cluster.wait_status(manifest, lambda s: s.get("result") == {"step": 5, "reward": 0.25}, "the TrainJob run's result")
+    return manifest
+
+
 def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
     """Every (group, resource, verb) the operator process uses — its own client and kopf's — over the whole life
-    of a PyTorchJob run and of a JobSet run, against the chart's RBAC rules: nothing missing, nothing unused."""
+    of a PyTorchJob run, a JobSet run and a TrainJob run, against the chart's RBAC rules: nothing missing, nothing
+    unused."""
     with own_cluster(tmp_path) as cluster:
         core = kubernetes.client.CoreV1Api(cluster.api_client)
         core.create_namespaced_persistent_volume_claim(
@@ -826,7 +865,8 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
         cluster.set_job_conditions("rbac-training", "Created", "Running")  # a job event reads its run (get)
         cluster.wait_status(other, lambda s: s.get("phase") == "Running", "the AtlasTraining Running")
         gang = jobset_life(cluster)
-        for run in (manifest, other, gang):
+        trainjob = trainjob_life(cluster)
+        for run in (manifest, other, gang, trainjob):
             cluster.delete_run(run)
             wait_for(lambda r=run: cluster.run(r) is None, timeout=TIMEOUT, what="the run deleted")
         used = permissions_used(cluster.emu)

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from atlas_contract.errors import InvalidFields
-from atlas_contract.names import BACKENDS
+from atlas_contract.names import BACKENDS, TRAINJOB_RUNTIME
 from atlas_contract.text import decode_text, read_text
 from atlas_operator.spec import Run
 from atlas_operator.validation import parse_run
@@ -57,13 +57,20 @@ def render_main(argv: list[str] | None = None) -> int:
         choices=BACKENDS,
         help="backend of a run without spec.backend ($ATLAS_DEFAULT_BACKEND, else PyTorchJob)",
     )
+    parser.add_argument(
+        "--trainjob-runtime",
+        help=f"ClusterTrainingRuntime a TrainJob names ($ATLAS_TRAINJOB_RUNTIME, else {TRAINJOB_RUNTIME})",
+    )
     args = parser.parse_args(argv)
     from atlas_operator.config import OperatorConfig
     from atlas_operator.reconcile import reward_yaml
     from atlas_operator.render import render_children
 
     settings = OperatorConfig.from_env(
-        trainer_image=args.trainer_image, rollout_image=args.rollout_image, default_backend=args.default_backend
+        trainer_image=args.trainer_image,
+        rollout_image=args.rollout_image,
+        default_backend=args.default_backend,
+        trainjob_runtime=args.trainjob_runtime,
     )
     images = settings.images
     try:
@@ -175,6 +182,7 @@ SETTING_FLAGS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("metrics_port", "--metrics-port", "port of /metrics and /healthz; 0 = off", {"type": int}),
     ("metrics_url_template", "--metrics-url-template", "trainer metrics URL", {}),
     ("default_backend", "--default-backend", "backend of a run without spec.backend", {"choices": BACKENDS}),
+    ("trainjob_runtime", "--trainjob-runtime", "ClusterTrainingRuntime of TrainJob runs (the chart's)", {}),
     (
         "network_policy",
         "--network-policy",
@@ -189,6 +197,8 @@ def _shown_default(defaults: Any, setting: str) -> Any:
     """A setting's default as ``--help`` shows it (``defaults``: an ``OperatorConfig()``)."""
     if setting in ("trainer_image", "rollout_image"):
         return getattr(defaults.images, setting.removesuffix("_image"))
+    if setting == "trainjob_runtime":
+        return defaults.images.trainjob_runtime
     value = getattr(defaults, setting)
     if isinstance(value, bool):
         return str(value).lower()

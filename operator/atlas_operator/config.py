@@ -7,15 +7,17 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from atlas_contract.names import BACKENDS, OPERATOR_METRICS_PORT, TRAINER_METRICS_PORT
+from atlas_contract.names import BACKENDS, OPERATOR_METRICS_PORT, TRAINER_METRICS_PORT, TRAINJOB_RUNTIME
 
 
 @dataclass(frozen=True)
 class Images:
-    """Operator-wide defaults (flags/env of ``atlas operator``); a run's spec.image wins."""
+    """What runs' pods are made from, operator-wide (flags/env of ``atlas operator``); a run's spec.image wins."""
 
     trainer: str = "ghcr.io/arc-computer/atlas-trainer:0.1.0"
     rollout: str = "ghcr.io/arc-computer/atlas-trainer:0.1.0"  # the trainer image carries vLLM
+    # The ClusterTrainingRuntime a TrainJob run's TrainJob names (the chart installs it: trainJob.runtime.name).
+    trainjob_runtime: str = TRAINJOB_RUNTIME
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ ENV = {
     "retry_delay": "ATLAS_RETRY_DELAY",
     "workers": "ATLAS_WORKERS",
     "default_backend": "ATLAS_DEFAULT_BACKEND",
+    "trainjob_runtime": "ATLAS_TRAINJOB_RUNTIME",
     "network_policy": "ATLAS_NETWORK_POLICY",
     "monitoring_namespace": "ATLAS_MONITORING_NAMESPACE",
     "operator_namespace": "ATLAS_OPERATOR_NAMESPACE",
@@ -113,7 +116,11 @@ class OperatorConfig:
             raise SystemExit("\n".join(f"error: {problem}" for problem in problems))
         trainer = values.pop("trainer_image", None)
         rollout = values.pop("rollout_image", None) or trainer  # the trainer image carries vLLM
-        images = Images(trainer=trainer or defaults.images.trainer, rollout=rollout or defaults.images.rollout)
+        images = Images(
+            trainer=trainer or defaults.images.trainer,
+            rollout=rollout or defaults.images.rollout,
+            trainjob_runtime=values.pop("trainjob_runtime", None) or defaults.images.trainjob_runtime,
+        )
         return replace(defaults, images=images, **values)
 
 
@@ -145,7 +152,14 @@ def _convert(name: str, raw: Any, defaults: OperatorConfig) -> Any:
     if name == "watch_namespaces":
         items = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
         return tuple(n.strip() for n in items if n.strip())
-    if name in ("trainer_image", "rollout_image", "default_backend", "monitoring_namespace", "operator_namespace"):
+    if name in (
+        "trainer_image",
+        "rollout_image",
+        "trainjob_runtime",
+        "default_backend",
+        "monitoring_namespace",
+        "operator_namespace",
+    ):
         return str(raw).strip()
     if name == "network_policy":
         if isinstance(raw, bool):

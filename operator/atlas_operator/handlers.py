@@ -33,7 +33,16 @@ RUN_RESOURCES = {kind: Resource(GROUP, VERSION, plural, kind) for kind, plural i
 # informer: each one's latest state is held, so a reconciliation reads none of them from the API server, and a change
 # someone else makes (a deletion, a drift, a job's or a Deployment's status) reconciles its run at once. The runs'
 # pods are followed too (not held): a container the kubelet cannot start.
-CHILD_RESOURCES = (kube.CONFIG_MAP, kube.SERVICE, kube.DEPLOYMENT, kube.PYTORCH_JOB, kube.JOBSET, kube.NETWORK_POLICY)
+# (The JobSet the Kubeflow Trainer makes of a TrainJob run's TrainJob carries the run's labels: watched too.)
+CHILD_RESOURCES = (
+    kube.CONFIG_MAP,
+    kube.SERVICE,
+    kube.DEPLOYMENT,
+    kube.PYTORCH_JOB,
+    kube.JOBSET,
+    kube.TRAINJOB,
+    kube.NETWORK_POLICY,
+)
 WATCHED_PLURALS = {resource.plural for resource in (*CHILD_RESOURCES, kube.POD)}
 STUCK_AFTER = 3  # timer intervals a run may wait for its create/update handler before its timer reconciles it
 GC_THRESHOLD = 20_000  # allocations between young-generation collections (Python's default: 700)
@@ -234,7 +243,7 @@ def child_changed(type_: str, resource: Resource, obj: dict, memo: kopf.Memo) ->
     else:
         if reconciler.kube.own_write(resource, obj, deleted=deleted):
             return  # the echo of our own create, patch or delete
-        owner = reconciler.owning_run(obj)
+        owner = reconciler.owning_run(obj) or reconciler.run_of_trainjob_gang(obj)
         if owner is None:
             return
         kind, name = owner["kind"], owner["name"]

@@ -23,10 +23,11 @@ class Resource:
     version: str
     plural: str
     kind: str
+    namespaced: bool = True
 
     def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
         base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        path = f"{base}/namespaces/{namespace}/{self.plural}"
+        path = f"{base}/namespaces/{namespace}/{self.plural}" if self.namespaced else f"{base}/{self.plural}"
         if name:
             path += f"/{name}"
         if subresource:
@@ -40,6 +41,11 @@ PVC = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 DEPLOYMENT = Resource("apps", "v1", "deployments", "Deployment")
 PYTORCH_JOB = Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
 JOBSET = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
+TRAINJOB = Resource("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
+# Read only, cluster-scoped: the runtime a TrainJob names (a prerequisite the chart installs).
+CLUSTER_TRAINING_RUNTIME = Resource(
+    "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "ClusterTrainingRuntime", namespaced=False
+)
 NETWORK_POLICY = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
 # Read only: the finished rank-0 pod's termination message (the run's result); a JobSet's pods by label. (kopf also
 # watches the runs' pods, for a container the kubelet cannot start.)
@@ -49,8 +55,8 @@ EVENT_MESSAGE_MAX = 1024  # the API server refuses longer Event messages
 USER_AGENT = f"atlas-operator/{__version__}"
 EVENT_SOURCE = "atlas-operator"  # an Event's source.component: the "From" column of kubectl describe
 log = logging.getLogger("atlas_operator")
-RESOURCES = {r.kind: r for r in (CONFIG_MAP, SERVICE, DEPLOYMENT, PYTORCH_JOB, JOBSET, NETWORK_POLICY)}
-JOBS = {"PyTorchJob": PYTORCH_JOB, "JobSet": JOBSET}  # spec.backend → the workload that runs the trainer
+RESOURCES = {r.kind: r for r in (CONFIG_MAP, SERVICE, DEPLOYMENT, PYTORCH_JOB, JOBSET, TRAINJOB, NETWORK_POLICY)}
+JOBS = {"PyTorchJob": PYTORCH_JOB, "JobSet": JOBSET, "TrainJob": TRAINJOB}  # spec.backend → the trainer's workload
 
 
 def resource_of(obj: dict[str, Any]) -> Resource:

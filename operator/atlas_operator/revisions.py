@@ -23,9 +23,9 @@ from typing import Any
 from atlas_contract.names import OPERATOR_VERSION_ANNOTATION, RUN_GENERATION_ANNOTATION, RUN_SPEC_HASH_ANNOTATION
 from atlas_operator import __version__
 
-PINNED_KINDS = frozenset({"PyTorchJob", "JobSet", "Deployment", "ConfigMap"})
+PINNED_KINDS = frozenset({"PyTorchJob", "JobSet", "TrainJob", "Deployment", "ConfigMap"})
 # Spec fields a child's controller applies in place (no restart, no new rendering), by child kind.
-IN_PLACE_FIELDS = {"PyTorchJob": ("suspend",), "JobSet": ("suspend",)}
+IN_PLACE_FIELDS = {"PyTorchJob": ("suspend",), "JobSet": ("suspend",), "TrainJob": ("suspend",)}
 
 
 @dataclass(frozen=True)

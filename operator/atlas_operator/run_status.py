@@ -64,8 +64,13 @@ class Children:
     job_set: str | None = spec_field(
         "JobSet (jobset.x-k8s.io/v1alpha2; backend JobSet): the trainer and the servers, one gang"
     )
-    rollout: str | None = spec_field("rollout Deployment and Service (backend PyTorchJob)")
-    student: str | None = spec_field("student Deployment and Service (vllm serve; AtlasTeacher, backend PyTorchJob)")
+    train_job: str | None = spec_field(
+        "TrainJob (trainer.kubeflow.org/v1alpha1; backend TrainJob): the trainer, on the chart's ClusterTrainingRuntime"
+    )
+    rollout: str | None = spec_field("rollout Deployment and Service (backends PyTorchJob and TrainJob)")
+    student: str | None = spec_field(
+        "student Deployment and Service (vllm serve; AtlasTeacher, backends PyTorchJob and TrainJob)"
+    )
     config_map: str | None = spec_field("ConfigMap with run.yaml, accelerate.yaml, reward.yaml")
     metrics_service: str | None = spec_field("Service in front of the trainer's metrics endpoint (rank 0)")
     network_policy: str | None = spec_field(

@@ -455,15 +455,16 @@ class RunSpec:
     )
     backend: str | None = spec_field(
         "what runs the trainer and servers: PyTorchJob (Kubeflow Training Operator v1: the trainer job plus one "
-        "Deployment per server) or JobSet (jobset.x-k8s.io: trainer and servers as one gang, admitted, restarted "
-        "and finished together)",
+        "Deployment per server), JobSet (jobset.x-k8s.io: trainer and servers as one gang, admitted, restarted "
+        "and finished together) or TrainJob (Kubeflow Trainer v2: a TrainJob on the chart's ClusterTrainingRuntime "
+        "runs the trainer, one Deployment per server beside it)",
         unset="the operator's default backend when the run is created (ATLAS_DEFAULT_BACKEND, chart value "
         "operator.defaultBackend; PyTorchJob unless set); a run keeps the backend it started on",
         enum=BACKENDS,
     )
     queue_name: str | None = spec_field(
-        "Kueue LocalQueue: the label kueue.x-k8s.io/queue-name on the job (for PyTorchJob also on the server "
-        "Deployments' pods, which Kueue admits one pod at a time, not as a gang)",
+        "Kueue LocalQueue: the label kueue.x-k8s.io/queue-name on the job (for PyTorchJob and TrainJob also on the "
+        "server Deployments' pods, which Kueue admits one pod at a time, not as a gang)",
         unset="no queue (not managed by Kueue)",
         pattern=QUEUE_NAME_PATTERN,
         pattern_doc="a LocalQueue name as Kueue accepts it: a DNS-1123 subdomain (lowercase letters, digits, '-' and "
@@ -472,7 +473,9 @@ class RunSpec:
     )
     max_restarts: int = spec_field(
         "restarts before the run fails: JobSet, whole-gang restarts (failurePolicy.maxRestarts; any pod's "
-        "failure, a server's included, restarts every pod); PyTorchJob, the job's runPolicy.backoffLimit",
+        "failure, a server's included, restarts every pod); PyTorchJob, the job's runPolicy.backoffLimit; TrainJob, "
+        "the ClusterTrainingRuntime's whole-gang restarts of the trainer pods, which this must equal (chart value "
+        "trainJob.runtime.maxRestarts)",
         3,
         minimum=0,
     )

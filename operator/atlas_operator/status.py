@@ -1,5 +1,5 @@
-"""Pure status logic: the run's phase from its job (PyTorchJob or JobSet), conditions, progress from metrics text, and
-the status patch and Events that one reconciliation's :class:`Outcome` turns into."""
+"""Pure status logic: the run's phase from its job (PyTorchJob, JobSet or TrainJob), conditions, progress from metrics
+text, and the status patch and Events that one reconciliation's :class:`Outcome` turns into."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas_contract.metrics import PROGRESS
-from atlas_contract.names import WATCHDOG_EXIT_CODE
+from atlas_contract.names import TRAINJOB_TRAINER_JOB, WATCHDOG_EXIT_CODE
 from atlas_operator.run_status import CHILD_KEYS, ConditionType
 
 # The JobSet failurePolicy rule the operator renders for a restart after a step-watchdog exit; its RestartingJobSet
 # condition's reason is ``FailurePolicy_<rule>`` (JobSet v0.12.0 RestartingJobSetReasonFailurePolicyFormat).
 WATCHDOG_RESTART_RULE = "WatchdogExit"
 WATCHDOG_RESTART_REASON = f"FailurePolicy_{WATCHDOG_RESTART_RULE}"
+# The trainer's replicated job: ours on the JobSet backend, the Trainer's in a TrainJob's JobSet.
+TRAINER_JOBS = ("trainer", TRAINJOB_TRAINER_JOB)
 
 # PyTorchJob condition type → run phase (Restarting counts as Running: the job is still at work).
 JOB_PHASES = {
@@ -77,15 +79,38 @@ def last_job_condition(job: dict[str, Any] | None) -> dict[str, Any] | None:
     return true[-1] if true else None
 
 
-def job_state(job: dict[str, Any] | None) -> tuple[str, str, str]:
+def job_state(job: dict[str, Any] | None, gang: dict[str, Any] | None = None) -> tuple[str, str, str]:
     """(phase, reason, message) of the job that runs the trainer: a PyTorchJob's last condition, in its words,
-    or what a JobSet's conditions, terminalState and replicated jobs say."""
+    what a JobSet's conditions, terminalState and replicated jobs say, or a TrainJob's conditions and, while it
+    runs, its JobSet's (``gang``: the JobSet the Trainer made of it)."""
     if job is not None and job.get("kind") == "JobSet":
         return jobset_state(job)
+    if job is not None and job.get("kind") == "TrainJob":
+        return trainjob_state(job, gang)
     last = last_job_condition(job)
     if last is None:
         return "Pending", "JobPending", "waiting for the PyTorchJob to start"
     return JOB_PHASES[last["type"]], last["type"], last.get("message") or f"PyTorchJob {last['type']}"
+
+
+def trainjob_state(job: dict[str, Any], gang: dict[str, Any] | None) -> tuple[str, str, str]:
+    """A TrainJob's: Complete, Failed and Suspended as the Trainer sets them (Complete and Failed in its JobSet's
+    words); otherwise its JobSet's state (restarts, the trainer running), or its jobsStatus before there is one."""
+    true = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
+    if "Complete" in true:
+        done = true["Complete"]
+        return "Succeeded", done.get("reason") or "AllJobsCompleted", done.get("message") or "TrainJob completed"
+    if "Failed" in true:
+        failed = true["Failed"]
+        return "Failed", failed.get("reason") or "FailedJobs", failed.get("message") or "TrainJob failed"
+    if "Suspended" in true:
+        return "Suspended", "Suspended", true["Suspended"].get("message") or "TrainJob is suspended"
+    if gang is not None:
+        return jobset_state(gang)
+    node = {s.get("name"): s for s in (job.get("status") or {}).get("jobsStatus") or []}.get(TRAINJOB_TRAINER_JOB)
+    if node and (node.get("active") or node.get("ready")):
+        return "Running", "Running", "the trainer is running"
+    return "Pending", "JobPending", "waiting for the TrainJob to start"
 
 
 def replicated_jobs(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -102,7 +127,7 @@ def servers_waiting(job: dict[str, Any]) -> list[str]:
     return [
         f"{name} {status.get('ready', 0)}/{status['replicas']} ready"
         for name, status in replicated_jobs(job).items()
-        if name != "trainer" and status.get("ready", 0) < status["replicas"]
+        if name not in TRAINER_JOBS and status.get("ready", 0) < status["replicas"]
     ]
 
 
@@ -127,7 +152,8 @@ def jobset_state(job: dict[str, Any]) -> tuple[str, str, str]:
             "message": f"the step watchdog ended a trainer process (exit code {WATCHDOG_EXIT_CODE}): "
             + (restarting.get("message") or "restarting"),
         }
-    trainer = replicated_jobs(job).get("trainer", {})
+    jobs = replicated_jobs(job)
+    trainer = next((jobs[name] for name in TRAINER_JOBS if name in jobs), {})
     if trainer.get("active") or trainer.get("ready"):
         if restarting:  # the trainer of the new attempt runs; the set is not all Ready yet
             return "Running", "Restarting", (restarting.get("message") or "restarting") + attempt
@@ -138,6 +164,13 @@ def jobset_state(job: dict[str, Any]) -> tuple[str, str, str]:
     if waiting:
         return "Pending", "ServersStarting", "the trainer starts once the servers are Ready: " + ", ".join(waiting)
     return "Pending", "JobPending", "waiting for the JobSet to start"
+
+
+def gang_of(job: dict[str, Any] | None, gang: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The JobSet that restarts the run's gang: the job itself on JobSet, the Trainer's JobSet on TrainJob."""
+    if job is not None and job.get("kind") == "JobSet":
+        return job
+    return gang if job is not None and job.get("kind") == "TrainJob" else None
 
 
 def watchdog_restarts(job: dict[str, Any] | None, run_status: dict[str, Any] | None) -> int:
@@ -160,21 +193,23 @@ def watchdog_restarts(job: dict[str, Any] | None, run_status: dict[str, Any] | N
 
 
 def job_suspended(job: dict[str, Any] | None) -> bool:
-    """The job's suspend flag (PyTorchJob runPolicy.suspend, JobSet spec.suspend)."""
+    """The job's suspend flag (PyTorchJob runPolicy.suspend, JobSet and TrainJob spec.suspend)."""
     spec = (job or {}).get("spec") or {}
     return bool(spec.get("suspend") or (spec.get("runPolicy") or {}).get("suspend"))
 
 
-def training_reason(job: dict[str, Any] | None) -> tuple[str, str]:
+def training_reason(job: dict[str, Any] | None, gang: dict[str, Any] | None = None) -> tuple[str, str]:
     """Reason and message of the run's Training condition."""
-    _, reason, message = job_state(job)
+    _, reason, message = job_state(job, gang)
     return reason, message
 
 
-def job_phase(job: dict[str, Any] | None, suspend: bool, queued: bool = False) -> str:
+def job_phase(
+    job: dict[str, Any] | None, suspend: bool, queued: bool = False, gang: dict[str, Any] | None = None
+) -> str:
     """Pending until the job reports; then what it says. A suspend request shows at once. A queued
     run (spec.queueName) whose job Kueue keeps suspended is Queued: Kueue, not the run, owns suspend."""
-    phase = job_state(job)[0] if job is not None else "Pending"
+    phase = job_state(job, gang)[0] if job is not None else "Pending"
     if queued:
         if job is None and suspend:  # a suspended queued run holds no job
             return "Suspended"

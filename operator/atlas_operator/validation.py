@@ -10,7 +10,7 @@ from typing import Any
 
 from atlas_contract import datasets, defaults, rules
 from atlas_contract.errors import InvalidFields
-from atlas_contract.names import API_VERSION, BACKENDS, MAX_RUN_NAME
+from atlas_contract.names import API_VERSION, BACKENDS, MAX_RUN_NAME, TRAINJOB_RESERVED_ENV
 from atlas_operator import validation_rules
 from atlas_operator.schema import camel, parse, to_object
 from atlas_operator.spec import (
@@ -98,6 +98,13 @@ def validate_run(run: Run) -> list[str]:
     problems += rules.weight_problems(reward.weights, name=lambda field: f"spec.reward.{field}")
     if isinstance(spec, AtlasTeacherSpec) and spec.student is None:  # the CRD's `required`
         problems.append("spec.student: required for AtlasTeacher (the frozen student model)")
+    if run.backend == "TrainJob":  # CEL could not read spec.env at a bounded cost (valueFrom keeps unknown fields)
+        reserved = [f"spec.env[{i}].name" for i, var in enumerate(spec.env) if var.name in TRAINJOB_RESERVED_ENV]
+        problems += [
+            f"{field}: the Kubeflow Trainer sets {', '.join(TRAINJOB_RESERVED_ENV)} on backend TrainJob (its webhook "
+            "refuses a TrainJob whose trainer sets one); remove it"
+            for field in reserved
+        ]
     for name in sorted(set(training.extra) & set(OPERATOR_OWNED_TRAINER_FIELDS)):
         problems.append(
             f"spec.training.extra.{name}: the operator sets it ({OPERATOR_OWNED_TRAINER_FIELDS[name]}); "

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atlas_contract import defaults, rules
-from atlas_contract.names import MAX_RUN_NAME, max_jobset_run_name
+from atlas_contract.names import MAX_RUN_NAME, max_jobset_run_name, max_trainjob_run_name
 from atlas_contract.rules import REWARD_FUNCTIONS
 
 # A rule reads the spec through these, so the defaults it assumes for an unset field are the spec types' own.
@@ -114,6 +114,7 @@ JUDGES = f"({has('reward.config')} || {has('reward.configMapRef')})"
 # AtlasTraining grpo without judges, else none.
 REWARD_FUNC_COUNT = f"({has('reward.funcs')} ? size(self.reward.funcs) : ({ALGORITHM} == 'grpo' && !{JUDGES}) ? 1 : 0)"
 JOBSET = f"({has('backend')} && self.backend == 'JobSet')"
+TRAINJOB = f"({has('backend')} && self.backend == 'TrainJob')"
 
 
 # ------------------------------------------------------------------ the rules
@@ -236,6 +237,30 @@ def _name_rules() -> Iterator[Rule]:
     )
 
 
+# max_trainjob_run_name(nodes) (atlas_contract.names) is this less the digits of the last node's index, nodes - 1.
+TRAINJOB_NAME_AND_INDEX = max_trainjob_run_name(1) + len("0")
+
+
+def _trainjob_rules() -> Iterator[Rule]:
+    """What the Kubeflow Trainer (v2.3.0) decides on a TrainJob, refused at apply rather than by its webhook later."""
+    nodes = value("resources.nodes", _default(ResourcesSpec, "nodes"), root="self.spec")
+    yield Rule(
+        "",
+        "!(has(self.spec.backend) && self.spec.backend == 'TrainJob') || "
+        f"size(self.metadata.name) + size(string({nodes} - 1)) <= {TRAINJOB_NAME_AND_INDEX}",
+        "metadata.name",
+        "too long for the TrainJob backend: its trainer pods are named <name>-node-0-<node>-<5 random>, a DNS "
+        f"label of 63 characters (at most {max_trainjob_run_name(10)} characters up to 10 nodes)",
+    )
+    yield Rule(
+        "spec",
+        f"!{TRAINJOB} || !{has('automountServiceAccountToken')} || !self.automountServiceAccountToken",
+        "spec.automountServiceAccountToken",
+        "expected false with the TrainJob backend: its runtime's pods never mount an API token (a TrainJob "
+        "cannot set it for its pods)",
+    )
+
+
 def _reward_rules() -> Iterator[Rule]:
     yield Rule(
         "spec.reward",
@@ -335,6 +360,7 @@ RULES: tuple[Rule, ...] = tuple(
     rule
     for group in (
         _name_rules,
+        _trainjob_rules,
         _rollout_rules,
         _rollout_placement_rules,
         _student_rules,

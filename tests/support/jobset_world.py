@@ -84,19 +84,21 @@ def ensure_pvc(cluster, name: str) -> None:
 
 
 def trainer_pod(cluster, js: dict[str, Any], index: int, attempt: int, message: str | None, uid: str = "") -> str:
-    """A finished trainer pod as the JobSet, Job and kubelet controllers leave it: Job ``<js>-trainer-0`` (attempt
+    """A finished trainer pod as the JobSet, Job and kubelet controllers leave it: Job ``<js>-trainer-0`` (or, in a
+    Kubeflow Trainer's JobSet, ``<js>-node-0``; attempt
     ``attempt``) owns it, named ``<js>-trainer-0-<index>-<random>``, with the JobSet's labels and annotations
     (``uid`` stands in for an earlier JobSet of the same name), the Job controller's, and its ``trainer`` container
     terminated with ``message``. Returns the pod's name."""
     name = js["metadata"]["name"]
-    job_name = f"{name}-trainer-0"
-    job_uid = secrets.token_hex(16)
     rjobs = js["spec"]["replicatedJobs"]
-    trainer = next(r for r in rjobs if r["name"] == "trainer")
+    trainer = next(r for r in rjobs if r["name"] in ("trainer", "node"))  # ours, or the Kubeflow Trainer's
+    job_name = f"{name}-{trainer['name']}-0"
+    job_uid = secrets.token_hex(16)
+    container_name = trainer["template"]["spec"]["template"]["spec"]["containers"][0]["name"]
     jobset = {
         "jobset-name": name,
         "jobset-uid": uid or js["metadata"]["uid"],
-        "replicatedjob-name": "trainer",
+        "replicatedjob-name": trainer["name"],
         "restart-attempt": str(attempt),
         "replicatedjob-replicas": "1",
         "global-replicas": str(sum(r.get("replicas", 1) for r in rjobs)),
@@ -133,7 +135,7 @@ def trainer_pod(cluster, js: dict[str, Any], index: int, attempt: int, message: 
                 "ownerReferences": [{**owner, "controller": True, "blockOwnerDeletion": True}],
             },
             "spec": {
-                "containers": [{"name": "trainer", "image": template["spec"]["containers"][0]["image"]}],
+                "containers": [{"name": container_name, "image": template["spec"]["containers"][0]["image"]}],
                 "restartPolicy": "Never",
                 "hostname": f"{job_name}-{index}",
                 "subdomain": name,
@@ -143,7 +145,7 @@ def trainer_pod(cluster, js: dict[str, Any], index: int, attempt: int, message: 
     terminated: dict[str, Any] = {"exitCode": 0, "reason": "Completed"}
     if message is not None:
         terminated["message"] = message
-    container = {"name": "trainer", "image": "", "imageID": "", "ready": False, "restartCount": 0}
+    container = {"name": container_name, "image": "", "imageID": "", "ready": False, "restartCount": 0}
     core.patch_namespaced_pod_status(
         pod_name,
         NS,
@@ -151,3 +153,40 @@ def trainer_pod(cluster, js: dict[str, Any], index: int, attempt: int, message: 
         _content_type="application/merge-patch+json",
     )
     return pod_name
+
+
+# ------------------------------------------------------------------ the Kubeflow Trainer's side, by hand
+
+
+def install_trainjob_runtime(cluster, max_restarts: int = 3) -> dict[str, Any]:
+    """The chart's ClusterTrainingRuntime (atlas_operator.render.trainjob), as `helm install` puts it."""
+    from atlas_operator.config import Images
+    from atlas_operator.render.trainjob import training_runtime
+
+    from atlas_contract.names import TRAINJOB_RUNTIME
+
+    runtime = training_runtime(TRAINJOB_RUNTIME, Images().trainer, max_restarts)
+    return cluster.custom.create_cluster_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", runtime
+    )
+
+
+def trainer_builds_jobset(cluster, trainjob: dict[str, Any], runtime: dict[str, Any]) -> dict[str, Any]:
+    """What the Kubeflow Trainer controller does with a new TrainJob: it creates its JobSet (as
+    tests/support/trainer_controller.py builds it)."""
+    from tests.support.trainer_controller import build_jobset
+
+    return cluster.custom.create_namespaced_custom_object(
+        JOBSET_GROUP, JOBSET_VERSION, NS, "jobsets", build_jobset(trainjob, runtime)
+    )
+
+
+def trainer_writes_status(cluster, name: str) -> None:
+    """The Trainer controller's status write of TrainJob ``name`` from its JobSet."""
+    from tests.support.kube_emulator import TRAINJOBS
+    from tests.support.trainer_controller import trainjob_status
+
+    status = trainjob_status(cluster.emu.get(TRAINJOBS, NS, name), cluster.emu.get(JOBSETS, NS, name))
+    cluster.custom.patch_namespaced_custom_object_status(
+        "trainer.kubeflow.org", "v1alpha1", NS, "trainjobs", name, {"status": status}
+    )

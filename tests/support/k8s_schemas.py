@@ -1,4 +1,5 @@
-"""The third-party schemas rendered objects must satisfy: the Kubeflow PyTorchJob v1.9.0 and JobSet v0.12.0 CRDs (from
+"""The third-party schemas rendered objects must satisfy: the Kubeflow PyTorchJob v1.9.0, JobSet v0.12.0 and Kubeflow
+Trainer v2.3.0 TrainJob and ClusterTrainingRuntime CRDs (from
 ../shared/k8s-schemas or $ATLAS_K8S_SCHEMAS; the tests skip without them), the JobSet and Kubeflow webhooks' checks,
 OpenAPI validation and structural-schema pruning as the API server applies them."""
 
@@ -136,6 +137,29 @@ def jobset_schema() -> dict[str, Any]:
     if crd is None:
         _skip_without(JOBSET_CRD_NAME, "the webhook rules")
     return crd_jsonschema(crd)
+
+
+TRAINJOB_CRD_NAME = "trainer.kubeflow.org_trainjobs.v2.3.0.yaml"
+RUNTIME_CRD_NAME = "trainer.kubeflow.org_clustertrainingruntimes.v2.3.0.yaml"
+
+
+@functools.cache
+def _crd(name: str) -> dict[str, Any] | None:
+    """A third-party CRD beside the checkout (or in $ATLAS_K8S_SCHEMAS), read once."""
+    schemas = _schemas_dir()
+    if schemas is None or not (schemas / name).is_file():
+        return None
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load((schemas / name).read_text(), Loader=loader)
+
+
+def crd_schemas(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(JSON Schema for :func:`openapi_validate`, structural schema for :func:`pruned_fields`) of the CRD ``name``
+    (TRAINJOB_CRD_NAME, RUNTIME_CRD_NAME); the test skips, naming it, when it is not here."""
+    crd = _crd(name)
+    if crd is None:
+        _skip_without(name, "the webhook rules")
+    return crd_jsonschema(crd), copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 
 
 _DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")

@@ -101,6 +101,13 @@ JOBSET_RESOURCES: dict[str, dict[str, Any]] = {
     JOBSETS: dict(kind="JobSet", namespaced=True, subresources=["status"]),
     JOBS: dict(kind="Job", namespaced=True, subresources=["status"]),
 }
+TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
+CLUSTER_TRAINING_RUNTIMES = "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"
+# Kubeflow Trainer v2 (it needs JobSet: a cluster with it serves both).
+TRAINER_RESOURCES: dict[str, dict[str, Any]] = {
+    TRAINJOBS: dict(kind="TrainJob", namespaced=True, subresources=["status"]),
+    CLUSTER_TRAINING_RUNTIMES: dict(kind="ClusterTrainingRuntime", namespaced=False),
+}
 ATLAS_RESOURCES: dict[str, dict[str, Any]] = {
     TRAININGS: dict(kind="AtlasTraining", namespaced=True, subresources=["status"]),
     TEACHERS: dict(kind="AtlasTeacher", namespaced=True, subresources=["status"]),
@@ -108,10 +115,15 @@ ATLAS_RESOURCES: dict[str, dict[str, Any]] = {
 VERBS = ["get", "list", "watch", "create", "update", "patch", "delete"]
 
 
-def default_resources(*, pytorchjobs: bool = True, jobsets: bool = True) -> dict[str, dict[str, Any]]:
-    """``jobsets=False``: a cluster without the JobSet CRD (batch/v1 Jobs stay, as in any cluster)."""
+def default_resources(
+    *, pytorchjobs: bool = True, jobsets: bool = True, trainer: bool = True
+) -> dict[str, dict[str, Any]]:
+    """``jobsets=False``: a cluster without the JobSet CRD (batch/v1 Jobs stay, as in any cluster);
+    ``trainer=False``: without the Kubeflow Trainer's (served only with JobSet's)."""
     res = dict(CORE_RESOURCES)
     res[JOBS] = JOBSET_RESOURCES[JOBS]
+    if trainer and jobsets:
+        res.update(TRAINER_RESOURCES)
     if pytorchjobs:
         res.update(KUBEFLOW_RESOURCES)
     if jobsets:
@@ -685,6 +697,7 @@ async def running_emulator(
     *,
     pytorchjobs: bool = True,
     jobsets: bool = True,
+    trainer: bool = True,
     extra: Mapping[str, Mapping[str, Any]] | None = None,
     host: str = "127.0.0.1",
     port: int | None = None,
@@ -692,7 +705,7 @@ async def running_emulator(
     """Serve from the CURRENT event loop. ``emu.url`` is e.g. http://127.0.0.1:41234/ ."""
     install_kmock_fixes()
     emu = AtlasKubeEmulator()
-    emu.declare(default_resources(pytorchjobs=pytorchjobs, jobsets=jobsets))
+    emu.declare(default_resources(pytorchjobs=pytorchjobs, jobsets=jobsets, trainer=trainer))
     if extra:
         emu.declare(extra)
     async with emu, kmock.Server(emu, host=host, port=port):
@@ -876,6 +889,8 @@ __all__ = [
     "Fault",
     "JOBS",
     "JOBSETS",
+    "TRAINJOBS",
+    "CLUSTER_TRAINING_RUNTIMES",
     "KopfProcess",
     "PODS",
     "PYTORCHJOBS",

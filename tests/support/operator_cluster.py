@@ -309,6 +309,35 @@ def permissions_used(emu) -> set[tuple[str, str, str]]:
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
+def kueue_admit_trainjob(api_client, name: str, namespace: str = NS, node_selector: dict | None = None) -> dict:
+    """Admit TrainJob ``name`` as Kueue's TrainJob integration does (``RunWithPodSetsInfo``, Kueue 0.17+): its own
+    runtime patch (manager kueue.x-k8s.io/manager, which its webhook added at creation) gets each replicated job's
+    PodSetInfo (the podset label, the flavor's nodeSelector), then ``spec.suspend: false``. The Trainer then applies
+    both to the suspended JobSet."""
+    custom = kubernetes.client.CustomObjectsApi(api_client)
+    tj = custom.get_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", name)
+    assert (tj["metadata"].get("labels") or {}).get(KUEUE_QUEUE_LABEL), f"TrainJob {name}: no queue label"
+    assert tj["spec"].get("suspend") is True, f"TrainJob {name} is not suspended: Kueue admits suspended jobs"
+    pod = {"metadata": {"labels": {"kueue.x-k8s.io/podset": "node"}}}
+    if node_selector:
+        pod["spec"] = {"nodeSelector": dict(node_selector)}
+    kueue = {
+        "manager": "kueue.x-k8s.io/manager",
+        "trainingRuntimeSpec": {
+            "template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": pod}}}]}}
+        },
+    }
+    patches = [p for p in tj["spec"].get("runtimePatches") or [] if p["manager"] != kueue["manager"]] + [kueue]
+    return custom.patch_namespaced_custom_object(
+        "trainer.kubeflow.org",
+        "v1alpha1",
+        namespace,
+        "trainjobs",
+        name,
+        {"spec": {"runtimePatches": patches, "suspend": False}},
+    )
+
+
 def kueue_admit(
     api_client,
     name: str,

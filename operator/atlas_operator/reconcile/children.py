@@ -35,6 +35,7 @@ from atlas_operator.status import (
 OWNED_BY_KEY = {
     "pytorchJob": (kube.PYTORCH_JOB,),
     "jobSet": (kube.JOBSET,),
+    "trainJob": (kube.TRAINJOB,),
     "rollout": (kube.DEPLOYMENT, kube.SERVICE),
     "student": (kube.DEPLOYMENT, kube.SERVICE),
     "networkPolicy": (kube.NETWORK_POLICY,),  # operator setting network_policy turned off
@@ -148,7 +149,7 @@ class Children:
                 result.actions[child] = "deleted"
                 if resource is kube.NETWORK_POLICY:
                     reason, why = "NetworkPolicyOff", "the operator's network policy setting is off"
-                elif key in ("pytorchJob", "jobSet") or on_jobset(run):
+                elif key in ("pytorchJob", "jobSet", "trainJob") or on_jobset(run):
                     reason, why = "BackendChanged", f"spec.backend is {run.backend} now"
                 else:
                     reason, why = "ServerRemoved", "no longer in the spec"
@@ -169,6 +170,7 @@ class Children:
         targets = [
             (kube.PYTORCH_JOB, owned.job),
             (kube.JOBSET, owned.jobset),
+            (kube.TRAINJOB, owned.job),
             (kube.DEPLOYMENT, owned.rollout),
             (kube.DEPLOYMENT, owned.student),
             (kube.SERVICE, owned.rollout),

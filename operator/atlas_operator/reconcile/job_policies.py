@@ -77,7 +77,7 @@ class JobPolicies:
             wanted["metadata"] = {"annotations": revision.annotations(kind)}
         if not run.spec.queue_name:  # a queued job's suspend is Kueue's: never written after creation
             suspend = {"suspend": run.spec.suspend}
-            wanted["spec"] = suspend if kind == "JobSet" else {"runPolicy": suspend}
+            wanted["spec"] = {"runPolicy": suspend} if kind == "PyTorchJob" else suspend
         patch = _managed_patch(wanted, existing)
         if patch is None:
             return existing, None
@@ -119,6 +119,8 @@ def _backend_of(body: dict[str, Any]) -> str | None:
     children = (body.get("status") or {}).get("children") or {}
     if children.get("jobSet"):
         return "JobSet"
+    if children.get("trainJob"):
+        return "TrainJob"
     return "PyTorchJob" if children.get("pytorchJob") else None
 
 

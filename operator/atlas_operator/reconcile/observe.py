@@ -20,6 +20,7 @@ from atlas_operator.run_status import ConditionType as Condition
 from atlas_operator.spec import Run
 from atlas_operator.status import (
     FINISHED,
+    TRAINER_JOBS,
     Event,
     job_state,
     pod_stuck,
@@ -90,6 +91,19 @@ class Observation:
             kind = self._kinds.get(key)
         return (kind, run_name) if stuck != before and kind in KINDS else None
 
+    def run_of_trainjob_gang(self, obj: dict[str, Any]) -> dict[str, str] | None:
+        """The run (``{"kind", "name"}``) of the JobSet the Kubeflow Trainer made of its TrainJob: controlled by a
+        TrainJob, labelled with the run's name (through the TrainJob's runtime patch); None for anything else, or a
+        run this process has not reconciled yet (its first reconciliation reads the JobSet)."""
+        meta = obj.get("metadata") or {}
+        refs = [r for r in meta.get("ownerReferences") or [] if r.get("controller")]
+        run_name = (meta.get("labels") or {}).get(LABEL_INSTANCE)
+        if obj.get("kind") != "JobSet" or not run_name or not refs or refs[0].get("kind") != "TrainJob":
+            return None
+        with self._stuck_lock:
+            kind = self._kinds.get((meta.get("namespace", "default"), run_name))
+        return {"kind": kind, "name": run_name} if kind in KINDS else None
+
     def pods_condition(self, run: Run) -> dict[str, Any]:
         """PodsStarted: False with the kubelet's reason while a pod of the run cannot start its containers."""
         with self._stuck_lock:
@@ -141,16 +155,19 @@ class Observation:
 
     def rank0_pod(self, run: Run, job: dict[str, Any]) -> dict[str, Any] | None:
         """The pod of rank 0 of ``job``: the PyTorchJob's Master by name; a JobSet's trainer pod of completion
-        index 0 of the current attempt, by label (its name ends in a random suffix)."""
+        index 0 of the current attempt, by label (its name ends in a random suffix) — on TrainJob, ``job`` is the
+        JobSet the Trainer made, whose trainer job is ``node``."""
         job_uid = (job.get("metadata") or {}).get("uid")
         if job["kind"] != "JobSet":
             pod = self.kube.get(kube.POD, run.namespace, ChildNames(run.name).master_pod)
             return pod if pod is not None and _made_by(pod, job_uid) else None
+        names = {rjob.get("name") for rjob in (job.get("spec") or {}).get("replicatedJobs") or []}
+        trainer = next((name for name in TRAINER_JOBS if name in names), TRAINER_JOBS[0])
         selector = ",".join(
             f"{key}={value}"
             for key, value in (
                 ("jobset.sigs.k8s.io/jobset-name", job["metadata"]["name"]),
-                ("jobset.sigs.k8s.io/replicatedjob-name", "trainer"),
+                ("jobset.sigs.k8s.io/replicatedjob-name", trainer),
                 ("jobset.sigs.k8s.io/restart-attempt", str((job.get("status") or {}).get("restarts") or 0)),
             )
         )

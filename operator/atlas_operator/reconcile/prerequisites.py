@@ -22,6 +22,12 @@ JOB_CRDS = {
         "https://github.com/kubernetes-sigs/jobset/releases/download/v0.12.0/manifests.yaml), "
         "or set spec.backend: PyTorchJob",
     ),
+    "TrainJob": (
+        "TrainJobCRDMissing",
+        "trainer.kubeflow.org/v1alpha1 TrainJob CRD",
+        "install Kubeflow Trainer v2.3.0 or later (kubectl apply --server-side -k "
+        '"github.com/kubeflow/trainer.git/manifests/overlays/manager?ref=v2.3.0"), or set another spec.backend',
+    ),
 }
 
 
@@ -32,6 +38,10 @@ class Prerequisites:
         if not self.crd_installed(run.backend):
             reason, what, install = JOB_CRDS[run.backend]
             return reason, f"the cluster has no {what} (spec.backend {run.backend}): {install}"
+        if run.backend == "TrainJob":
+            missing = self.runtime_problem(run)
+            if missing:
+                return missing
         pvc = run.spec.checkpoint.pvc
         if pvc and not self.kube.exists(kube.PVC, run.namespace, pvc):
             return "CheckpointPVCMissing", (
@@ -53,3 +63,27 @@ class Prerequisites:
             self._crd_seen_at[kind] = time.monotonic()
             return True
         return False
+
+    def runtime_problem(self, run: Run) -> tuple[str, str] | None:
+        """What keeps a TrainJob run off its ClusterTrainingRuntime: the runtime missing, or a spec.maxRestarts the
+        runtime does not have (a TrainJob cannot set its JobSet's failurePolicy: the runtime's applies)."""
+        name = self.settings.images.trainjob_runtime
+        seen_at, runtime = self._runtime_seen.get(name, (float("-inf"), None))
+        if time.monotonic() - seen_at >= self.settings.crd_cache_s:  # a runtime found is trusted for a while too
+            runtime = self.kube.get_fresh(kube.CLUSTER_TRAINING_RUNTIME, "", name)
+            if runtime is not None:
+                self._runtime_seen[name] = (time.monotonic(), runtime)
+        if runtime is None:
+            return "TrainingRuntimeMissing", (
+                f"the cluster has no ClusterTrainingRuntime {name} (spec.backend TrainJob): install it with the chart "
+                "(value trainJob.runtime.enabled: true), or point the operator at yours (ATLAS_TRAINJOB_RUNTIME)"
+            )
+        policy = (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("failurePolicy") or {}
+        restarts = int(policy.get("maxRestarts") or 0)
+        if run.spec.max_restarts != restarts:
+            return "MaxRestartsNotTheRuntimes", (
+                f"spec.maxRestarts: {run.spec.max_restarts}, but on backend TrainJob whole-gang restarts are the "
+                f"ClusterTrainingRuntime {name}'s (template.spec.failurePolicy.maxRestarts: {restarts}; chart value "
+                f"trainJob.runtime.maxRestarts): set spec.maxRestarts: {restarts}, or use another backend"
+            )
+        return None

@@ -33,6 +33,7 @@ from atlas_operator.spec import Run
 from atlas_operator.status import (
     Event,
     Outcome,
+    gang_of,
     job_phase,
     job_suspended,
     training_reason,
@@ -49,10 +50,12 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
         self.kube = client
         self.settings = settings or OperatorConfig()
         self._crd_seen_at: dict[str, float] = {}  # job kind → when its CRD was last seen served
+        self._runtime_seen: dict[str, tuple[float, dict]] = {}  # ClusterTrainingRuntime → when read, as read
         # Trainer scrapes: their own small pool (each run's timer awaits its own, so one in flight per run).
         self._scraper = ThreadPoolExecutor(max_workers=8, thread_name_prefix="atlas-scrape")
         self._result_lock = threading.Lock()
         self._result_reads: dict[tuple, int] = {}  # (namespace, run, run uid, job uid) → pod reads so far
+        self._restarts_counted: dict[tuple, int] = {}  # (namespace, run, run uid, JobSet uid) → restarts seen
         # Pods the kubelet cannot start (from the pod watch): (namespace, run) → pod → (reason, message); and the
         # kind of each run reconciled, so a pod's run is known from its app.kubernetes.io/instance label alone.
         self._stuck_lock = threading.Lock()
@@ -185,11 +188,12 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
         conditions.append(started)
         if started["status"] == "False":  # posted once per (reason, message): status_update skips what it said
             result.events.append(Event("Warning", started["reason"], started["message"]))
-        result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name))
-        if job is not None and job["kind"] == "JobSet":
-            self.observe_restarts(run, body, job, result)
+        gang = self.trainjob_gang(run.namespace, job)
+        result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name), gang=gang)
+        if gang_of(job, gang) is not None:
+            self.observe_restarts(run, body, gang_of(job, gang), result)
         if job is not None:
-            reason, message = training_reason(job)
+            reason, message = training_reason(job, gang)
         elif run.spec.queue_name and run.spec.suspend:  # its job was deleted (Kueue owns a queued job's suspend)
             reason, message = "Suspended", f"spec.suspend: no {run.backend} while suspended; resuming queues a new one"
         else:  # not created (yet): say which kind of job the run waits for
@@ -197,15 +201,29 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
         conditions.append(condition(Condition.TRAINING, result.phase == "Running", reason, message))
         if job is not None and result.phase == "Succeeded":
             if not (body.get("status") or {}).get("result"):
-                result.result = self.read_result(run, job, result.events)
+                result.result = self.read_result(run, gang or job, result.events)
         elif job is not None:
             result.result_stale = True  # a job made again (spec change) has not reported yet
 
-    @staticmethod
-    def observe_restarts(run: Run, body: dict[str, Any], job: dict[str, Any], result: Outcome) -> None:
-        """A JobSet's whole-gang restarts, and a Warning for each new one the step watchdog caused."""
+    def trainjob_gang(self, namespace: str, job: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The JobSet the Kubeflow Trainer made of a TrainJob (its name; controlled by the TrainJob), read only:
+        its restarts and replicated jobs are the run's on TrainJob too. None for another job, or before it exists."""
+        if job is None or job.get("kind") != "TrainJob":
+            return None
+        jobset = self.kube.get(kube.JOBSET, namespace, job["metadata"]["name"])
+        return jobset if jobset is not None and is_controlled_by(jobset, job) else None
+
+    def observe_restarts(self, run: Run, body: dict[str, Any], job: dict[str, Any], result: Outcome) -> None:
+        """A JobSet's whole-gang restarts, and a Warning for each new one the step watchdog caused — counted once
+        per restart, even when two reconciliations read the run before either wrote its status (a TrainJob's
+        JobSet and the TrainJob itself change together)."""
         result.restarts = int((job.get("status") or {}).get("restarts") or 0)
-        result.watchdog_restarts = watchdog_restarts(job, body.get("status"))
+        key = (run.namespace, run.name, run.uid, (job.get("metadata") or {}).get("uid"))
+        with self._result_lock:
+            counted = self._restarts_counted.get(key, 0)
+            shown = int((body.get("status") or {}).get("restarts") or 0)
+            result.watchdog_restarts = watchdog_restarts(job, {"restarts": max(counted, shown)})
+            self._restarts_counted[key] = max(counted, result.restarts)
         if result.watchdog_restarts:
             result.events.append(
                 Event(
@@ -224,14 +242,16 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
         events = [Event("Warning", "InvalidSpec", message)]
         meta = body.get("metadata") or {}
         children = (body.get("status") or {}).get("children") or {}
-        kind = "JobSet" if children.get("jobSet") else "PyTorchJob"
-        job_name = children.get("jobSet") or children.get("pytorchJob")
-        job = self.kube.get(kube.JOBS[kind], meta.get("namespace", "default"), job_name) if job_name else None
+        kind = _backend_of(body) or "PyTorchJob"
+        job_name = children.get("jobSet") or children.get("trainJob") or children.get("pytorchJob")
+        namespace = meta.get("namespace", "default")
+        job = self.kube.get(kube.JOBS[kind], namespace, job_name) if job_name else None
         if job is None or not is_controlled_by(job, body):
             return Outcome("Invalid", conditions, events=events)
         queued = bool((body.get("spec") or {}).get("queueName"))
-        phase = job_phase(job, job_suspended(job) and not queued, queued=queued)
-        reason, job_message = training_reason(job)
+        gang = self.trainjob_gang(namespace, job)
+        phase = job_phase(job, job_suspended(job) and not queued, queued=queued, gang=gang)
+        reason, job_message = training_reason(job, gang)
         conditions += [
             condition(
                 Condition.SPEC_APPLIED, False, "InvalidSpec", f"{kind} {job_name} runs the last valid spec; {message}"
@@ -248,6 +268,8 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
         with self._result_lock:
             for read in [k for k in self._result_reads if k[:3] == key]:
                 del self._result_reads[read]
+            for counted in [k for k in self._restarts_counted if k[:3] == key]:
+                del self._restarts_counted[counted]
         with self._stuck_lock:
             self._stuck.pop(key[:2], None)
             self._kinds.pop(key[:2], None)

@@ -10,12 +10,13 @@ from atlas_contract.names import (
     ChildNames,
 )
 from atlas_operator.config import Images, NetworkSettings
-from atlas_operator.render.common import has_student_server, on_jobset
+from atlas_operator.render.common import has_student_server, on_jobset, on_trainjob
 from atlas_operator.render.jobset import jobset
 from atlas_operator.render.network import network_policies
 from atlas_operator.render.pytorchjob import pytorch_job
 from atlas_operator.render.run_config import config_map
 from atlas_operator.render.servers import metrics_service, rollout_deployment, service, student_deployment
+from atlas_operator.render.trainjob import trainjob
 from atlas_operator.spec import Run
 
 
@@ -28,7 +29,8 @@ def child_names(run: Run, network: bool = True) -> dict[str, str]:
     )
     if on_jobset(run):  # the servers are replicated jobs of the JobSet, not objects of their own
         return {"jobSet": owned.jobset, "configMap": owned.config_map, "metricsService": owned.metrics, **policies}
-    names = {"pytorchJob": owned.job, "configMap": owned.config_map, "metricsService": owned.metrics, **policies}
+    job = "trainJob" if on_trainjob(run) else "pytorchJob"
+    names = {job: owned.job, "configMap": owned.config_map, "metricsService": owned.metrics, **policies}
     if run.spec.rollout.replicas:
         names["rollout"] = owned.rollout
     if has_student_server(run):
@@ -58,5 +60,8 @@ def render_children(
         children.append(rollout_deployment(run, images))
     if has_student_server(run):
         children.append(student_deployment(run, images))
-    children.append(pytorch_job(run, images, config))
+    if on_trainjob(run):  # the servers beside the TrainJob, as on PyTorchJob (atlas_operator/render/trainjob.py)
+        children.append(trainjob(run, images, config, runtime=images.trainjob_runtime))
+    else:
+        children.append(pytorch_job(run, images, config))
     return children

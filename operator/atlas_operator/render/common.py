@@ -12,6 +12,7 @@ from atlas_contract.names import (
     LABEL_NAME,
     MANAGED_BY,
     QUEUE_NAME_LABEL,
+    TRAINJOB_TRAINER_CONTAINER,
 )
 from atlas_operator.schema import camel
 from atlas_operator.spec import AtlasTeacherSpec, Run
@@ -40,8 +41,15 @@ def on_jobset(run: Run) -> bool:
     return run.backend == "JobSet"
 
 
+def on_trainjob(run: Run) -> bool:
+    return run.backend == "TrainJob"
+
+
 def trainer_container(run: Run) -> str:
-    """The trainer container's name: the one Kubeflow requires, or ``trainer`` in a JobSet."""
+    """The trainer container's name: the one Kubeflow's PyTorchJob or TrainJob controller requires, or ``trainer``
+    in a JobSet."""
+    if on_trainjob(run):
+        return TRAINJOB_TRAINER_CONTAINER
     return JOBSET_TRAINER_CONTAINER if on_jobset(run) else TRAINER_CONTAINER
 
 

@@ -56,7 +56,7 @@ def jobset(run: Run, images: Images, config: dict[str, Any] | None = None) -> di
     job_spec = {
         "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
         "successPolicy": {"operator": "All", "targetReplicatedJobs": ["trainer"]},
-        "failurePolicy": _failure_policy(spec.max_restarts),
+        "failurePolicy": job_failure_policy(spec.max_restarts),
         # With a queue, Kueue owns suspend: the JobSet is created suspended and only Kueue resumes it.
         "suspend": spec.suspend or bool(spec.queue_name),
         "replicatedJobs": replicated,
@@ -78,18 +78,22 @@ def _trainer_replicated_job(
 ) -> dict[str, Any]:
     """``trainer``: one Indexed Job, a pod per node, started once every server job is Ready."""
     trainer_job = _one_pod_job(_configured_trainer_template(run, images, config), run.spec.resources.nodes)
-    # A trainer the step watchdog ended fails its Job with reason PodFailurePolicy, which the JobSet's
-    # WATCHDOG_RESTART_RULE names in its RestartingJobSet condition: the operator counts those restarts.
-    watchdog_exit = {"containerName": JOBSET_TRAINER_CONTAINER, "operator": "In", "values": [WATCHDOG_EXIT_CODE]}
-    trainer_job["podFailurePolicy"] = {"rules": [{"action": "FailJob", "onExitCodes": watchdog_exit}]}
+    trainer_job["podFailurePolicy"] = pod_failure_policy(JOBSET_TRAINER_CONTAINER)
     trainer = {"name": "trainer", "replicas": 1, "template": {"spec": trainer_job}}
     if depends_on:
         trainer["dependsOn"] = [{"name": name, "status": "Ready"} for name in depends_on]
     return trainer
 
 
-def _failure_policy(max_restarts: int) -> dict[str, Any]:
-    """Any failure restarts the whole gang (Recreate) up to spec.maxRestarts; a watchdog restart is named."""
+def pod_failure_policy(container: str) -> dict[str, Any]:
+    """The trainer Job's: a trainer the step watchdog ended fails its Job with reason PodFailurePolicy, which the
+    JobSet's WATCHDOG_RESTART_RULE names in its RestartingJobSet condition: the operator counts those restarts."""
+    watchdog_exit = {"containerName": container, "operator": "In", "values": [WATCHDOG_EXIT_CODE]}
+    return {"rules": [{"action": "FailJob", "onExitCodes": watchdog_exit}]}
+
+
+def job_failure_policy(max_restarts: int, trainer_job: str = "trainer") -> dict[str, Any]:
+    """Any failure restarts the whole gang (Recreate) up to ``max_restarts``; a watchdog restart is named."""
     return {
         "maxRestarts": max_restarts,
         "restartStrategy": "Recreate",
@@ -99,7 +103,7 @@ def _failure_policy(max_restarts: int) -> dict[str, Any]:
                 "name": WATCHDOG_RESTART_RULE,
                 "action": "RestartJobSet",
                 "onJobFailureReasons": ["PodFailurePolicy"],
-                "targetReplicatedJobs": ["trainer"],
+                "targetReplicatedJobs": [trainer_job],
             }
         ],
     }

@@ -35,26 +35,29 @@ from atlas_operator.render.common import (
     _resources,
     labels,
     on_jobset,
+    on_trainjob,
     trainer_container,
 )
 from atlas_operator.spec import Run
 
 
 def launch_command(run: Run) -> list[str]:
-    """The trainer container's command, the same on both backends: accelerate on every node with the topology
-    Kubeflow injects (PET_NNODES, PET_NODE_RANK = node index, PET_NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT), or
-    that a JobSet's trainer gets from :func:`jobset_topology_env`.
+    """The trainer container's command, the same on every backend: accelerate on every node with the topology
+    Kubeflow's PyTorchJob controller injects (PET_NNODES, PET_NODE_RANK = node index, PET_NPROC_PER_NODE,
+    MASTER_ADDR, MASTER_PORT), that a JobSet's trainer gets from :func:`jobset_topology_env`, or that the Kubeflow
+    Trainer's torch plugin injects into a TrainJob's (the master as PET_MASTER_ADDR and PET_MASTER_PORT).
 
     The launcher's exit code is torch elastic's (1 for any failed worker), so a worker the step watchdog ended
     would look like any crash: when the watchdog's reason is in the termination message, the container exits
     with WATCHDOG_EXIT_CODE instead (what a JobSet's podFailurePolicy and `kubectl describe` see). The launcher
     runs in the background so that SIGTERM (pod deletion) is passed on to it."""
+    master = "PET_MASTER" if on_trainjob(run) else "MASTER"
     launch = (
         "accelerate launch"
         f" --config_file {CONFIG_DIR}/{ACCELERATE_CONFIG_FILE}"
         ' --num_machines "$PET_NNODES" --machine_rank "$PET_NODE_RANK"'
         ' --num_processes "$((PET_NNODES * PET_NPROC_PER_NODE))"'
-        ' --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT"'
+        f' --main_process_ip "${master}_ADDR" --main_process_port "${master}_PORT"'
         f" -m atlas_core.cli.train recipe={CONFIG_DIR}/{RUN_CONFIG_FILE}"
     )
     script = f"""set -u
@@ -116,6 +119,15 @@ def jobset_topology_env(run: Run) -> list[dict[str, Any]]:
     ]
 
 
+def _rendezvous_port(run: Run) -> list[dict[str, Any]]:
+    """The port the trainer pods rendezvous on: ours (PyTorchJob's default), or on TrainJob none here, since the
+    Trainer's torch plugin adds its own (TRAINJOB_MASTER_PORT)."""
+    if on_trainjob(run):
+        return []
+    name = "rendezvous" if on_jobset(run) else "pytorchjob-port"
+    return [{"name": name, "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}]
+
+
 def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
     spec = run.spec
     res, checkpoint = spec.resources, spec.checkpoint
@@ -140,11 +152,7 @@ def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
         "command": launch_command(run),
         "env": (jobset_topology_env(run) if on_jobset(run) else []) + _env(run),
         "ports": [
-            {
-                "name": "rendezvous" if on_jobset(run) else "pytorchjob-port",
-                "containerPort": RENDEZVOUS_PORT,
-                "protocol": "TCP",
-            },
+            *_rendezvous_port(run),
             {"name": "metrics", "containerPort": TRAINER_METRICS_PORT, "protocol": "TCP"},
         ],
         "volumeMounts": mounts,
@@ -175,11 +183,11 @@ def _configured_trainer_template(run: Run, images: Images, config: dict[str, Any
 
 def job_spec_hash(job: dict[str, Any]) -> str:
     """Identity of what a running job's pods were made from: everything but the suspend flag (PyTorchJob
-    runPolicy.suspend, JobSet spec.suspend), which the job's controller applies in place; and its Kueue queue (a
-    label Kueue refuses to change on a job it admitted: a queue change is a new job)."""
+    runPolicy.suspend, JobSet and TrainJob spec.suspend), which the job's controller applies in place; and its
+    Kueue queue (a label Kueue refuses to change on a job it admitted: a queue change is a new job)."""
     spec = json.loads(json.dumps(job["spec"]))
     spec.get("runPolicy", {}).pop("suspend", None)
-    if job["kind"] == "JobSet":
+    if job["kind"] in ("JobSet", "TrainJob"):
         spec.pop("suspend", None)
     identity = {"spec": spec, "queue": job["metadata"].get("labels", {}).get(QUEUE_NAME_LABEL)}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

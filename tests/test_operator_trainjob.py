@@ -1,0 +1,168 @@
+"""The operator process (`atlas operator`) with the TrainJob backend (Kubeflow Trainer v2), against the emulated API.
+
+No executor: the tests play the Trainer controller by hand (tests/support/jobset_world.py: the chart's runtime, the
+JobSet the Trainer builds, its status writes) and the JobSet controller's status; assertions read the emulator's
+stored objects and its request log.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.jobset_world import (
+    condition,
+    ensure_pvc,
+    install_trainjob_runtime,
+    set_jobset_status,
+    trainer_builds_jobset,
+    trainer_pod,
+    trainer_writes_status,
+)
+from tests.support.kube_emulator import JOBSETS, TRAINER_RESOURCES, TRAINJOBS, wait_for
+from tests.support.manifests import NS, teacher, training
+from tests.support.operator_cluster import TIMEOUT, own_cluster, wait_children
+
+pytestmark = pytest.mark.timeout(300)
+
+OPERATOR = "atlas-operator/"
+
+
+def wait_trainjob(cluster, name: str, other_than: str | None = None) -> dict:
+    return wait_for(
+        lambda: (tj := cluster.emu.get(TRAINJOBS, NS, name)) is not None and tj["metadata"]["uid"] != other_than and tj,
+        timeout=TIMEOUT,
+        what=f"TrainJob {name}" + (" recreated" if other_than else ""),
+    )
+
+
+def prerequisite(cluster, manifest) -> dict:
+    return cluster.condition(manifest, "PrerequisitesMet")
+
+
+def test_without_the_trainer_or_its_runtime_a_trainjob_run_waits_naming_what_to_install(tmp_path):
+    with own_cluster(tmp_path, trainer=False) as cluster:
+        run, plain = training("notrainer", backend="TrainJob"), training("notrainer-pytorch")
+        cluster.apply(run)
+        cluster.apply(plain)
+        cluster.wait_status(run, lambda s: prerequisite(cluster, run).get("reason") == "TrainJobCRDMissing", "no CRD")
+        message = prerequisite(cluster, run)["message"]
+        assert "trainer.kubeflow.org/v1alpha1 TrainJob CRD" in message and "kubeflow/trainer" in message
+        assert "children" not in cluster.status(run) and not cluster.emu.writes(
+            "v1/configmaps", name="notrainer-config"
+        )
+        wait_children(cluster, "notrainer-pytorch", teacher_run=False)  # the other backends keep working
+        # The Trainer installed, but not the chart's runtime: still nothing, and the message says which runtime.
+        cluster.emu.declare(TRAINER_RESOURCES)
+        cluster.wait_status(
+            run, lambda s: prerequisite(cluster, run).get("reason") == "TrainingRuntimeMissing", "no runtime"
+        )
+        message = prerequisite(cluster, run)["message"]
+        assert "ClusterTrainingRuntime atlas-grpo" in message and "trainJob.runtime.enabled" in message
+        assert cluster.emu.get(TRAINJOBS, NS, "notrainer") is None
+        # A runtime whose restarts differ from the run's: refused, naming both numbers and the chart value.
+        runtime = install_trainjob_runtime(cluster, max_restarts=5)
+        cluster.wait_status(
+            run, lambda s: prerequisite(cluster, run).get("reason") == "MaxRestartsNotTheRuntimes", "restarts differ"
+        )
+        message = prerequisite(cluster, run)["message"]
+        assert "spec.maxRestarts: 3" in message and "maxRestarts: 5" in message and "set spec.maxRestarts: 5" in message
+        assert cluster.emu.get(TRAINJOBS, NS, "notrainer") is None
+        cluster.patch_spec(run, {"maxRestarts": 5})
+        tj = wait_trainjob(cluster, "notrainer")
+        assert tj["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"]
+        cluster.wait_status(run, lambda s: prerequisite(cluster, run).get("status") == "True", "PrerequisitesMet")
+
+
+def test_the_phase_restarts_and_result_follow_the_trainjob_and_the_trainers_jobset(tmp_path):
+    """Running from the Trainer's JobSet (the TrainJob has no condition while it runs), restarts from that JobSet,
+    Succeeded with the Trainer's reason, the result from the rank-0 pod of the JobSet's node job. The operator writes
+    only its TrainJob, never the Trainer's JobSet."""
+    from atlas_contract.results import result_message
+
+    with own_cluster(tmp_path) as cluster:
+        runtime = install_trainjob_runtime(cluster)
+        ensure_pvc(cluster, "ckpt")
+        manifest = teacher("tj-phase", backend="TrainJob", checkpoint={"pvc": "ckpt"})
+        cluster.apply(manifest)
+        tj = wait_trainjob(cluster, "tj-phase")
+        for server in ("tj-phase-rollout", "tj-phase-student"):  # the servers beside the TrainJob
+            wait_for(lambda s=server: cluster.emu.get("apps/v1/deployments", NS, s), timeout=TIMEOUT, what=server)
+        cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending", "Pending")
+        js = trainer_builds_jobset(cluster, tj, runtime)
+        set_jobset_status(cluster, "tj-phase", {"node": {"active": 2}})
+        trainer_writes_status(cluster, "tj-phase")
+        cluster.wait_status(manifest, lambda s: s.get("phase") == "Running", "Running")
+        restarting = [condition("RestartingJobSet", True, "FailedJobs", "jobset restarting")]
+        set_jobset_status(cluster, "tj-phase", {"node": {"active": 2}}, restarting, restarts=1)
+        cluster.wait_status(manifest, lambda s: s.get("restarts") == 1, ".status.restarts from the Trainer's JobSet")
+        trainer_pod(cluster, js, 0, 1, result_message(42, 0.75))
+        done = [condition("Completed", True, "AllJobsCompleted", "jobset completed successfully")]
+        set_jobset_status(cluster, "tj-phase", {"node": {"succeeded": 1}}, done, restarts=1, terminal="Completed")
+        trainer_writes_status(cluster, "tj-phase")
+        status = cluster.wait_status(manifest, lambda s: s.get("result"), "the result")
+        assert status["phase"] == "Succeeded" and status["result"] == {"step": 42, "reward": 0.75}
+        training_condition = cluster.condition(manifest, "Training")
+        assert training_condition["reason"] == "AllJobsCompleted", training_condition
+        assert not [
+            c for c in cluster.emu.writes(JOBSETS, name="tj-phase") if (c.user_agent or "").startswith(OPERATOR)
+        ]
+
+
+def test_a_failed_trainjob_fails_the_run_in_the_trainers_words(tmp_path):
+    with own_cluster(tmp_path) as cluster:
+        runtime = install_trainjob_runtime(cluster)
+        manifest = training("tj-fail", backend="TrainJob")
+        cluster.apply(manifest)
+        tj = wait_trainjob(cluster, "tj-fail")
+        trainer_builds_jobset(cluster, tj, runtime)
+        failed = [
+            condition("Failed", True, "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts")
+        ]
+        set_jobset_status(cluster, "tj-fail", {"node": {"failed": 1}}, failed, restarts=3, terminal="Failed")
+        trainer_writes_status(cluster, "tj-fail")
+        cluster.wait_status(manifest, lambda s: s.get("phase") == "Failed", "Failed")
+        training_condition = cluster.condition(manifest, "Training")
+        assert (
+            training_condition["reason"] == "ReachedMaxRestarts"
+            and "max number of restarts" in training_condition["message"]
+        )
+        assert cluster.status(manifest)["restarts"] == 3
+
+
+def test_a_queued_trainjob_is_created_suspended_and_shows_queued(tmp_path):
+    from tests.support.operator_cluster import kueue_admit_trainjob
+
+    with own_cluster(tmp_path) as cluster:
+        install_trainjob_runtime(cluster)
+        manifest = training("tj-queued", backend="TrainJob", queueName="team-a")
+        cluster.apply(manifest)
+        tj = wait_trainjob(cluster, "tj-queued")
+        assert tj["spec"]["suspend"] is True and tj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        trainer_writes_status(cluster, "tj-queued")  # Suspended=True, as the Trainer says of a suspended TrainJob
+        cluster.wait_status(manifest, lambda s: s.get("phase") == "Queued", "Queued")
+        kueue_admit_trainjob(cluster.api_client, "tj-queued")
+        admitted = cluster.emu.get(TRAINJOBS, NS, "tj-queued")
+        managers = [p["manager"] for p in admitted["spec"]["runtimePatches"]]
+        assert managers == ["atlas.arc.computer/operator", "kueue.x-k8s.io/manager"]
+        trainer_writes_status(cluster, "tj-queued")  # Suspended=False, Resumed
+        cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending", "Pending once admitted")
+        # The operator leaves Kueue's patch and suspend alone (a queued job's suspend is Kueue's).
+        wait_for(lambda: cluster.status(manifest).get("phase") == "Pending", timeout=TIMEOUT)
+        assert (
+            cluster.emu.get(TRAINJOBS, NS, "tj-queued")["spec"]["runtimePatches"] == admitted["spec"]["runtimePatches"]
+        )
+
+
+def test_a_spec_change_recreates_the_trainjob_with_a_checkpoint_volume(tmp_path):
+    """The TrainJob's trainer is immutable (its CRD's CEL): a changed run is a new TrainJob, resuming from the PVC."""
+    with own_cluster(tmp_path) as cluster:
+        install_trainjob_runtime(cluster)
+        ensure_pvc(cluster, "ckpt")
+        manifest = training("tj-change", backend="TrainJob", checkpoint={"pvc": "ckpt"})
+        cluster.apply(manifest)
+        before = wait_trainjob(cluster, "tj-change")
+        cluster.patch_spec(manifest, {"resources": {"nodes": 4, "gpusPerNode": 8}})
+        after = wait_trainjob(cluster, "tj-change", other_than=before["metadata"]["uid"])
+        assert after["spec"]["trainer"]["numNodes"] == 4
+        events = [e for e in cluster.events("tj-change") if e["reason"] == "JobRecreated"]
+        assert events and "TrainJob tj-change" in events[0]["message"]
