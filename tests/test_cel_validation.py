@@ -200,23 +200,18 @@ def test_the_parity_check_fails_when_one_side_changes():
     assert disagreements([broken]) == []
 
 
-def test_the_jobset_name_rule_is_the_pod_name_limit():
-    """metadata.name on JobSet: the rule's arithmetic is names.max_jobset_run_name for every node count."""
+@pytest.mark.parametrize(
+    ("backend", "max_run_name"), [("JobSet", max_jobset_run_name), ("TrainJob", max_trainjob_run_name)]
+)
+def test_the_name_rule_is_the_pod_name_limit(backend, max_run_name):
+    """metadata.name on JobSet and TrainJob: the rule's arithmetic is names.max_jobset_run_name (the JobSet's pods
+    <name>-trainer-0-<node>-<5>) or names.max_trainjob_run_name (the Trainer's, <name>-node-0-<node>-<5>) for every
+    node count."""
     for nodes in (1, 2, 10, 11, 100, 101):
-        limit = max_jobset_run_name(nodes)
+        limit = max_run_name(nodes)
         for length in (limit, limit + 1):
-            manifest = training("a" * length, backend="JobSet", resources={"nodes": nodes, "gpusPerNode": 8})
-            refused = [r for r in admission_refusals(manifest) if "JobSet" in r.message]
-            assert bool(refused) == (length > limit), (nodes, length)
-
-
-def test_the_trainjob_name_rule_is_the_pod_name_limit():
-    """metadata.name on TrainJob: the rule's arithmetic is names.max_trainjob_run_name for every node count."""
-    for nodes in (1, 2, 10, 11, 100, 101):
-        limit = max_trainjob_run_name(nodes)
-        for length in (limit, limit + 1):
-            manifest = training("a" * length, backend="TrainJob", resources={"nodes": nodes, "gpusPerNode": 8})
-            refused = [r for r in admission_refusals(manifest) if "TrainJob" in r.message]
+            manifest = training("a" * length, backend=backend, resources={"nodes": nodes, "gpusPerNode": 8})
+            refused = [r for r in admission_refusals(manifest) if backend in r.message]
             assert bool(refused) == (length > limit), (nodes, length)
 
 

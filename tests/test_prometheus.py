@@ -63,9 +63,10 @@ def teacher_run() -> dict:
     manifest = yaml.safe_load((REPO / "examples/local-teacher.yaml").read_text())
     manifest["metadata"] = {"name": TEACHER, "namespace": NS}
     manifest["spec"]["resources"]["nodes"] = 1  # rank 0 alone serves metrics: one process is enough here
-    # Long enough for several scrapes while it steps (rate() needs two samples in its window).
-    manifest["spec"]["training"]["maxSteps"] = 10
-    manifest["spec"]["checkpoint"]["saveSteps"] = 10
+    # Long enough for several scrapes while it steps (rate() needs two samples in its window): 10 steps were not,
+    # once the student's batches shrank (a finished answer leaves the batch) and the steps got faster.
+    manifest["spec"]["training"]["maxSteps"] = 30
+    manifest["spec"]["checkpoint"]["saveSteps"] = 30
     return manifest
 
 

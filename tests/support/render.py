@@ -35,13 +35,20 @@ def problem_fields(manifest: dict[str, Any]) -> list[str]:
 
 def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
     """Every pod template of a rendered child: the PyTorchJob's Master and Worker, a Deployment's, each JobSet
-    replicated job's."""
+    replicated job's, a TrainJob's (of the JobSet the Trainer builds)."""
     if obj["kind"] == "PyTorchJob":
         return [r["template"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
     if obj["kind"] == "Deployment":
         return [obj["spec"]["template"]]
     if obj["kind"] == "JobSet":
         return [r["template"]["spec"]["template"] for r in obj["spec"]["replicatedJobs"]]
+    if obj["kind"] == "TrainJob":  # its pods are the JobSet's the Kubeflow Trainer builds of it and the chart's runtime
+        from atlas_operator.render.trainjob import training_runtime
+
+        from tests.support.trainer_controller import build_jobset
+
+        runtime = training_runtime(obj["spec"]["runtimeRef"]["name"], Images().trainer, max_restarts=3)
+        return pod_templates(build_jobset(obj, runtime))
     return []
 
 

@@ -29,6 +29,8 @@ import math
 import re
 from typing import Any
 
+from tests.support.jobset_world import condition  # a metav1.Condition, as the Trainer's controller writes them too
+
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 TRAINER_CONTAINER = "node"
 MASTER_PORT = 29500
@@ -192,9 +194,9 @@ def trainjob_status(trainjob: dict[str, Any], jobset: dict[str, Any] | None) -> 
     old = {c["type"]: c for c in (trainjob.get("status") or {}).get("conditions") or []}
     conditions = {k: v for k, v in old.items() if k != "Failed" or v.get("reason") == "DeadlineExceeded"}
     if (trainjob.get("spec") or {}).get("suspend"):
-        conditions["Suspended"] = _condition("Suspended", True, "Suspended", "TrainJob is suspended")
+        conditions["Suspended"] = condition("Suspended", True, "Suspended", "TrainJob is suspended")
     elif (old.get("Suspended") or {}).get("status") == "True":
-        conditions["Suspended"] = _condition("Suspended", False, "Resumed", "TrainJob is resumed")
+        conditions["Suspended"] = condition("Suspended", False, "Resumed", "TrainJob is resumed")
     status: dict[str, Any] = {}
     if jobset is not None:
         js_status = jobset.get("status") or {}
@@ -213,16 +215,6 @@ def trainjob_status(trainjob: dict[str, Any], jobset: dict[str, Any] | None) -> 
     if conditions:
         status["conditions"] = list(conditions.values())
     return status
-
-
-def _condition(type_: str, status: bool, reason: str, message: str) -> dict[str, Any]:
-    return {
-        "type": type_,
-        "status": "True" if status else "False",
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": "2026-01-01T00:00:00Z",
-    }
 
 
 def trainjob_webhook_problems(trainjob: dict[str, Any], runtime: dict[str, Any] | None) -> list[str]:
