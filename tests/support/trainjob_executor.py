@@ -6,13 +6,12 @@ What the Trainer controller does each reconcile (pkg/controller/trainjob_control
 
 * a TrainJob without its JobSet gets one (named after it, controlled by it) unless it has finished;
 * once the JobSet exists, it is re-applied only while the TrainJob or the JobSet is suspended: the TrainJob's
-  ``suspend`` reaches the JobSet (with the pod templates' placement, as Kueue's admission would change them);
-  a running JobSet is never changed;
+  ``suspend`` reaches the JobSet; a running JobSet is never changed;
 * the TrainJob's status (Suspended, Complete and Failed from the JobSet's, jobsStatus) is written when it changes;
 * a deleted TrainJob's JobSet goes with it (the garbage collector's part, through the controller reference).
 
 Not emulated: the runtime snapshot ConfigMap (the runtime is read at each build), the webhooks (tested on their own
-in tests/test_render_trainjob.py), deadlines.
+in tests/test_render_trainjob.py), deadlines, runtime patches changed after the JobSet is built (Kueue's admission).
 """
 
 from __future__ import annotations
@@ -89,18 +88,18 @@ class TrainJobExecutor(JobSetExecutor):
         )
 
     def _reapply(self, tj: dict[str, Any], js: dict[str, Any]) -> None:
-        """Server-side apply of the built JobSet while suspended: suspend, and the pod templates' labels,
-        annotations, nodeSelector and tolerations (what the JobSet webhook lets change on a suspended JobSet)."""
-        runtime = self._runtime(tj)
-        if runtime is None:
-            return
-        wanted = build_jobset(tj, runtime)
-        patch: dict[str, Any] = {"spec": {"suspend": wanted["spec"]["suspend"]}}
-        if wanted["spec"]["suspend"] == js["spec"].get("suspend"):
-            return
-        self.custom.patch_namespaced_custom_object(
-            JOBSET_GROUP, JOBSET_VERSION, self.namespace, "jobsets", js["metadata"]["name"], patch
-        )
+        """The re-apply while suspended, as far as emulated: the TrainJob's suspend reaches its JobSet. (The pod
+        templates' placement that Kueue's admission adds is not carried over.)"""
+        suspend = bool(tj["spec"].get("suspend"))
+        if suspend != bool(js["spec"].get("suspend")):
+            self.custom.patch_namespaced_custom_object(
+                JOBSET_GROUP,
+                JOBSET_VERSION,
+                self.namespace,
+                "jobsets",
+                js["metadata"]["name"],
+                {"spec": {"suspend": suspend}},
+            )
 
     def _delete_jobset(self, name: str) -> None:
         try:

@@ -190,8 +190,9 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
             result.events.append(Event("Warning", started["reason"], started["message"]))
         gang = self.trainjob_gang(run.namespace, job)
         result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name), gang=gang)
-        if gang_of(job, gang) is not None:
-            self.observe_restarts(run, body, gang_of(job, gang), result)
+        restarting = gang_of(job, gang)
+        if restarting is not None:
+            self.observe_restarts(run, body, restarting, result)
         if job is not None:
             reason, message = training_reason(job, gang)
         elif run.spec.queue_name and run.spec.suspend:  # its job was deleted (Kueue owns a queued job's suspend)

@@ -55,7 +55,9 @@ PATCHABLE_POD_FIELDS = (
 )
 
 
-def trainjob(run: Run, images: Images, config: dict[str, Any] | None = None, runtime: str = TRAINJOB_RUNTIME):
+def trainjob(
+    run: Run, images: Images, config: dict[str, Any] | None = None, runtime: str = TRAINJOB_RUNTIME
+) -> dict[str, Any]:
     """The run's TrainJob: ``runtime`` (a ClusterTrainingRuntime), the trainer, and the run's pod patch."""
     spec = run.spec
     pod = _configured_trainer_template(run, images, config)
@@ -77,8 +79,7 @@ def trainjob(run: Run, images: Images, config: dict[str, Any] | None = None, run
             "securityContext": container["securityContext"],
         }
     ]
-    job_patch = {"name": TRAINJOB_TRAINER_JOB, "template": {"spec": {"template": {"metadata": pod["metadata"]}}}}
-    job_patch["template"]["spec"]["template"]["spec"] = pod_patch
+    job_patch = {"name": TRAINJOB_TRAINER_JOB, "template": {"spec": {"template": {**pod, "spec": pod_patch}}}}
     job = {
         "apiVersion": TRAINER_API_VERSION,
         "kind": "TrainJob",
