@@ -46,6 +46,14 @@ WATCHDOG_EXIT_CODE = 75
 # How the watchdog's reason begins (its last stderr line, and the container's termination message): the trainer
 # container's launch script exits with WATCHDOG_EXIT_CODE when the message has it.
 WATCHDOG_MARK = "atlas watchdog:"
+# A trainer that stopped on SIGTERM (Kueue preemption, a node drain, a spot reclaim) after saving a checkpoint at
+# the step in flight (atlas_core.training.preemption): 128 + SIGTERM, what a process ended by SIGTERM reports.
+# A stop, not a failure: the JobSet and TrainJob trainer Job's podFailurePolicy ignores it (the pod is recreated
+# and resumes, no restart counted), and PyTorchJob's ExitCode policy would call it retryable.
+STOP_EXIT_CODE = 143
+# How the stop's report begins (each node's termination message): "atlas stop: SIGTERM: saved checkpoint-<N>
+# (step <N>) in <s> s"; the launch script exits with STOP_EXIT_CODE when the message has it.
+STOP_MARK = "atlas stop:"
 
 # ------------------------------------------------------------------ environment of trainer pods
 ENV_NAMESPACE = "ATLAS_NAMESPACE"  # metric label `namespace`
@@ -54,6 +62,11 @@ ENV_KIND = "ATLAS_KIND"  # metric label `kind`
 ENV_REWARD_SYSTEM_DIR = "ATLAS_REWARD_SYSTEM_DIR"  # extra folder of named RIM configs
 ENV_RUN_UID = "ATLAS_RUN_UID"  # metadata.uid of the cluster run: checkpoints of another run are never resumed
 ENV_RESULT_FILE = "ATLAS_RESULT_FILE"  # where rank 0 writes the run's result (atlas_contract.results)
+# spec.terminationGracePeriodSeconds of the trainer pods: the trainer warns when its last save took longer.
+ENV_TERMINATION_GRACE = "ATLAS_TERMINATION_GRACE_SECONDS"
+# torch elastic's wait for its workers after it passes SIGTERM on, before SIGKILL (torch's default: 30 s): the
+# trainer pod sets it to the grace period so that a save on SIGTERM is not cut short by the launcher.
+ENV_TORCH_ELASTIC_SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
 # ------------------------------------------------------------------ labels and annotations
 MANAGED_BY = "atlas-operator"
