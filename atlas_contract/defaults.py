@@ -65,7 +65,8 @@ FIRST_STEP_MIN_S = 3600.0
 SERVER_TIMEOUT_S = 300.0
 # spec.terminationGracePeriodSeconds of the trainer pods: how long Kubernetes waits after SIGTERM before SIGKILL.
 # The trainer finishes the step in flight, then saves the model and optimizer state: 10 minutes covers a step of
-# a few minutes and a save of a multi-node ZeRO state to a network volume (docs/runbook.md, "Preemption", says how to choose).
+# a few minutes and a save of a multi-node ZeRO state to a network volume (docs/runbook.md, "Preemption", says
+# how to choose).
 TERMINATION_GRACE_S = 600
 
 
