@@ -31,6 +31,9 @@ ACCELERATE_CONFIG_FILE = "accelerate.yaml"
 REWARD_CONFIG_FILE = "reward.yaml"  # a named RIM config, embedded in the ConfigMap
 METRICS_LOG_FILE = "metrics.jsonl"  # one line per logged step, in the output folder
 CHECKPOINT_PREFIX = "checkpoint-"  # <output_dir>/checkpoint-<step>, as transformers names them
+# Where a checkpoint is written before it is complete (<output_dir>/.atlas-staging/checkpoint-<step>): renamed to
+# <output_dir>/checkpoint-<step> once every rank has written its part, so a kill mid-save leaves none half-written.
+CHECKPOINT_STAGING_DIR = ".atlas-staging"
 REWARD_SYSTEM_DIR = "reward_system"  # bundled RIM configs: <name>.yaml
 RUN_IDENTITY_FILE = "atlas_run.json"  # in each checkpoint: which run wrote it, with which settings
 RUN_LOCK_FILE = ".atlas-run.lock"  # in the output folder: one run at a time

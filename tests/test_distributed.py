@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -20,36 +24,64 @@ POD_LAUNCH = (
 )
 
 
-def launch_nodes(
-    preset: str, nodes: int, world: int, overrides: list[str], timeout=420, per_node: list[list[str]] | None = None
-):
-    """``nodes`` pods of one job on this machine; ``per_node`` adds overrides to each (e.g. its own output_dir)."""
+def start_nodes(
+    preset: str, nodes: int, world: int, overrides: list[str], per_node: list[list[str]] | None = None, **env: str
+) -> list[subprocess.Popen]:
+    """``nodes`` pods of one job on this machine, each its own process group; ``per_node`` adds overrides to each
+    (e.g. its own output_dir); ``env`` entries may hold ``{node}`` (e.g. a result file per pod)."""
     master_port = free_port()
     procs = []
     for node_rank in range(nodes):
-        env = python_env(
+        node_env = python_env(
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(master_port),
             PET_NNODES=str(nodes),
             PET_NODE_RANK=str(node_rank),
             PATH=f"{REPO / '.venv' / 'bin'}:{python_env()['PATH']}",
+            **{k: v.format(node=node_rank) for k, v in env.items()},
         )
         own = per_node[node_rank] if per_node else []
         command = POD_LAUNCH.format(preset=preset, world=world, overrides=" ".join([*overrides, *own]))
         procs.append(
             subprocess.Popen(
-                ["bash", "-c", command], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                ["bash", "-c", command],
+                cwd=REPO,
+                env=node_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
             )
         )
+    return procs
+
+
+def wait_nodes(procs: list[subprocess.Popen], timeout=420):
     outputs = []
     try:
         for proc in procs:
             outputs.append(proc.communicate(timeout=timeout)[0])
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+        kill_nodes([p for p in procs if p.poll() is None])
     return [p.returncode for p in procs], outputs
+
+
+def kill_nodes(procs: list[subprocess.Popen], signum: int = signal.SIGKILL) -> None:
+    """``signum`` to every process of each node: the launcher and all it started (torch elastic starts its
+    workers in their own sessions, out of the launcher's process group)."""
+    from tests.support.kubelet import _descendants
+
+    for pid in [pid for proc in procs for pid in (proc.pid, *_descendants(proc.pid))]:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def launch_nodes(
+    preset: str, nodes: int, world: int, overrides: list[str], timeout=420, per_node: list[list[str]] | None = None
+):
+    return wait_nodes(start_nodes(preset, nodes, world, overrides, per_node), timeout)
 
 
 @pytest.mark.slow
@@ -158,10 +190,10 @@ def test_teacher_two_processes_zero3(tmp_path, atlas_cache):
 # --------------------------------------------------------------------------- resume: one decision for all ranks
 
 
-def resume_overrides(max_steps: int, metrics_port: int) -> list[str]:
+def resume_overrides(max_steps: int, metrics_port: int, save_steps: int = 2) -> list[str]:
     return [
         f"trainer.max_steps={max_steps}",
-        "trainer.save_steps=2",
+        f"trainer.save_steps={save_steps}",
         "trainer.per_device_train_batch_size=4",
         f"trainer.metrics_port={metrics_port}",
         "trainer.metrics_host=127.0.0.1",
@@ -219,3 +251,103 @@ def test_shared_folder_resumes_together_and_falls_back_when_a_shard_is_missing(t
     assert "zero_pp_rank_1" in outputs[1] and "resumes from checkpoint-4" in outputs[1]
     assert "resume: all 2 ranks resume from checkpoint-4" in outputs[0]
     assert trained_steps(out) == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]  # 5 and 6 again: checkpoint-6 could not load
+
+
+# --------------------------------------------------------------------------- a stop on SIGTERM (preemption, drains)
+
+
+def trainer_processes(procs: list[subprocess.Popen]) -> list[int]:
+    """Every node's training processes (the launcher's workers), as a pod's trainer processes."""
+    from tests.support.kubelet import _descendants
+
+    found = []
+    for proc in procs:
+        for pid in _descendants(proc.pid):
+            try:
+                command = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if b"atlas_core.cli.train" in command and b"accelerate" not in command:
+                found.append(pid)
+    return found
+
+
+def wait_for(predicate, timeout: float, poll: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"not reached within {timeout} s")
+
+
+def logged_steps(out) -> list[int]:
+    path = out / "metrics.jsonl"
+    return trained_steps(out) if path.is_file() else []
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_step_in_flight_and_a_restart_trains_each_remaining_step_once(tmp_path, atlas_cache):
+    """Two nodes, ZeRO-2, a shared output folder, no scheduled checkpoint before step 50: SIGTERM to every trainer
+    process mid-run → every rank stops after the same step, with a checkpoint there, and exits with the stop code;
+    each node's report names it. The restart resumes from it and trains each remaining step exactly once."""
+    from atlas_contract.names import STOP_EXIT_CODE
+    from atlas_contract.stops import parse_stop_report
+
+    out = tmp_path / "run"
+    overrides = [f"output_dir={out}", *resume_overrides(10, free_port(), save_steps=50)]
+    procs = start_nodes("deepspeed_zero2", 2, 2, overrides, ATLAS_RESULT_FILE=str(tmp_path / "result-{node}"))
+    wait_for(lambda: len(logged_steps(out)) >= 2, timeout=300)
+    workers = trainer_processes(procs)
+    assert len(workers) == 2
+    signalled = time.monotonic()
+    for pid in workers:
+        os.kill(pid, signal.SIGTERM)
+    codes, outputs = wait_nodes(procs, timeout=120)
+    took = time.monotonic() - signalled
+    steps = trained_steps(out)
+    stop = steps[-1]
+    assert stop < 10, "\n\n".join(o[-3000:] for o in outputs)
+    reports = [parse_stop_report((tmp_path / f"result-{node}").read_text()) for node in range(2)]
+    assert [r.step for r in reports] == [stop, stop], reports
+    for output in outputs:  # each node's worker exited with the stop code (torch elastic's summary names it)
+        assert f"exitcode  : {STOP_EXIT_CODE}" in output, output[-3000:]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{stop}"]
+    shards = sorted(p.name for p in (out / f"checkpoint-{stop}" / f"global_step{stop}").glob("*optim_states.pt"))
+    assert len(shards) == 2, shards  # both ranks' ZeRO-2 shards
+    assert not (out / "model.safetensors").exists()  # a stop saves a checkpoint, not the final model
+    print(f"SIGTERM after step {steps[-2] if len(steps) > 1 else 0}: stopped at step {stop}, exit {took:.1f} s later")
+
+    codes, outputs = launch_nodes("deepspeed_zero2", 2, 2, [f"output_dir={out}", *resume_overrides(10, free_port())])
+    assert codes == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
+    assert f"resume: all 2 ranks resume from checkpoint-{stop}" in outputs[0]
+    assert trained_steps(out) == list(range(1, 11))  # no step lost, none repeated
+    assert (out / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_a_kill_in_the_middle_of_a_save_falls_back_to_the_previous_complete_checkpoint(tmp_path, atlas_cache):
+    """SIGTERM, then SIGKILL to every process while the stop's checkpoint is being written (the grace period
+    ran out): no half-written checkpoint is published, and the restart resumes from the previous one."""
+    out = tmp_path / "run"
+    overrides = [f"output_dir={out}", *resume_overrides(10, free_port(), save_steps=3)]
+    procs = start_nodes("deepspeed_zero2", 2, 2, overrides)
+    wait_for(lambda: (out / "checkpoint-3").is_dir() and len(logged_steps(out)) >= 4, timeout=300)
+    for pid in trainer_processes(procs):
+        os.kill(pid, signal.SIGTERM)
+    staging = out / ".atlas-staging"
+    (written,) = wait_for(lambda: [p for p in staging.glob("checkpoint-*") if any(p.iterdir())], timeout=60, poll=0.005)
+    kill_nodes(procs)
+    wait_nodes(procs, timeout=60)
+    killed = int(written.name.removeprefix("checkpoint-"))
+    published = sorted(int(p.name.removeprefix("checkpoint-")) for p in out.glob("checkpoint-*"))
+    assert killed not in published and killed > max(published), (killed, published)
+    before = trained_steps(out)
+
+    codes, outputs = launch_nodes("deepspeed_zero2", 2, 2, [f"output_dir={out}", *resume_overrides(10, free_port())])
+    assert codes == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
+    previous = max(published)
+    assert f"resume: all 2 ranks resume from checkpoint-{previous}" in outputs[0]
+    assert trained_steps(out) == before + list(range(previous + 1, 11))
+    assert not any(staging.glob("checkpoint-*"))  # the next save removed what the killed one left

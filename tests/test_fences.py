@@ -1,5 +1,6 @@
 """Each private third-party API the project uses sits behind one fence that fails loudly, naming what changed, when
-an upgrade moves it (atlas_operator/kopf_compat.py, atlas_core/training/algorithms/trl_hooks.py)."""
+an upgrade moves it (atlas_operator/kopf_compat.py, atlas_core/training/algorithms/trl_hooks.py,
+atlas_core/training/checkpoints.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,32 @@ def test_the_trl_fence_passes_on_the_pinned_trl_and_names_a_changed_hook():
     for name in trl_hooks.HOOKED:
         owners = [cls for cls in GRPOTrainer.__mro__ if name in vars(cls)]
         assert owners[0] is trl_hooks.TRLHooks, (name, owners)
+
+
+def test_the_transformers_fence_passes_on_the_pinned_release_and_names_a_changed_hook():
+    import transformers
+
+    from atlas_core.training import checkpoints
+    from atlas_core.training.algorithms.grpo import GRPOTrainer
+    from atlas_core.training.algorithms.sft import SFTTrainer
+
+    assert transformers.__version__ == checkpoints.TESTED_TRANSFORMERS and checkpoints.fence_problems() == []
+
+    class Upgraded(transformers.Trainer):  # a release that saves elsewhere and renamed the output-folder helper
+        def _save_checkpoint(self, model, trial, metrics=None):
+            raise NotImplementedError
+
+        _get_output_dir = None
+
+    problems = checkpoints.fence_problems(Upgraded)
+    assert "Trainer._save_checkpoint takes (self, model, trial, metrics), not (self, model, trial)" in problems
+    assert "Trainer._save_checkpoint no longer calls self._get_output_dir(trial=trial)" in problems
+    assert "Trainer._get_output_dir is gone" in problems
+    # Both trainers write checkpoints through the fenced mixin, before TRL's and transformers' own.
+    for trainer in (GRPOTrainer, SFTTrainer):
+        for name in checkpoints.HOOKED:
+            owners = [cls for cls in trainer.__mro__ if name in vars(cls)]
+            assert owners[0] is checkpoints.AtomicCheckpoints, (trainer, name, owners)
 
 
 def test_the_kopf_fence_refuses_another_minor_release(monkeypatch):

@@ -59,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         report_problems(exc.problems)
         return 2
     _leave_process_group()  # the evaluation runs on rank 0 alone: no rank waits on it in a collective
+    if result.stopped is not None:  # SIGTERM: every rank saved the step in flight (atlas_core.training.preemption)
+        from atlas_contract.names import STOP_EXIT_CODE
+        from atlas_core.training.preemption import write_stop_report
+
+        write_stop_report(result.stopped, result.local_process_index)
+        return STOP_EXIT_CODE
     if result.process_index == 0:
         code = _finish(run, result)
         if code:

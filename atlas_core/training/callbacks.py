@@ -100,15 +100,12 @@ class RunIdentityCallback(TrainerCallback):
     def __init__(self, identity: dict):
         self.identity = identity
 
-    def on_save(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero:
-            return
-        from atlas_contract.names import CHECKPOINT_PREFIX
+    def fill_checkpoint(self, checkpoint: Path, args, state) -> None:
+        """Called by the saving process with the checkpoint's folder before it is published (written whole:
+        atlas_core/training/checkpoints.py)."""
         from atlas_core.training.resume import write_identity
 
-        checkpoint = Path(args.output_dir) / f"{CHECKPOINT_PREFIX}{state.global_step}"
-        if checkpoint.is_dir():
-            write_identity(checkpoint, self.identity)
+        write_identity(checkpoint, self.identity)
 
 
 def telemetry_callbacks(args) -> list[TrainerCallback]:

@@ -12,7 +12,9 @@ from typing import Any
 
 from atlas_contract.names import METRICS_LOG_FILE
 from atlas_contract.run_config import RunConfig
+from atlas_contract.stops import StopReport
 from atlas_core.training.callbacks import RunIdentityCallback
+from atlas_core.training.preemption import stop_of
 from atlas_core.training.resume import IDENTITY_TRAINER_FIELDS, agree_on_checkpoint, resume_policy, run_identity
 from atlas_core.training.run_config import InvalidFields, trainer_config_class
 
@@ -29,6 +31,8 @@ class FinishedRun:
     process_index: int = 0
     num_processes: int = 1
     already_finished: bool = False  # the run had reached its last step before: nothing was trained
+    stopped: StopReport | None = None  # stopped on SIGTERM, with a checkpoint at this step (no final model yet)
+    local_process_index: int = 0
     log_history: list[dict[str, Any]] = field(default_factory=list)
     args: Any = None  # the trainer's configuration (GRPOConfig / SFTConfig) the run used
 
@@ -135,12 +139,15 @@ def run_training(run: RunConfig, callbacks: list | None = None, quiet: bool = Fa
     agreement = agree_on_checkpoint(
         run.output_dir, resume_policy(run.resume), deepspeed=trainer.is_deepspeed_enabled, identity=identity
     )
+    stopped = None
     try:
         finished_at = finished_step(agreement.checkpoint, trainer.args.max_steps)
         if finished_at is None:
             trainer.add_callback(RunIdentityCallback(identity))
             trainer.train(resume_from_checkpoint=agreement.checkpoint)
-            trainer.save_model(run.output_dir)
+            stopped = stop_of(trainer)
+            if stopped is None:  # a stop leaves its checkpoint; the final model is saved when training ends
+                trainer.save_model(run.output_dir)
     finally:
         agreement.release()
     return FinishedRun(
@@ -151,6 +158,8 @@ def run_training(run: RunConfig, callbacks: list | None = None, quiet: bool = Fa
         num_processes=trainer.accelerator.num_processes,
         log_history=list(trainer.state.log_history) if finished_at is None else _logged(agreement.checkpoint),
         already_finished=finished_at is not None,
+        stopped=stopped,
+        local_process_index=trainer.accelerator.local_process_index,
         args=trainer.args,
     )
 

@@ -27,6 +27,8 @@ from atlas_core.tasks.arithmetic import completion_text
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
 from atlas_core.training.algorithms.trl_hooks import TRLHooks
 from atlas_core.training.callbacks import telemetry_callbacks
+from atlas_core.training.checkpoints import AtomicCheckpoints
+from atlas_core.training.preemption import stop_callbacks
 from atlas_core.training.watchdog import (
     rollout_server_url,
     server_check_timeout,
@@ -52,7 +54,7 @@ def _reward_column(name: str):
     return column
 
 
-class GRPOTrainer(TRLHooks, trl.GRPOTrainer):
+class GRPOTrainer(AtomicCheckpoints, TRLHooks, trl.GRPOTrainer):
     """Group Relative Policy Optimization, as TRL implements it, with Atlas's hooks.
 
     Args:
@@ -124,7 +126,13 @@ class GRPOTrainer(TRLHooks, trl.GRPOTrainer):
                 )
             reward_funcs = [_reward_column(self.reward_column_name)]
 
-        callbacks = [*(callbacks or []), *telemetry_callbacks(args), *watchdog_callbacks(args), _SubclassHooks(self)]
+        callbacks = [
+            *(callbacks or []),
+            *telemetry_callbacks(args),
+            *watchdog_callbacks(args),
+            *stop_callbacks(args),
+            _SubclassHooks(self),
+        ]
 
         self._reward_batch: tuple[list, list] | None = None
         self._eval_records: list[tuple[str, Any]] = []

@@ -14,6 +14,8 @@ import trl
 from atlas_core.models.tiny import policy_model
 from atlas_core.training.algorithms.grpo_config import AtlasArguments
 from atlas_core.training.callbacks import telemetry_callbacks
+from atlas_core.training.checkpoints import AtomicCheckpoints
+from atlas_core.training.preemption import stop_callbacks
 from atlas_core.training.watchdog import watchdog_callbacks
 
 
@@ -36,7 +38,7 @@ class SFTConfig(trl.SFTConfig, AtlasArguments):
         self._resolve_atlas_fields()
 
 
-class SFTTrainer(trl.SFTTrainer):
+class SFTTrainer(AtomicCheckpoints, trl.SFTTrainer):
     """TRL's SFTTrainer; also accepts ``tokenizer`` (for ``processing_class``) and ``max_seq_length``
     (for ``args.max_length``), as the trainers reference documents, and a ``model`` taken from
     ``args.model_name_or_path`` when omitted."""
@@ -59,7 +61,12 @@ class SFTTrainer(trl.SFTTrainer):
             kwargs["processing_class"] = tokenizer
         if max_seq_length is not None and args is not None:
             args.max_length = max_seq_length
-        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), *telemetry_callbacks(args), *watchdog_callbacks(args)]
+        kwargs["callbacks"] = [
+            *(kwargs.get("callbacks") or []),
+            *telemetry_callbacks(args),
+            *watchdog_callbacks(args),
+            *stop_callbacks(args),
+        ]
         super().__init__(model=model, args=args, **kwargs)
 
     def format_dataset(self, dataset):
