@@ -207,12 +207,13 @@ def trained_steps(out) -> list[int]:
 @pytest.mark.slow
 def test_per_node_checkpoint_folders_stop_every_rank_with_the_reason(tmp_path, atlas_cache):
     """Two nodes, each with its own output folder (no shared volume): after a restart rank 0 finds a
-    complete checkpoint and rank 1 only its shard. Every rank stops with the reason, none trains."""
+    complete checkpoint and rank 1 none (the checkpoint is published where the saving rank writes; rank 1's
+    shard stays in its own staging folder). Every rank stops with the reason, none trains."""
     folders = [[f"output_dir={tmp_path / f'node{i}'}"] for i in range(2)]
     codes, outputs = launch_nodes("deepspeed_zero2", 2, 2, resume_overrides(2, free_port()), per_node=folders)
     assert codes == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
     assert (tmp_path / "node0" / "checkpoint-2" / "trainer_state.json").is_file()
-    assert not (tmp_path / "node1" / "checkpoint-2" / "trainer_state.json").exists()
+    assert not (tmp_path / "node1" / "checkpoint-2").exists()
 
     codes, outputs = launch_nodes(
         "deepspeed_zero2", 2, 2, resume_overrides(4, free_port()), per_node=folders, timeout=240
@@ -220,7 +221,7 @@ def test_per_node_checkpoint_folders_stop_every_rank_with_the_reason(tmp_path, a
     assert codes[0] != 0 and codes[1] != 0, "\n\n".join(o[-3000:] for o in outputs)
     for output in outputs:
         assert "checkpoint-2 is complete for rank 0" in output and "but not for every rank" in output, output[-3000:]
-        assert "rank 1 on" in output and "trainer_state.json" in output
+        assert "rank 1 on" in output and "no such folder" in output
         assert "spec.checkpoint.pvc" in output and "ReadWriteMany" in output
         # The launcher prints its own traceback for a child's exit status; none comes from our code or torch's.
         assert "collective mismatch" not in output and "atlas_core/" not in output.split("error: resume:")[1]
