@@ -126,6 +126,13 @@ OPERATOR = (
         "saw them.",
         ("kind", "namespace", "run"),
     ),
+    Metric(
+        "atlas_training_preemption_saves",
+        "counter",
+        "Checkpoints a run's trainer saved on SIGTERM (Kueue preemption, a node drain, a spot reclaim) at the step in "
+        "flight, one per step, as the operator read them from the trainer pods' stop reports.",
+        RUN_LABELS,
+    ),
 )
 
 # .status.progress key → the trainer gauge the operator mirrors it from.

@@ -34,6 +34,24 @@ def test_backend_queue_name_and_max_restarts_fields():
             parse_run(teacher(queueName=bad))
 
 
+@pytest.mark.parametrize("kind", ["AtlasTraining", "AtlasTeacher"])
+def test_termination_grace_period_defaults_to_the_contracts_and_is_at_least_one_second(kind):
+    """spec.terminationGracePeriodSeconds: 600 unset (the CRD default and the parsed run), at least 1 for the operator
+    and the API server alike, documented with how to choose it."""
+    make = training if kind == "AtlasTraining" else teacher
+    assert parse_run(make()).spec.termination_grace_period_seconds == 600
+    assert parse_run(make(terminationGracePeriodSeconds=1)).spec.termination_grace_period_seconds == 1
+    crd = crd_jsonschema(custom_resource_definition(kind))
+    field = crd["properties"]["spec"]["properties"]["terminationGracePeriodSeconds"]
+    assert field["type"] == "integer" and field["default"] == 600 and field["minimum"] == 1
+    assert "step in flight" in field["description"] and "save" in field["description"]
+    for bad in (0, -5, "ten"):
+        with pytest.raises(InvalidFields, match="spec.terminationGracePeriodSeconds"):
+            parse_run(make(terminationGracePeriodSeconds=bad))
+        with pytest.raises(jsonschema.ValidationError):  # the API server refuses it too
+            openapi_validate(make(terminationGracePeriodSeconds=bad), crd)
+
+
 def test_queue_name_is_what_kueues_webhook_accepts():
     """Kueue's job webhook takes the queue-name label as a DNS-1123 subdomain (ValidateLabelAsCRDName): a name it
     would reject makes the run Invalid, naming the field, rather than a job the API server refuses (ChildRejected);

@@ -64,8 +64,11 @@ JOBSET_RUNS = {
         backend="JobSet", rollout={"replicas": 0}, resources={"nodes": 1, "gpusPerNode": 8}, maxRestarts=0
     ),
     "training-1-node": training(backend="JobSet", resources={"nodes": 1, "gpusPerNode": 8}, suspend=True),
-    "training-3-nodes-pvc": training(
-        backend="JobSet", resources={"nodes": 3, "gpusPerNode": 8}, checkpoint={"pvc": "ckpt", "path": "/ckpt"}
+    "training-3-nodes-pvc-grace": training(
+        backend="JobSet",
+        resources={"nodes": 3, "gpusPerNode": 8},
+        checkpoint={"pvc": "ckpt", "path": "/ckpt"},
+        terminationGracePeriodSeconds=1800,
     ),
     "training-3-cpu-nodes-queued": training(
         backend="JobSet", resources={"nodes": 3, "gpusPerNode": 0}, rollout={"replicas": 0}, queueName="q"
@@ -144,10 +147,23 @@ def test_rendered_jobset_matches_the_crd_and_the_webhook(manifest):
         "onJobFailureReasons": ["PodFailurePolicy"],
         "targetReplicatedJobs": ["trainer"],
     }
+    # The watchdog's exit fails the trainer's Job (first: the first matching rule decides); a stop on SIGTERM (exit
+    # code 143, a checkpoint saved) and a pod Kubernetes disrupted (drain, preemption) are not counted: the Job
+    # recreates the pod, with no gang restart.
     assert rjobs["trainer"]["template"]["spec"]["podFailurePolicy"] == {
-        "rules": [{"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]}}]
+        "rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]}},
+            {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [143]}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]
     }
+    # The servers have none: a replaced server would hold the base model's weights and no weight-sync group with the
+    # running trainer, so a server's disruption restarts the gang (counted).
     assert all("podFailurePolicy" not in r["template"]["spec"] for n, r in rjobs.items() if n != "trainer")
+    grace = spec.get("terminationGracePeriodSeconds", 600)  # the CRD default
+    assert pod_of(trainer)["spec"]["terminationGracePeriodSeconds"] == grace
+    for server in servers:  # Kubernetes' default
+        assert "terminationGracePeriodSeconds" not in pod_of(rjobs[server])["spec"]
     network = js["spec"]["network"]
     assert network["enableDNSHostnames"] is True
     assert "subdomain" not in network  # the hostnames below assume the JobSet's own name
@@ -162,6 +178,8 @@ def test_rendered_jobset_matches_the_crd_and_the_webhook(manifest):
     assert env["PET_NNODES"]["value"] == str(nodes)
     assert env["PET_NPROC_PER_NODE"]["value"] == str(max(spec["resources"]["gpusPerNode"], 1))
     assert int(env["MASTER_PORT"]["value"]) in [p["containerPort"] for p in container["ports"]]
+    assert env["ATLAS_TERMINATION_GRACE_SECONDS"]["value"] == str(grace)
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]["value"] == str(grace)  # not torch's 30 s: the save is not cut short
 
     config = yaml.safe_load(config_map_of(objects)["data"]["run.yaml"])
     if "rollout" in servers:

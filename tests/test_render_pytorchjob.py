@@ -68,6 +68,34 @@ def test_pytorchjob_shape():
     assert list(single["spec"]["pytorchReplicaSpecs"]) == ["Master"]
 
 
+@pytest.mark.parametrize("grace", [None, 1, 3600])
+def test_the_grace_period_is_the_trainer_pods_and_their_launchers(grace):
+    """spec.terminationGracePeriodSeconds (default 600): on Master and Worker pods, in
+    ATLAS_TERMINATION_GRACE_SECONDS and in TORCH_ELASTIC_SHUTDOWN_TIMEOUT (torch elastic otherwise kills its workers
+    30 s after SIGTERM); a stop restarts the container in place (OnFailure). The server Deployments keep Kubernetes'
+    default."""
+    extra = {} if grace is None else {"terminationGracePeriodSeconds": grace}
+    objs = children(training(resources={"nodes": 3, "gpusPerNode": 8}, **extra))
+    expected = 600 if grace is None else grace
+    replicas = objs[("PyTorchJob", "grpo-run")]["spec"]["pytorchReplicaSpecs"]
+    for role in ("Master", "Worker"):
+        assert replicas[role]["restartPolicy"] == "OnFailure"
+        pod = replicas[role]["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == expected, role
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["ATLAS_TERMINATION_GRACE_SECONDS"] == env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(expected)
+    rollout = objs[("Deployment", "grpo-run-rollout")]["spec"]["template"]["spec"]
+    assert "terminationGracePeriodSeconds" not in rollout
+
+
+def test_users_env_overrides_the_launchers_shutdown_timeout():
+    """spec.env wins over ours, TORCH_ELASTIC_SHUTDOWN_TIMEOUT included (as for every variable the operator sets)."""
+    objs = children(training(env=[{"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": "5"}]))
+    pod = objs[("PyTorchJob", "grpo-run")]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    env = [e for e in pod["containers"][0]["env"] if e["name"] == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]
+    assert env == [{"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": "5"}]
+
+
 def test_suspend_renders_suspended_job_and_no_servers():
     objs = children(teacher(suspend=True))
     assert objs[("PyTorchJob", "teacher-run")]["spec"]["runPolicy"]["suspend"] is True

@@ -14,7 +14,7 @@ from atlas_operator.render import Images, render_children
 from atlas_operator.render.trainjob import training_runtime
 from atlas_operator.validation import parse_run
 
-from atlas_contract.names import QUEUE_NAME_LABEL, TRAINJOB_RUNTIME, WATCHDOG_EXIT_CODE
+from atlas_contract.names import QUEUE_NAME_LABEL, STOP_EXIT_CODE, TRAINJOB_RUNTIME, WATCHDOG_EXIT_CODE
 from tests.support.cel_admission import admission_refusals
 from tests.support.k8s_schemas import (
     KUBE_VERSION,
@@ -58,6 +58,7 @@ TRAINJOB_RUNS = {
         imagePullSecrets=[{"name": "regcred"}],
         serviceAccountName="trainer",
         env=[{"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "api"}}}],
+        terminationGracePeriodSeconds=45,
     ),
     "training-3-cpu-nodes-queued": training(
         backend="TrainJob", resources={"nodes": 3, "gpusPerNode": 0, "cpu": "4"}, rollout={"replicas": 0}, queueName="q"
@@ -136,7 +137,18 @@ def test_rendered_trainjob_matches_the_crd_the_webhooks_and_builds_a_valid_jobse
     )
     assert job["parallelism"] == job["completions"] == nodes and job["completionMode"] == "Indexed"
     assert job["backoffLimit"] == 0 and pod["spec"]["restartPolicy"] == "Never"
-    assert job["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [WATCHDOG_EXIT_CODE]
+    # The runtime's: the watchdog's exit fails the Job (first); a stop on SIGTERM (143) and a disrupted pod do not
+    # count: the Job recreates the pod.
+    assert job["podFailurePolicy"]["rules"] == [
+        {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": "node", "operator": "In", "values": [WATCHDOG_EXIT_CODE]},
+        },
+        {"action": "Ignore", "onExitCodes": {"containerName": "node", "operator": "In", "values": [STOP_EXIT_CODE]}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]
+    # The grace period through the runtime patch (a PodSpecPatch field), the run's own.
+    assert pod["spec"]["terminationGracePeriodSeconds"] == spec.get("terminationGracePeriodSeconds", 600)
     assert pod["spec"]["automountServiceAccountToken"] is False
     (container,) = pod["spec"]["containers"]
     env = {e["name"]: e for e in container["env"]}
@@ -147,7 +159,14 @@ def test_rendered_trainjob_matches_the_crd_the_webhooks_and_builds_a_valid_jobse
 
     # The same pod as the JobSet backend's trainer, but for what each controller names or injects.
     jobset_pod = _jobset_trainer_pod(manifest)
-    for field in ("volumes", "securityContext", "nodeSelector", "tolerations", "imagePullSecrets"):
+    for field in (
+        "volumes",
+        "securityContext",
+        "nodeSelector",
+        "tolerations",
+        "imagePullSecrets",
+        "terminationGracePeriodSeconds",
+    ):
         assert pod["spec"].get(field) == jobset_pod["spec"].get(field), field
     if spec.get("serviceAccountName"):
         assert pod["spec"]["serviceAccountName"] == spec["serviceAccountName"]

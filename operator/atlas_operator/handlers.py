@@ -126,6 +126,8 @@ def _reconcile_counted(body: dict, memo: kopf.Memo, started: float) -> tuple[dic
     meta = body["metadata"]
     if result.watchdog_restarts:
         metrics.WATCHDOG_RESTARTS.labels(kind, meta.get("namespace"), meta["name"]).inc(result.watchdog_restarts)
+    if result.preemption_saves:
+        metrics.PREEMPTION_SAVES.labels(meta.get("namespace"), meta["name"], kind).inc(result.preemption_saves)
     memo.phases.set(kind, meta.get("namespace"), meta["name"], result.phase)
     return status_update(dict(body.get("status") or {}), meta.get("generation"), result, now())
 

@@ -24,6 +24,7 @@ RECONCILE_DURATION = _metric(Histogram, "atlas_operator_reconcile_duration_secon
 RUNS = _metric(Gauge, "atlas_operator_runs")
 RUN_PHASE = _metric(Gauge, "atlas_operator_run_phase")
 WATCHDOG_RESTARTS = _metric(Counter, "atlas_operator_watchdog_restarts")
+PREEMPTION_SAVES = _metric(Counter, "atlas_training_preemption_saves")
 RESULTS = ("success", "error")
 
 

@@ -133,12 +133,24 @@ class RunResult:
 
 
 @dataclass
+class Preemption:
+    """The trainer's saves on SIGTERM (Kueue preemption, a node drain, a spot reclaim): every rank finished the step in
+    flight and saved a checkpoint at it (each trainer node's stop report, its termination message)."""
+
+    saves: int | None = spec_field("saves on SIGTERM so far, one per step saved", minimum=0)
+    step: int | None = spec_field("the step of the last one (its checkpoint: checkpoint-<step>)", minimum=0)
+    seconds: float | None = spec_field("from SIGTERM to the saved checkpoint, the last time", minimum=0)
+    time: str | None = spec_field("when the last one's trainer container ended (RFC 3339)")
+
+
+@dataclass
 class RunStatus:
     """Observed state of the run."""
 
     phase: str | None = spec_field(
         "follows the job (the PyTorchJob's last condition; the JobSet's conditions and terminalState); Queued = "
-        "Kueue has not admitted the job (spec.queueName); Invalid = rejected spec",
+        "Kueue has not admitted the job (spec.queueName), or suspended it again after it ran (Training reason "
+        "Preempted: it resumes from its newest checkpoint when readmitted); Invalid = rejected spec",
         enum=PHASES,
     )
     observed_generation: int | None = spec_field("metadata.generation last reconciled")
@@ -146,6 +158,7 @@ class RunStatus:
     progress: Progress | None = spec_field("training progress")
     children: Children | None = spec_field("owned objects")
     restarts: int | None = spec_field("whole-gang restarts so far (the JobSet's status.restarts; backend JobSet)")
+    preemption: Preemption | None = spec_field("the trainer's checkpoint saves on SIGTERM (absent: none yet)")
     result: RunResult | None = spec_field(
         "read from the finished rank-0 trainer pod's termination message once the job has succeeded"
     )

@@ -24,6 +24,7 @@ from atlas_contract.names import (
     KINDS,
     PHASES,
     SHORT_NAMES,
+    STOP_EXIT_CODE,
     VERSION,
     WATCHDOG_EXIT_CODE,
 )
@@ -478,6 +479,17 @@ class RunSpec:
         "trainJob.runtime.maxRestarts)",
         3,
         minimum=0,
+    )
+    termination_grace_period_seconds: int = spec_field(
+        "seconds the trainer pods get after SIGTERM (Kueue preemption, a node drain, a spot reclaim, a deleted pod) "
+        "before they are killed (the pods' terminationGracePeriodSeconds): every rank finishes the step in flight, "
+        "a checkpoint of the model and optimizer state is saved at it, and the trainer exits with code "
+        f"{STOP_EXIT_CODE}, a stop that JobSet and TrainJob do not count toward spec.maxRestarts. Choose the longest "
+        "step plus the time a save takes on spec.checkpoint's volume; the trainer logs a warning when its last save "
+        "took longer than this. A spot reclaim's notice (often 30 s to 2 minutes) bounds it whatever it is set to. "
+        "The server pods keep Kubernetes' default",
+        defaults.TERMINATION_GRACE_S,
+        minimum=1,
     )
 
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas_contract.metrics import PROGRESS
-from atlas_contract.names import TRAINJOB_TRAINER_JOB, WATCHDOG_EXIT_CODE
+from atlas_contract.names import CHECKPOINT_PREFIX, STOP_EXIT_CODE, TRAINJOB_TRAINER_JOB, WATCHDOG_EXIT_CODE
+from atlas_contract.stops import StopReport, parse_stop_report
 from atlas_operator.run_status import CHILD_KEYS, ConditionType
 
 # The JobSet failurePolicy rule the operator renders for a restart after a step-watchdog exit; its RestartingJobSet
@@ -66,6 +67,10 @@ class Outcome:
     result_stale: bool = False
     restarts: int | None = None  # the JobSet's whole-gang restarts (None: not a JobSet)
     watchdog_restarts: int = 0  # of those, new ones since the last status that followed a step-watchdog exit
+    # .status.preemption to write when a new save on SIGTERM was seen (None: nothing new), and how many new saves
+    # that is (atlas_training_preemption_saves_total).
+    preemption: dict[str, Any] | None = None
+    preemption_saves: int = 0
 
 
 def now() -> str:
@@ -192,6 +197,63 @@ def watchdog_restarts(job: dict[str, Any] | None, run_status: dict[str, Any] | N
     return max(new, 0) if restarting and restarting.get("reason") == WATCHDOG_RESTART_REASON else 0
 
 
+# The Training condition's reason while Kueue holds back a queued run it had admitted (preemption, eviction).
+PREEMPTED = "Preempted"
+# PyTorchJob condition types that only a job whose pods ran has: the Kubeflow Training Operator (v1.9) keeps its
+# Running condition, set to False with reason PyTorchJobSuspended, when it suspends a running job, and a job Kueue
+# never admitted has only Created and Suspended.
+_RAN = ("Running", "Restarting")
+
+
+def job_ran(job: dict[str, Any] | None) -> bool:
+    """Whether the job's own status shows that it ran before: a PyTorchJob's Running or Restarting condition, of any
+    status. A JobSet and a TrainJob keep no such trace (their Suspended condition flips back to True, the same as a
+    job never admitted): False for those."""
+    if job is None or job.get("kind") in ("JobSet", "TrainJob"):
+        return False
+    return any(c.get("type") in _RAN for c in (job.get("status") or {}).get("conditions") or [])
+
+
+def preempted_message(preemption: dict[str, Any] | None) -> str:
+    """The Training condition's message for a run Kueue suspended again after admitting it."""
+    message = (
+        "Kueue suspended the job after admitting it (preemption or eviction); it resumes from its newest "
+        "checkpoint when Kueue admits it again"
+    )
+    step = (preemption or {}).get("step")
+    if step is not None:
+        message += f" (the last save on SIGTERM: {CHECKPOINT_PREFIX}{step}, step {step})"
+    return message
+
+
+def stop_report(pod: dict[str, Any]) -> tuple[StopReport, str | None] | None:
+    """The trainer's stop report in ``pod``: a container that ended (``state`` or ``lastState``, after an in-place
+    restart) with exit code STOP_EXIT_CODE and a termination message that parses as one (atlas_contract.stops), with
+    when it ended (``finishedAt``); the one of the highest step when several; None when there is none."""
+    found: list[tuple[StopReport, str | None]] = []
+    for entry in ((pod.get("status") or {}).get("containerStatuses")) or []:
+        if not isinstance(entry, dict):
+            continue
+        for key in ("state", "lastState"):
+            terminated = (entry.get(key) or {}).get("terminated")
+            if not isinstance(terminated, dict) or terminated.get("exitCode") != STOP_EXIT_CODE:
+                continue
+            message = terminated.get("message")
+            report = parse_stop_report(message) if isinstance(message, str) else None
+            if report is not None:
+                finished = terminated.get("finishedAt")
+                found.append((report, finished if isinstance(finished, str) else None))
+    return max(found, key=lambda item: item[0].step) if found else None
+
+
+def save_message(report: StopReport) -> str:
+    """The PreemptionSave Event's message."""
+    return (
+        f"every rank saved {CHECKPOINT_PREFIX}{report.step} (step {report.step}) on {report.signal} in "
+        f"{report.seconds:.1f} s; training resumes from it"
+    )
+
+
 def job_suspended(job: dict[str, Any] | None) -> bool:
     """The job's suspend flag (PyTorchJob runPolicy.suspend, JobSet and TrainJob spec.suspend)."""
     spec = (job or {}).get("spec") or {}
@@ -274,6 +336,8 @@ def status_update(old: dict[str, Any], generation: int | None, result: Outcome, 
     for cond in new["conditions"]:
         cond["observedGeneration"] = generation
     new.update(progress_patch(old, result.progress, at))
+    if result.preemption is not None:
+        new["preemption"] = result.preemption
     if result.result is not None:
         new["result"] = result.result
     elif result.result_stale:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atlas_contract.names import KINDS, LABEL_INSTANCE, ChildNames
+from atlas_contract.names import KINDS, LABEL_COMPONENT, LABEL_INSTANCE, ChildNames
 from atlas_contract.results import parse_result
 from atlas_operator import kube
 from atlas_operator.kube import ApiError
@@ -22,9 +22,13 @@ from atlas_operator.status import (
     FINISHED,
     TRAINER_JOBS,
     Event,
+    Outcome,
     job_state,
+    now,
     pod_stuck,
+    save_message,
     servers_waiting,
+    stop_report,
     termination_message,
 )
 
@@ -72,15 +76,18 @@ class Observation:
 
     def pod_changed(self, pod: dict[str, Any], deleted: bool = False) -> tuple[str, str] | None:
         """Note whether a run's pod is stuck before starting (pod_stuck: a missing pull Secret, a Secret its env
-        names, a bad image). Returns the run's (kind, name) when that changes what its status should say, else
-        None (also for a run this process has not reconciled yet: its first reconciliation reads what is noted).
-        The run is known from the pod's labels alone, no API call."""
+        names, a bad image), and a trainer pod's stop report (a save on SIGTERM: stop_report; a deleted pod's last
+        state too, since the kubelet posts it before the pod goes). Returns the run's (kind, name) when that changes
+        what its status should say, else None (also for a run this process has not reconciled yet: its first
+        reconciliation reads what is noted). The run is known from the pod's labels alone, no API call."""
         meta = pod.get("metadata") or {}
-        run_name, pod_name = (meta.get("labels") or {}).get(LABEL_INSTANCE), meta.get("name")
+        labels = meta.get("labels") or {}
+        run_name, pod_name = labels.get(LABEL_INSTANCE), meta.get("name")
         if not run_name or not pod_name:
             return None
         key = (meta.get("namespace", "default"), run_name)
         stuck = None if deleted else pod_stuck(pod)
+        stop = stop_report(pod) if labels.get(LABEL_COMPONENT) == "trainer" else None
         with self._stuck_lock:
             pods = self._stuck.setdefault(key, {})
             before = pods.pop(pod_name, None)
@@ -88,8 +95,39 @@ class Observation:
                 pods[pod_name] = stuck
             if not pods:
                 del self._stuck[key]
+            noted = self._stops.get(key)
+            new_stop = stop is not None and (noted is None or stop[0].step > noted[0].step)
+            if new_stop:  # every node reports the same step: the first pod seen with it speaks for the run
+                self._stops[key] = stop
             kind = self._kinds.get(key)
-        return (kind, run_name) if stuck != before and kind in KINDS else None
+        return (kind, run_name) if (stuck != before or new_stop) and kind in KINDS else None
+
+    def observe_preemption(self, run: Run, body: dict[str, Any], result: Outcome) -> None:
+        """A save on SIGTERM newer than the run's status shows (pod_changed noted it): .status.preemption, a Normal
+        Event PreemptionSave and one more atlas_training_preemption_saves_total. Counted once per run and step:
+        every node reports the same step, a pod is seen again, an operator restarted reads the step from the
+        status, and two reconciliations that read the run before either wrote its status see this process's count."""
+        with self._stuck_lock:
+            noted = self._stops.get((run.namespace, run.name))
+        if noted is None:
+            return
+        report, finished = noted
+        shown = (body.get("status") or {}).get("preemption") or {}
+        key = (run.namespace, run.name, run.uid)
+        with self._result_lock:
+            counted = self._saves_counted.get(key)
+            last = max(s for s in (shown.get("step"), counted, -1) if s is not None)
+            if report.step <= last:
+                return
+            self._saves_counted[key] = report.step
+        result.preemption = {
+            "saves": int(shown.get("saves") or 0) + 1,
+            "step": report.step,
+            "seconds": round(report.seconds, 1),
+            "time": finished or now(),
+        }
+        result.preemption_saves = 1
+        result.events.append(Event("Normal", "PreemptionSave", save_message(report)))
 
     def run_of_trainjob_gang(self, obj: dict[str, Any]) -> dict[str, str] | None:
         """The run (``{"kind", "name"}``) of the JobSet the Kubeflow Trainer made of its TrainJob: controlled by a

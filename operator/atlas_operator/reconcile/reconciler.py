@@ -10,6 +10,7 @@ from typing import Any
 
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import ChildNames
+from atlas_contract.stops import StopReport
 from atlas_operator import kube
 from atlas_operator.config import OperatorConfig
 from atlas_operator.kube import ApiError, Kube
@@ -31,11 +32,14 @@ from atlas_operator.revisions import Revision, stamp
 from atlas_operator.run_status import ConditionType as Condition
 from atlas_operator.spec import Run
 from atlas_operator.status import (
+    PREEMPTED,
     Event,
     Outcome,
     gang_of,
     job_phase,
+    job_ran,
     job_suspended,
+    preempted_message,
     training_reason,
     watchdog_restarts,
 )
@@ -61,6 +65,10 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
         self._stuck_lock = threading.Lock()
         self._stuck: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         self._kinds: dict[tuple[str, str], str] = {}
+        # Saves on SIGTERM (from the pod watch): (namespace, run) → the highest step's stop report and when its
+        # container ended; and the step last counted, per (namespace, run, run uid).
+        self._stops: dict[tuple[str, str], tuple[StopReport, str | None]] = {}
+        self._saves_counted: dict[tuple, int] = {}
 
     def reconcile(self, body: dict[str, Any], adopt: Callable[[dict, dict], None]) -> Outcome:
         meta = body.get("metadata") or {}
@@ -193,7 +201,11 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
         restarting = gang_of(job, gang)
         if restarting is not None:
             self.observe_restarts(run, body, restarting, result)
-        if job is not None:
+        self.observe_preemption(run, body, result)
+        if job is not None and result.phase == "Queued" and self.preempted(body, job, result):
+            shown = (body.get("status") or {}).get("preemption")
+            reason, message = PREEMPTED, preempted_message(result.preemption or shown)
+        elif job is not None:
             reason, message = training_reason(job, gang)
         elif run.spec.queue_name and run.spec.suspend:  # its job was deleted (Kueue owns a queued job's suspend)
             reason, message = "Suspended", f"spec.suspend: no {run.backend} while suspended; resuming queues a new one"
@@ -205,6 +217,26 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
                 result.result = self.read_result(run, gang or job, result.events)
         elif job is not None:
             result.result_stale = True  # a job made again (spec change) has not reported yet
+
+    @staticmethod
+    def preempted(body: dict[str, Any], job: dict[str, Any], result: Outcome) -> bool:
+        """Whether Kueue suspended the run's queued job again after admitting it (preemption, eviction), not a job it
+        never admitted: the job's own conditions say so on PyTorchJob (job_ran); a JobSet's or a TrainJob's do not,
+        so there the run's previous status does: Running, or already Preempted. A job this reconciliation created or
+        recreated (a spec change) is a new one, waiting for its first admission."""
+        if any(
+            action in ("created", "recreated")
+            for child, action in result.actions.items()
+            if child.startswith(f"{job.get('kind')}/")
+        ):
+            return False
+        if job_ran(job):
+            return True
+        status = body.get("status") or {}
+        training = next((c for c in status.get("conditions") or [] if c.get("type") == Condition.TRAINING), {})
+        return status.get("phase") == "Running" or (
+            status.get("phase") == "Queued" and training.get("reason") == PREEMPTED
+        )
 
     def trainjob_gang(self, namespace: str, job: dict[str, Any] | None) -> dict[str, Any] | None:
         """The JobSet the Kubeflow Trainer made of a TrainJob (its name; controlled by the TrainJob), read only:
@@ -271,6 +303,8 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
                 del self._result_reads[read]
             for counted in [k for k in self._restarts_counted if k[:3] == key]:
                 del self._restarts_counted[counted]
+            self._saves_counted.pop(key, None)
         with self._stuck_lock:
             self._stuck.pop(key[:2], None)
             self._kinds.pop(key[:2], None)
+            self._stops.pop(key[:2], None)

@@ -9,6 +9,7 @@ from atlas_contract.names import (
     JOBSET_TRAINER_CONTAINER,
     QUEUE_NAME_LABEL,
     SPEC_HASH_ANNOTATION,
+    STOP_EXIT_CODE,
     WATCHDOG_EXIT_CODE,
     ChildNames,
 )
@@ -86,10 +87,25 @@ def _trainer_replicated_job(
 
 
 def pod_failure_policy(container: str) -> dict[str, Any]:
-    """The trainer Job's: a trainer the step watchdog ended fails its Job with reason PodFailurePolicy, which the
-    JobSet's WATCHDOG_RESTART_RULE names in its RestartingJobSet condition: the operator counts those restarts."""
+    """The trainer Job's (rules apply in order, the first that matches decides):
+
+    - a trainer the step watchdog ended fails its Job with reason PodFailurePolicy, which the JobSet's
+      WATCHDOG_RESTART_RULE names in its RestartingJobSet condition: the operator counts those restarts;
+    - a trainer that stopped on SIGTERM (STOP_EXIT_CODE: the step in flight finished and saved) is a stop, not a
+      failure: Ignore, so the Job recreates the pod without counting it toward backoffLimit (0: it would fail
+      the Job and restart the gang), and the new pod resumes from that checkpoint;
+    - a pod Kubernetes disrupted (condition DisruptionTarget: evicted by a drain, preempted, its node gone) is
+      ignored the same way whatever its exit code: one killed before it could save resumes from the checkpoint
+      before (Kubernetes' documented way to not count disruptions)."""
     watchdog_exit = {"containerName": container, "operator": "In", "values": [WATCHDOG_EXIT_CODE]}
-    return {"rules": [{"action": "FailJob", "onExitCodes": watchdog_exit}]}
+    stop_exit = {"containerName": container, "operator": "In", "values": [STOP_EXIT_CODE]}
+    return {
+        "rules": [
+            {"action": "FailJob", "onExitCodes": watchdog_exit},
+            {"action": "Ignore", "onExitCodes": stop_exit},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]
+    }
 
 
 def job_failure_policy(max_restarts: int, trainer_job: str = "trainer") -> dict[str, Any]:

@@ -15,9 +15,13 @@ from atlas_contract.names import (
     ENV_RESULT_FILE,
     ENV_RUN,
     ENV_RUN_UID,
+    ENV_TERMINATION_GRACE,
+    ENV_TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
     QUEUE_NAME_LABEL,
     RENDEZVOUS_PORT,
     RUN_CONFIG_FILE,
+    STOP_EXIT_CODE,
+    STOP_MARK,
     TERMINATION_MESSAGE_PATH,
     TRAINER_METRICS_PORT,
     WATCHDOG_EXIT_CODE,
@@ -49,8 +53,11 @@ def launch_command(run: Run) -> list[str]:
 
     The launcher's exit code is torch elastic's (1 for any failed worker), so a worker the step watchdog ended
     would look like any crash: when the watchdog's reason is in the termination message, the container exits
-    with WATCHDOG_EXIT_CODE instead (what a JobSet's podFailurePolicy and `kubectl describe` see). The launcher
-    runs in the background so that SIGTERM (pod deletion) is passed on to it."""
+    with WATCHDOG_EXIT_CODE instead (what a JobSet's podFailurePolicy and `kubectl describe` see). Likewise a
+    trainer that stopped on SIGTERM after saving a checkpoint at the step in flight (its stop report, STOP_MARK,
+    in the termination message) exits with STOP_EXIT_CODE, which the JobSet and TrainJob trainer Job's
+    podFailurePolicy ignores. The launcher runs in the background so that SIGTERM (pod deletion: Kueue preemption,
+    a node drain, a spot reclaim) is passed on to it."""
     master = "PET_MASTER" if on_trainjob(run) else "MASTER"
     launch = (
         "accelerate launch"
@@ -72,6 +79,9 @@ done
 if [ "$code" -ne 0 ] && grep -qs '^{WATCHDOG_MARK}' "${ENV_RESULT_FILE}"; then
   exit {WATCHDOG_EXIT_CODE}
 fi
+if [ "$code" -ne 0 ] && grep -qs '^{STOP_MARK}' "${ENV_RESULT_FILE}"; then
+  exit {STOP_EXIT_CODE}
+fi
 exit "$code"
 """
     return ["/bin/bash", "-c", script]
@@ -86,6 +96,11 @@ def _env(run: Run) -> list[dict[str, Any]]:
         *([{"name": ENV_RUN_UID, "value": run.uid}] if run.uid else []),
         # Rank 0 writes the run's result there; Kubernetes hands it to the operator as the termination message.
         {"name": ENV_RESULT_FILE, "value": TERMINATION_MESSAGE_PATH},
+        # SIGTERM: the trainer finishes the step in flight and saves within the pods' grace period (it warns when its
+        # last save took longer), and torch elastic's launcher waits that long for its workers before SIGKILL
+        # (its default: 30 s).
+        {"name": ENV_TERMINATION_GRACE, "value": str(run.spec.termination_grace_period_seconds)},
+        {"name": ENV_TORCH_ELASTIC_SHUTDOWN_TIMEOUT, "value": str(run.spec.termination_grace_period_seconds)},
         {"name": "HF_HOME", "value": f"{run.spec.checkpoint.path.rstrip('/')}/.cache/huggingface"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
@@ -167,7 +182,14 @@ def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
         container["resources"] = resources
     return {
         "metadata": {"labels": labels(run, "trainer")},
-        "spec": {**_placement(run), "securityContext": _pod_security(), "containers": [container], "volumes": volumes},
+        "spec": {
+            **_placement(run),
+            "securityContext": _pod_security(),
+            # Time to save a checkpoint at the step in flight on SIGTERM (Kueue preemption, a drain, a reclaim).
+            "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
+            "containers": [container],
+            "volumes": volumes,
+        },
     }
 
 
