@@ -26,7 +26,7 @@ from tests.support.jobset_executor import JobSetExecutor
 from tests.support.jobset_world import install_trainjob_runtime
 from tests.support.kube_emulator import PYTORCHJOBS, wait_for
 from tests.support.manifests import NS, tiny_training
-from tests.support.operator_cluster import TIMEOUT, kueue_admit, kueue_admit_trainjob, own_cluster
+from tests.support.operator_cluster import TIMEOUT, kueue_admit, kueue_admit_trainjob, kueue_preempt, own_cluster
 from tests.support.pytorchjob_executor import PyTorchJobExecutor
 from tests.support.trainjob_executor import TrainJobExecutor
 
@@ -324,6 +324,74 @@ def test_a_queued_run_stays_queued_with_no_pod_until_kueue_admits_it(local_clust
     (master,) = trainer_pods(executor, "queued-run")
     assert "done: rank 0/1 at global step 6" in master.log.read_text()
     assert (master.root / master.name / "checkpoints/queued-run/checkpoint-6/trainer_state.json").is_file()
+
+
+def backend_of(executor) -> str:
+    return next(backend for backend, cls in EXECUTORS.items() if type(executor) is cls)
+
+
+def test_a_kueue_preemption_saves_the_step_in_flight_and_the_readmitted_run_resumes_from_it(local_cluster):
+    """Kueue admits a queued 2-node run, then preempts it mid-run (suspends its job). The pods are deleted as the
+    kubelet does (SIGTERM to the launch script, the grace period): every rank stops after the same step and saves
+    it, though no checkpoint was due before step 50; each pod exits with the stop code. The run shows Queued,
+    reason Preempted, with the saved step; readmitted, it resumes from that checkpoint and trains each remaining
+    step exactly once, and no restart is counted."""
+    from atlas_contract.names import STOP_EXIT_CODE
+
+    cluster, executor = local_cluster
+    create_pvc(cluster)
+    name = "preempted-run"
+    manifest = tiny_training(
+        name,
+        queueName="team-a-gpus",
+        resources={"nodes": 2, "gpusPerNode": 0},
+        checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 50},
+    )
+    manifest["spec"]["training"]["maxSteps"] = 30
+    cluster.apply(manifest)
+    cluster.wait_status(manifest, lambda s: s.get("phase") == "Queued", "Queued")
+    admit(cluster, executor, name)
+    out = executor.workdir / "pvc" / "ckpt" / name
+    wait_for(
+        lambda: (out / "metrics.jsonl").is_file() and len(logged_steps(out)) >= 3,
+        timeout=RUN_TIMEOUT,
+        what="three trained steps",
+    )
+    first_pods = trainer_pods(executor, name)
+    kueue_preempt(cluster.api_client, backend_of(executor), name)
+    status = cluster.wait_status(
+        manifest,
+        lambda s: s.get("phase") == "Queued" and (s.get("preemption") or {}).get("saves") == 1,
+        "Queued after the preemption, with the save",
+        timeout=RUN_TIMEOUT,
+    )
+    training = next(c for c in status["conditions"] if c["type"] == "Training")
+    steps = logged_steps(out)
+    stop = steps[-1]
+    assert training["reason"] == "Preempted" and f"checkpoint-{stop}" in training["message"], training
+    assert status["preemption"]["step"] == stop < 30
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{stop}"]
+    ended = [t for t in executor.terminations if t[0] in {p.name for p in first_pods}]
+    assert sorted(code for _, _, code in ended) == [STOP_EXIT_CODE, STOP_EXIT_CODE], (
+        executor.terminations,
+        executor.run_of(name).log if on_jobset(executor) else None,
+    )
+    events = cluster.emu.list("v1/events", NS)
+    assert any(e.get("reason") == "PreemptionSave" and f"checkpoint-{stop}" in e.get("message", "") for e in events)
+    assert trainer_pods(executor, name) == [] or all(p.proc.poll() is not None for p in trainer_pods(executor, name))
+    print(f"{backend_of(executor)}: stopped after step {stop}; SIGTERM to exit: {[round(t, 1) for _, t, _ in ended]} s")
+
+    admit(cluster, executor, name)
+    wait_phase(cluster, manifest, ("Succeeded", "Failed"), executor)
+    master = trainer_pods(executor, name)[0]
+    assert cluster.status(manifest)["phase"] == "Succeeded", master.log.read_text(errors="replace")[-3000:]
+    assert f"resume: all 2 ranks resume from checkpoint-{stop}" in master.log.read_text()
+    assert logged_steps(out) == list(range(1, 31))  # no step lost, none repeated
+    assert (cluster.status(manifest).get("restarts") or 0) == 0  # a preemption is not a restart
+
+
+def logged_steps(out: Path) -> list[int]:
+    return [r["step"] for r in metrics_lines(out / "metrics.jsonl") if "loss" in r]
 
 
 def test_a_stalled_trainer_is_ended_by_its_watchdog_and_resumes_from_the_checkpoint(local_cluster):

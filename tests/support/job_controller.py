@@ -73,15 +73,19 @@ class JobController(Kubelet):
             if index not in job.succeeded:
                 self._start_index(js, run, job, index)
 
-    def _suspend_job(self, run: JobSetRun, job: ChildJob) -> None:
-        job.suspended = True
-        job.spec["suspend"] = True
-        for pod in job.pods.values():  # a suspended Job's pods are deleted
-            pod.kill()
-            self._delete_pod_object(pod.name, job.uid)
-        job.pods.clear()
-        self._patch_job(job, {"spec": {"suspend": True}})
-        run.log.append(f"suspended job {job.name}")
+    def _suspend_jobs(self, run: JobSetRun, jobs: list[ChildJob]) -> None:
+        """``jobs`` suspended together. A suspended Job's pods are deleted — every pod of them at once, as the
+        kubelets would: SIGTERM, the grace period, the terminated state, then the object."""
+        for name, seconds in self.terminate_pods([pod for job in jobs for pod in job.pods.values()]).items():
+            run.log.append(f"pod {name} terminated in {seconds:.1f} s")
+        for job in jobs:
+            job.suspended = True
+            job.spec["suspend"] = True
+            for pod in job.pods.values():
+                self._delete_pod_object(pod.name, job.uid)
+            job.pods.clear()
+            self._patch_job(job, {"spec": {"suspend": True}})
+            run.log.append(f"suspended job {job.name}")
 
     def _resume_job(self, js: dict[str, Any], run: JobSetRun, rjob: dict[str, Any], job: ChildJob) -> None:
         """``resumeJobsIfNecessary``: the JobSet's pod-template scheduling fields merged in, then unsuspended."""

@@ -169,9 +169,7 @@ class JobSetExecutor(JobController):
                         self._create_job(js, run, rjob, index, replicas_before, suspend)
             replicas_before += replicas
         if suspend:
-            for job in run.jobs.values():
-                if not job.suspended and job.condition is None:
-                    self._suspend_job(run, job)
+            self._suspend_jobs(run, [j for j in run.jobs.values() if not j.suspended and j.condition is None])
             self._condition(run, "Suspended", True, "SuspendedJobs", "jobset is suspended")
         else:
             for rjob in rjobs:

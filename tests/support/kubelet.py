@@ -90,6 +90,9 @@ class Replica:
                 pass
 
 
+DEFAULT_GRACE_S = 30  # a pod's terminationGracePeriodSeconds when its spec sets none
+
+
 def _map_ports(value: Any, ports: dict[int, int], key: str = "") -> Any:
     """``value`` with every ``*port`` key whose number is a mapped container port set to its host port."""
     if isinstance(value, dict):
@@ -128,6 +131,10 @@ def _descendants(root: int) -> list[int]:
             found.append(child)
             stack.append(child)
     return found
+
+
+def _disruption(reason: str) -> dict[str, Any]:
+    return {"type": "DisruptionTarget", "status": "True", "reason": reason, "lastTransitionTime": now()}
 
 
 def pod_object(
@@ -174,6 +181,7 @@ class Kubelet:
         self.python_bin = python_bin
         self.poll_s = poll_s
         self.passes = 0  # loops done: a test waits for some to show that nothing happens
+        self.terminations: list[tuple[str, float, int]] = []  # (pod, seconds from SIGTERM to exit, exit code)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -376,6 +384,39 @@ class Kubelet:
         if message:
             terminated["message"] = message
         return terminated
+
+    def terminate_pods(self, pods: list[Replica], disruption: str | None = None) -> dict[str, float]:
+        """Delete ``pods`` as the kubelet does: SIGTERM to each container's main process (its PID 1: the launch
+        script), SIGKILL to all of it when the pod's ``terminationGracePeriodSeconds`` ran out; the terminated
+        state (exit code, termination message) posted, then the Pod object deleted — a pod watch sees the message
+        before the pod goes. ``disruption`` (e.g. ``EvictionByEvictionAPI``, ``PreemptionByScheduler``) adds
+        the ``DisruptionTarget`` condition Kubernetes puts on a pod it stops on purpose. Returns each pod's
+        seconds from SIGTERM to exit."""
+        started = time.monotonic()
+        alive = [pod for pod in pods if pod.proc is not None and pod.proc.poll() is None]
+        for pod in alive:
+            if disruption:
+                self._write_pod_status(pod, "Running", {"state": {"running": {"startedAt": pod.started_at}}},
+                                       {"conditions": [_disruption(disruption)]})  # fmt: skip
+            os.kill(pod.proc.pid, signal.SIGTERM)
+        took: dict[str, float] = {}
+        for pod in alive:
+            grace = (pod.template.get("spec") or {}).get("terminationGracePeriodSeconds", DEFAULT_GRACE_S)
+            try:
+                pod.proc.wait(max(0.0, started + grace - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pod.kill()
+                pod.proc.wait(10)
+            took[pod.name] = time.monotonic() - started
+            pod.kill()  # what the container left (a process of its own session) goes with the container
+            pod.exit_code = pod.proc.returncode if pod.proc.returncode >= 0 else 128 - pod.proc.returncode
+            terminated = self._terminated_state(pod, pod.exit_code)
+            phase = "Succeeded" if pod.exit_code == 0 else "Failed"
+            extra = {"conditions": [_disruption(disruption)]} if disruption else None
+            self._write_pod_status(pod, phase, {"state": {"terminated": terminated}, "ready": False}, extra)
+            pod.last_state = terminated
+            self.terminations.append((pod.name, took[pod.name], pod.exit_code))
+        return took
 
     def _pod_terminated(self, pod: Replica, code: int, restarts: bool) -> None:
         terminated = self._terminated_state(pod, code)

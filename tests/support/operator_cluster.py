@@ -338,6 +338,25 @@ def kueue_admit_trainjob(api_client, name: str, namespace: str = NS, node_select
     )
 
 
+def kueue_preempt(api_client, kind: str, name: str, namespace: str = NS) -> dict:
+    """Kueue evicts the run's admitted workload (a higher-priority workload preempts it, or an eviction): its job
+    reconciler stops the job (``StopJob``): ``suspend: true`` on a JobSet or TrainJob, ``runPolicy.suspend: true`` on
+    a PyTorchJob. The Workload object and its Evicted condition are not emulated, nor ``RestorePodSetsInfo`` (the
+    PodSetInfo Kueue merged at admission stays; a readmission merges the same again)."""
+    custom = kubernetes.client.CustomObjectsApi(api_client)
+    if kind == "PyTorchJob":
+        return custom.patch_namespaced_custom_object(
+            "kubeflow.org", "v1", namespace, "pytorchjobs", name, {"spec": {"runPolicy": {"suspend": True}}}
+        )
+    if kind == "TrainJob":  # the Trainer then suspends its JobSet
+        return custom.patch_namespaced_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", name, {"spec": {"suspend": True}}
+        )
+    return custom.patch_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", name, {"spec": {"suspend": True}}
+    )
+
+
 def kueue_admit(
     api_client,
     name: str,

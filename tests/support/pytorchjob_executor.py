@@ -44,7 +44,10 @@ class PyTorchJobExecutor(Kubelet):
             uid = job["metadata"]["uid"]
             if uid in self.done:
                 continue
-            if uid in self.replicas:
+            if uid in self.replicas and job["spec"].get("runPolicy", {}).get("suspend"):
+                self._suspend(job)
+                running.remove(uid)
+            elif uid in self.replicas:
                 self._supervise(job)
             elif not running and not job["spec"].get("runPolicy", {}).get("suspend"):
                 self._launch(job)
@@ -60,10 +63,41 @@ class PyTorchJobExecutor(Kubelet):
 
     # ------------------------------------------------------------------ the Kubeflow controller
 
+    def _suspend(self, job: dict[str, Any]) -> None:
+        """``runPolicy.suspend`` set on a running job (Kueue's preemption): the controller deletes its pods
+        (SIGTERM, the grace period, the terminated state, then the object: tests/support/kubelet.py), marks it
+        Running False and Suspended True with reason PyTorchJobSuspended, and starts new pods when it is resumed."""
+        uid, name = job["metadata"]["uid"], job["metadata"]["name"]
+        pods = self.replicas.pop(uid)
+        self.terminate_pods(pods)
+        for pod in pods:
+            self._delete_pod_object(pod.name, uid)
+        at = now()
+        conditions = [("Created", "True", "PyTorchJobCreated"), ("Running", "False", "PyTorchJobSuspended"),
+                      ("Suspended", "True", "PyTorchJobSuspended")]  # fmt: skip
+        status = {
+            "conditions": [
+                {
+                    "type": t,
+                    "status": v,
+                    "reason": r,
+                    "message": f"PyTorchJob {name} is suspended.",
+                    "lastUpdateTime": at,
+                    "lastTransitionTime": at,
+                }
+                for t, v, r in conditions
+            ],  # fmt: skip
+            "replicaStatuses": {},
+            "startTime": None,
+        }
+        self.custom.patch_namespaced_custom_object_status(
+            "kubeflow.org", "v1", self.namespace, "pytorchjobs", name, {"status": status}
+        )
+
     def _launch(self, job: dict[str, Any]) -> None:
         name, uid = job["metadata"]["name"], job["metadata"]["uid"]
         root = self.workdir / f"{name}-{uid[:8]}"
-        root.mkdir(parents=True)
+        root.mkdir(parents=True, exist_ok=True)  # a resumed job's new pods
         specs = job["spec"]["pytorchReplicaSpecs"]
         pods, node_rank = [], 0
         for replica_type in ("Master", "Worker"):
