@@ -11,7 +11,9 @@ server as a local stand-in).
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -388,6 +390,46 @@ def test_a_kueue_preemption_saves_the_step_in_flight_and_the_readmitted_run_resu
     assert f"resume: all 2 ranks resume from checkpoint-{stop}" in master.log.read_text()
     assert logged_steps(out) == list(range(1, 31))  # no step lost, none repeated
     assert (cluster.status(manifest).get("restarts") or 0) == 0  # a preemption is not a restart
+
+
+@pytest.mark.parametrize("local_cluster", ["JobSet"], indirect=True)
+def test_a_drained_trainer_node_stops_every_rank_at_one_step_and_its_pods_are_recreated(local_cluster):
+    """A drain of one trainer node: only its pod gets SIGTERM (and the DisruptionTarget condition). Every rank still
+    stops after the same step — the other learns it in the step's all-reduce — saves it, and exits with the stop
+    code; the trainer Job's podFailurePolicy ignores those exits and recreates both pods, which resume from the
+    checkpoint. No gang restart, nothing counted toward maxRestarts."""
+    from atlas_contract.names import STOP_EXIT_CODE
+
+    cluster, executor = local_cluster
+    create_pvc(cluster)
+    name = "drained-run"
+    manifest = tiny_training(
+        name,
+        resources={"nodes": 2, "gpusPerNode": 0},
+        checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 50},
+    )
+    manifest["spec"]["training"]["maxSteps"] = 30
+    cluster.apply(manifest)
+    out = executor.workdir / "pvc" / "ckpt" / name
+    wait_for(
+        lambda: (out / "metrics.jsonl").is_file() and len(logged_steps(out)) >= 3,
+        timeout=RUN_TIMEOUT,
+        what="three trained steps",
+    )
+    first, drained = trainer_pods(executor, name)
+    os.kill(drained.proc.pid, signal.SIGTERM)  # the kubelet of the drained node, to the container's main process
+    wait_for(lambda: first.proc.poll() is not None and drained.proc.poll() is not None, timeout=120, what="both exit")
+    assert (first.proc.returncode, drained.proc.returncode) == (STOP_EXIT_CODE, STOP_EXIT_CODE)
+    stop = logged_steps(out)[-1]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{stop}"]
+    wait_phase(cluster, manifest, ("Succeeded", "Failed"), executor)
+    master = trainer_pods(executor, name)[0]
+    assert cluster.status(manifest)["phase"] == "Succeeded", master.log.read_text(errors="replace")[-3000:]
+    assert master.name != first.name  # a new pod for each index, in the same attempt
+    assert f"resume: all 2 ranks resume from checkpoint-{stop}" in master.log.read_text()
+    assert logged_steps(out) == list(range(1, 31))
+    status = cluster.status(manifest)
+    assert (status.get("restarts") or 0) == 0 and status["preemption"]["step"] == stop
 
 
 def logged_steps(out: Path) -> list[int]:
