@@ -15,7 +15,6 @@ methods, here only, and :func:`check_fence` fails at import when a transformers 
 
 from __future__ import annotations
 
-import inspect
 import os
 import shutil
 from pathlib import Path
@@ -24,28 +23,16 @@ import transformers
 from transformers.trainer_utils import rotate_checkpoints
 
 from atlas_contract.names import CHECKPOINT_PREFIX, CHECKPOINT_STAGING_DIR
+from atlas_core.training.fences import hook_problems
 
 TESTED_TRANSFORMERS = "5.24.0"  # the release read (constraints.txt pins it)
-# Hooked method → its parameters in the tested release, and what its source must still do for the hook to hold.
-HOOKED = {
-    "_save_checkpoint": (("self", "model", "trial"), ("self._get_output_dir(trial=trial)", "rotate_checkpoints(")),
-    "_get_output_dir": (("self", "trial"), ()),
-}
+# Hooked method → its parameters in the tested release; what its source must still do for the hook to hold.
+HOOKED = {"_save_checkpoint": ("self", "model", "trial"), "_get_output_dir": ("self", "trial")}
+USES = {"_save_checkpoint": ("self._get_output_dir(trial=trial)", "rotate_checkpoints(")}
 
 
 def fence_problems(trainer_class: type = transformers.Trainer) -> list[str]:
-    problems = []
-    for name, (wanted, uses) in HOOKED.items():
-        method = getattr(trainer_class, name, None)
-        if method is None:
-            problems.append(f"Trainer.{name} is gone")
-            continue
-        found = tuple(inspect.signature(method).parameters)
-        if found != wanted:
-            problems.append(f"Trainer.{name} takes ({', '.join(found)}), not ({', '.join(wanted)})")
-        source = inspect.getsource(method)
-        problems += [f"Trainer.{name} no longer calls {use}" for use in uses if use not in source]
-    return problems
+    return hook_problems(trainer_class, "Trainer", HOOKED, USES)
 
 
 def check_fence() -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 import trl
 
+from atlas_core.training.fences import hook_problems
+
 TESTED_TRL = "1.16.0"  # the release these signatures were read from (constraints.txt pins it)
 # Hooked method → its parameters in the tested release.
 HOOKED = {
@@ -27,15 +29,7 @@ METRICS_ATTRIBUTE = "self._metrics"  # {"train": defaultdict(list), "eval": defa
 
 def fence_problems(trainer_class: type = trl.GRPOTrainer) -> list[str]:
     """What no longer matches in ``trainer_class`` (TRL's GRPOTrainer): each hooked method and the metrics dict."""
-    problems = []
-    for name, wanted in HOOKED.items():
-        method = getattr(trainer_class, name, None)
-        if method is None:
-            problems.append(f"GRPOTrainer.{name} is gone")
-            continue
-        found = tuple(inspect.signature(method).parameters)
-        if found != wanted:
-            problems.append(f"GRPOTrainer.{name} takes ({', '.join(found)}), not ({', '.join(wanted)})")
+    problems = hook_problems(trainer_class, "GRPOTrainer", HOOKED)
     if METRICS_ATTRIBUTE not in inspect.getsource(trainer_class.__init__):
         problems.append(f"GRPOTrainer.__init__ no longer sets {METRICS_ATTRIBUTE}")
     return problems
