@@ -136,9 +136,11 @@ def test_a_teacher_run_trains_and_reports_progress(local_cluster):
     assert (out / "checkpoint-10" / "trainer_state.json").is_file()
     steps = [r["step"] for r in metrics_lines(out / "metrics.jsonl") if "loss" in r]
     assert steps == list(range(1, 11))
-    # Both ranks took part: rank 1 (the Worker pod) saved its ZeRO shard on its own volume.
+    # Both ranks took part: rank 1 (the Worker pod) wrote its ZeRO shard on its own volume, where no checkpoint is
+    # published (rank 0 renames the folder on its volume): it stays in the staging folder.
     worker_out = worker.root / worker.name / "checkpoints" / "local-teacher"
-    assert list(worker_out.glob("checkpoint-10/global_step10/*rank_1*")), sorted(worker_out.rglob("*"))
+    assert list(worker_out.glob(".atlas-staging/checkpoint-10/global_step10/*rank_1*")), sorted(worker_out.rglob("*"))
+    assert not list(worker_out.glob("checkpoint-*"))
     assert "done: rank 1/2" in worker.log.read_text() and "done: rank 0/2" in master.log.read_text()
 
 

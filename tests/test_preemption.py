@@ -255,6 +255,17 @@ def test_two_passes_before_either_writes_its_status_count_a_save_once(cluster):
     assert (first.preemption_saves, second.preemption_saves) == (1, 0)
 
 
+def test_a_save_of_an_earlier_run_of_the_same_name_is_not_counted(cluster):
+    """A run deleted and made again under its name: the old run's pods go after it (garbage collection), and their
+    last status still carries a stop report. It ended before the new run was created: not the new run's save."""
+    manifest = training("again-run", backend="JobSet")
+    manifest["metadata"]["creationTimestamp"] = "2026-01-02T00:00:00Z"  # after the old pod's finishedAt
+    run = Run(cluster, manifest)
+    run.reconcile()
+    run.reconciler.pod_changed(_stopped_pod("again-run-trainer-0-0-a", "again-run", StopReport(9, 2.0)), deleted=True)
+    assert run.reconcile().get("preemption") is None and run.saves == 0
+
+
 def test_the_handlers_count_a_save_in_the_operator_metric(cluster):
     """handlers._reconcile_counted increments atlas_training_preemption_saves_total{namespace,run,kind} from the
     reconciliation's result, as for every run the operator reconciles."""

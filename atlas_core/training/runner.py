@@ -142,6 +142,8 @@ def run_training(run: RunConfig, callbacks: list | None = None, quiet: bool = Fa
     stopped = None
     try:
         finished_at = finished_step(agreement.checkpoint, trainer.args.max_steps)
+        if finished_at is not None and trainer.accelerator.is_main_process:
+            publish_final_model(agreement.checkpoint, run.output_dir)  # a stop on SIGTERM at the last step
         if finished_at is None:
             trainer.add_callback(RunIdentityCallback(identity))
             trainer.train(resume_from_checkpoint=agreement.checkpoint)
@@ -181,6 +183,37 @@ def training_settings(run: RunConfig, args) -> dict[str, Any]:
         if hasattr(args, name):
             settings[f"trainer.{name}"] = getattr(args, name)
     return settings
+
+
+# What save_model writes (weights, config, tokenizer) is in every checkpoint too; these files are the checkpoint's.
+_CHECKPOINT_ONLY = ("optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json", "training_args.bin", "latest")
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_model.safetensors")
+
+
+def publish_final_model(checkpoint: str, output_dir: str | Path) -> bool:
+    """The final model of a run that stopped on SIGTERM just after its last step: that step's checkpoint was saved
+    but no final model (atlas_core/training/preemption.py), so the re-run, which trains nothing, copies the model
+    from the checkpoint into ``output_dir`` — weights last, each file renamed into place, so a copy cut short is
+    done again. False when ``output_dir`` already has a model."""
+    import shutil
+
+    from atlas_contract.names import RUN_IDENTITY_FILE
+
+    out = Path(output_dir)
+    if any((out / name).exists() for name in _WEIGHTS):
+        return False
+    files = [
+        f
+        for f in Path(checkpoint).iterdir()
+        if f.is_file()
+        and f.name not in (*_CHECKPOINT_ONLY, RUN_IDENTITY_FILE)
+        and not (f.name.startswith("rng_state") or f.name.startswith("zero_to_fp32"))
+    ]
+    for source in sorted(files, key=lambda f: (f.name.startswith(("model", "pytorch_model", "adapter_model")), f.name)):
+        partial = out / f".{source.name}.partial"
+        shutil.copyfile(source, partial)
+        partial.replace(out / source.name)
+    return True
 
 
 def _logged(checkpoint: str) -> list[dict[str, Any]]:

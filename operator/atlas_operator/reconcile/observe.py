@@ -112,6 +112,9 @@ class Observation:
         if noted is None:
             return
         report, finished = noted
+        created = (body.get("metadata") or {}).get("creationTimestamp")
+        if finished and created and finished < created:  # RFC 3339 UTC: a pod of an earlier run of this name
+            return
         shown = (body.get("status") or {}).get("preemption") or {}
         key = (run.namespace, run.name, run.uid)
         with self._result_lock:
