@@ -351,7 +351,7 @@ def test_a_kueue_preemption_saves_the_step_in_flight_and_the_readmitted_run_resu
         resources={"nodes": 2, "gpusPerNode": 0},
         checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 50},
     )
-    manifest["spec"]["training"]["maxSteps"] = 30
+    manifest["spec"]["training"]["maxSteps"] = 15
     cluster.apply(manifest)
     cluster.wait_status(manifest, lambda s: s.get("phase") == "Queued", "Queued")
     admit(cluster, executor, name)
@@ -373,7 +373,7 @@ def test_a_kueue_preemption_saves_the_step_in_flight_and_the_readmitted_run_resu
     steps = logged_steps(out)
     stop = steps[-1]
     assert training["reason"] == "Preempted" and f"checkpoint-{stop}" in training["message"], training
-    assert status["preemption"]["step"] == stop < 30
+    assert status["preemption"]["step"] == stop < 15
     assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{stop}"]
     ended = [t for t in executor.terminations if t[0] in {p.name for p in first_pods}]
     assert sorted(code for _, _, code in ended) == [STOP_EXIT_CODE, STOP_EXIT_CODE], (
@@ -390,7 +390,7 @@ def test_a_kueue_preemption_saves_the_step_in_flight_and_the_readmitted_run_resu
     master = trainer_pods(executor, name)[0]
     assert cluster.status(manifest)["phase"] == "Succeeded", master.log.read_text(errors="replace")[-3000:]
     assert f"resume: all 2 ranks resume from checkpoint-{stop}" in master.log.read_text()
-    assert logged_steps(out) == list(range(1, 31))  # no step lost, none repeated
+    assert logged_steps(out) == list(range(1, 16))  # no step lost, none repeated
     assert (cluster.status(manifest).get("restarts") or 0) == 0  # a preemption is not a restart
 
 
@@ -410,7 +410,7 @@ def test_a_drained_trainer_node_stops_every_rank_at_one_step_and_its_pods_are_re
         resources={"nodes": 2, "gpusPerNode": 0},
         checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 50},
     )
-    manifest["spec"]["training"]["maxSteps"] = 30
+    manifest["spec"]["training"]["maxSteps"] = 15
     cluster.apply(manifest)
     out = executor.workdir / "pvc" / "ckpt" / name
     wait_for(
@@ -429,7 +429,7 @@ def test_a_drained_trainer_node_stops_every_rank_at_one_step_and_its_pods_are_re
     assert cluster.status(manifest)["phase"] == "Succeeded", master.log.read_text(errors="replace")[-3000:]
     assert master.name != first.name  # a new pod for each index, in the same attempt
     assert f"resume: all 2 ranks resume from checkpoint-{stop}" in master.log.read_text()
-    assert logged_steps(out) == list(range(1, 31))
+    assert logged_steps(out) == list(range(1, 16))
     status = cluster.status(manifest)
     assert (status.get("restarts") or 0) == 0 and status["preemption"]["step"] == stop
 
