@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,9 @@ from pathlib import Path
 
 from atlas_contract.names import CHECKPOINT_PREFIX, CHECKPOINT_STAGING_DIR
 from atlas_contract.stops import parse_stop_report
+from tests.support.env import free_port
+from tests.support.kube_emulator import wait_for
+from tests.support.kubelet import descendants
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH = (
@@ -34,12 +36,6 @@ LAUNCH = (
     "-m atlas_core.cli.train recipe@_global_=tiny_grpo output_dir={out} trainer.max_steps={steps} "
     "trainer.save_steps={save_steps} trainer.per_device_train_batch_size=4 trainer.metrics_port=0"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(out: Path, steps: int, save_steps: int, results: Path) -> list[subprocess.Popen]:
@@ -53,27 +49,10 @@ def start(out: Path, steps: int, save_steps: int, results: Path) -> list[subproc
     return procs
 
 
-def tree(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, stack = [], [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
 def workers(procs: list[subprocess.Popen]) -> list[int]:
     found = []
     for proc in procs:
-        for pid in tree(proc.pid):
+        for pid in descendants(proc.pid):
             try:
                 command = (Path("/proc") / str(pid) / "cmdline").read_bytes()
             except OSError:
@@ -97,16 +76,6 @@ def trained(out: Path) -> list[int]:
     return [r["step"] for r in map(json.loads, lines) if "loss" in r]
 
 
-def wait_until(predicate, timeout: float, poll: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise SystemExit(f"timed out after {timeout} s")
-
-
 def finish(procs: list[subprocess.Popen], timeout: float = 600) -> list[int]:
     return [proc.wait(timeout) for proc in procs]
 
@@ -115,7 +84,7 @@ def stop_round(steps: int, save_steps: int, signal_after: int) -> dict:
     root = Path(tempfile.mkdtemp(prefix="bench-preemption-"))
     out = root / "run"
     procs = start(out, steps, save_steps, root)
-    wait_until(lambda: len(trained(out)) >= signal_after, timeout=600)
+    wait_for(lambda: len(trained(out)) >= signal_after, 600)
     in_flight = trained(out)[-1] + 1
     pids = workers(procs)
     signalled = time.monotonic()
@@ -146,11 +115,11 @@ def kill_round(steps: int, save_steps: int) -> dict:
     root = Path(tempfile.mkdtemp(prefix="bench-preemption-kill-"))
     out = root / "run"
     procs = start(out, steps, save_steps, root)
-    wait_until(lambda: (out / f"{CHECKPOINT_PREFIX}{save_steps}").is_dir() and len(trained(out)) > save_steps, 600)
+    wait_for(lambda: (out / f"{CHECKPOINT_PREFIX}{save_steps}").is_dir() and len(trained(out)) > save_steps, 600)
     signal_all(workers(procs), signal.SIGTERM)
     staging = out / CHECKPOINT_STAGING_DIR
-    (written,) = wait_until(lambda: [p for p in staging.glob(f"{CHECKPOINT_PREFIX}*") if any(p.iterdir())], 120, 0.005)
-    signal_all([pid for proc in procs for pid in (proc.pid, *tree(proc.pid))], signal.SIGKILL)
+    (written,) = wait_for(lambda: [p for p in staging.glob(f"{CHECKPOINT_PREFIX}*") if any(p.iterdir())], 120, 0.005)
+    signal_all([pid for proc in procs for pid in (proc.pid, *descendants(proc.pid))], signal.SIGKILL)
     finish(procs)
     killed = int(written.name.removeprefix(CHECKPOINT_PREFIX))
     published = sorted(int(p.name.removeprefix(CHECKPOINT_PREFIX)) for p in out.glob(f"{CHECKPOINT_PREFIX}*"))

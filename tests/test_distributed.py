@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.support.env import REPO, free_port, python_env
+from tests.support.kube_emulator import wait_for
 
 # The PyTorchJob container's launch: the Kubeflow controller injects MASTER_ADDR, MASTER_PORT,
 # PET_NNODES and PET_NODE_RANK; --mixed_precision no because this machine has no GPU.
@@ -69,9 +70,9 @@ def wait_nodes(procs: list[subprocess.Popen], timeout=420):
 def kill_nodes(procs: list[subprocess.Popen], signum: int = signal.SIGKILL) -> None:
     """``signum`` to every process of each node: the launcher and all it started (torch elastic starts its
     workers in their own sessions, out of the launcher's process group)."""
-    from tests.support.kubelet import _descendants
+    from tests.support.kubelet import descendants
 
-    for pid in [pid for proc in procs for pid in (proc.pid, *_descendants(proc.pid))]:
+    for pid in [pid for proc in procs for pid in (proc.pid, *descendants(proc.pid))]:
         try:
             os.kill(pid, signum)
         except ProcessLookupError:
@@ -259,11 +260,11 @@ def test_shared_folder_resumes_together_and_falls_back_when_a_shard_is_missing(t
 
 def trainer_processes(procs: list[subprocess.Popen]) -> list[int]:
     """Every node's training processes (the launcher's workers), as a pod's trainer processes."""
-    from tests.support.kubelet import _descendants
+    from tests.support.kubelet import descendants
 
     found = []
     for proc in procs:
-        for pid in _descendants(proc.pid):
+        for pid in descendants(proc.pid):
             try:
                 command = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
@@ -271,16 +272,6 @@ def trainer_processes(procs: list[subprocess.Popen]) -> list[int]:
             if b"atlas_core.cli.train" in command and b"accelerate" not in command:
                 found.append(pid)
     return found
-
-
-def wait_for(predicate, timeout: float, poll: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"not reached within {timeout} s")
 
 
 def logged_steps(out) -> list[int]:
@@ -332,7 +323,7 @@ def test_sigterm_saves_the_step_in_flight_and_a_kill_mid_save_falls_back_to_the_
     for pid in trainer_processes(procs):
         os.kill(pid, signal.SIGTERM)
     staging = out / ".atlas-staging"
-    (written,) = wait_for(lambda: [p for p in staging.glob("checkpoint-*") if any(p.iterdir())], timeout=60, poll=0.005)
+    (written,) = wait_for(lambda: [p for p in staging.glob("checkpoint-*") if any(p.iterdir())], 60, 0.005)
     kill_nodes(procs)
     _, outputs = wait_nodes(procs, timeout=60)
     assert f"resume: all 2 ranks resume from checkpoint-{stop}" in outputs[0]

@@ -83,7 +83,7 @@ class Replica:
         sessions (torch elastic starts its workers that way) — as a container runtime kills a cgroup."""
         if self.proc is None:
             return
-        for pid in [*_descendants(self.proc.pid), self.proc.pid]:
+        for pid in [*descendants(self.proc.pid), self.proc.pid]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -116,7 +116,8 @@ def _expand(text: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", one, text)
 
 
-def _descendants(root: int) -> list[int]:
+def descendants(root: int) -> list[int]:
+    """Every process ``root`` started, and theirs (from /proc)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
