@@ -29,7 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from transformers import TrainerCallback
 
-from atlas_contract.names import METRICS_LOG_FILE, TRAINER_METRICS_PORT
+from atlas_contract.names import METRICS_LOG_FILE, STOP_EXIT_CODE, TRAINER_METRICS_PORT
 from atlas_core.cli import display
 from atlas_core.cli.demo_options import DEMO_SEED, DemoSize
 from atlas_core.cli.display import points, quiet_libraries
@@ -307,6 +307,9 @@ def run_demo(
                     JsonlMetricsCallback(metrics_path, extra={"stage": stage}),
                 ]
                 result = run_training(parse_run_config(cfg), callbacks=callbacks, quiet=True)
+                if result.stopped is not None:  # SIGTERM: the stage saved its step; the demo ends there
+                    console.print(result.stopped.message())
+                    return STOP_EXIT_CODE
                 summaries.append(_summarise(stage, result.log_history, time.perf_counter() - started))
             started = time.perf_counter()
             reports = evaluate_teachers(output, result.args, size.eval_problems, progress=progress)
