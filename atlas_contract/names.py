@@ -65,7 +65,7 @@ ENV_KIND = "ATLAS_KIND"  # metric label `kind`
 ENV_REWARD_SYSTEM_DIR = "ATLAS_REWARD_SYSTEM_DIR"  # extra folder of named RIM configs
 ENV_RUN_UID = "ATLAS_RUN_UID"  # metadata.uid of the cluster run: checkpoints of another run are never resumed
 ENV_RESULT_FILE = "ATLAS_RESULT_FILE"  # where rank 0 writes the run's result (atlas_contract.results)
-# spec.terminationGracePeriodSeconds of the trainer pods: the trainer warns when its last save took longer.
+# spec.terminationGracePeriodSeconds of the trainer pods: the trainer warns when a step plus its save took longer.
 ENV_TERMINATION_GRACE = "ATLAS_TERMINATION_GRACE_SECONDS"
 # torch elastic's wait for its workers after it passes SIGTERM on, before SIGKILL (torch's default: 30 s): the
 # trainer pod sets it to the grace period so that a save on SIGTERM is not cut short by the launcher.

@@ -48,10 +48,6 @@ def check_fence() -> None:
 check_fence()
 
 
-def staging_root(output_dir: str | os.PathLike) -> Path:
-    return Path(output_dir) / CHECKPOINT_STAGING_DIR
-
-
 class AtomicCheckpoints:
     """Mixin before transformers' ``Trainer`` (or a subclass) in a trainer's bases: see the module."""
 
@@ -65,7 +61,7 @@ class AtomicCheckpoints:
     def _save_checkpoint(self, model, trial):
         run_dir = Path(super()._get_output_dir(trial))
         step_folder = f"{CHECKPOINT_PREFIX}{self.state.global_step}"
-        staging, final = staging_root(run_dir), run_dir / step_folder
+        staging, final = run_dir / CHECKPOINT_STAGING_DIR, run_dir / step_folder
         if self.args.should_save:
             shutil.rmtree(staging, ignore_errors=True)  # what a save cut short left
             staging.mkdir(parents=True)

@@ -19,6 +19,7 @@ def hook_problems(owner: type, label: str, hooked: dict[str, tuple[str, ...]], u
         found = tuple(inspect.signature(method).parameters)
         if found != wanted:
             problems.append(f"{label}.{name} takes ({', '.join(found)}), not ({', '.join(wanted)})")
-        source = inspect.getsource(method)
-        problems += [f"{label}.{name} no longer calls {use}" for use in (uses or {}).get(name, ()) if use not in source]
+        needed = (uses or {}).get(name, ())
+        source = inspect.getsource(method) if needed else ""
+        problems += [f"{label}.{name} no longer calls {use}" for use in needed if use not in source]
     return problems

@@ -27,6 +27,9 @@ from pathlib import Path
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import CHECKPOINT_PREFIX, ENV_RUN_UID, RUN_IDENTITY_FILE, RUN_LOCK_FILE
 
+# The files that hold a saved model's weights (one of them; a checkpoint without DeepSpeed, a final model).
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin")
+
 
 def resume_policy(value) -> str:
     """``resume`` of a run configuration: auto (true), start_over, never (false)."""
@@ -95,13 +98,7 @@ def missing_files(checkpoint: Path, rank: int, world_size: int, deepspeed: bool)
         shared = f"global_step{step}/mp_rank_00_model_states.pt"  # ZeRO-1/2
         problems += _need(checkpoint, [own if (checkpoint / own).exists() else shared])
     else:
-        weights = (
-            "model.safetensors",
-            "model.safetensors.index.json",
-            "adapter_model.safetensors",
-            "pytorch_model.bin",
-        )
-        present = [name for name in weights if (checkpoint / name).exists()]
+        present = [name for name in WEIGHT_FILES if (checkpoint / name).exists()]
         problems += _need(checkpoint, present[:1] or ["model.safetensors"])
         problems += _need(checkpoint, ["optimizer.pt"])
     return problems

@@ -15,7 +15,13 @@ from atlas_contract.run_config import RunConfig
 from atlas_contract.stops import StopReport
 from atlas_core.training.callbacks import RunIdentityCallback
 from atlas_core.training.preemption import stop_of
-from atlas_core.training.resume import IDENTITY_TRAINER_FIELDS, agree_on_checkpoint, resume_policy, run_identity
+from atlas_core.training.resume import (
+    IDENTITY_TRAINER_FIELDS,
+    WEIGHT_FILES,
+    agree_on_checkpoint,
+    resume_policy,
+    run_identity,
+)
 from atlas_core.training.run_config import InvalidFields, trainer_config_class
 
 METRICS_FILE = METRICS_LOG_FILE
@@ -187,7 +193,6 @@ def training_settings(run: RunConfig, args) -> dict[str, Any]:
 
 # What save_model writes (weights, config, tokenizer) is in every checkpoint too; these files are the checkpoint's.
 _CHECKPOINT_ONLY = ("optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json", "training_args.bin", "latest")
-_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_model.safetensors")
 
 
 def publish_final_model(checkpoint: str, output_dir: str | Path) -> bool:
@@ -200,7 +205,7 @@ def publish_final_model(checkpoint: str, output_dir: str | Path) -> bool:
     from atlas_contract.names import RUN_IDENTITY_FILE
 
     out = Path(output_dir)
-    if any((out / name).exists() for name in _WEIGHTS):
+    if any((out / name).exists() for name in WEIGHT_FILES):
         return False
     files = [
         f

@@ -485,9 +485,9 @@ class RunSpec:
         "before they are killed (the pods' terminationGracePeriodSeconds): every rank finishes the step in flight, "
         "a checkpoint of the model and optimizer state is saved at it, and the trainer exits with code "
         f"{STOP_EXIT_CODE}, a stop that JobSet and TrainJob do not count toward spec.maxRestarts. Choose the longest "
-        "step plus the time a save takes on spec.checkpoint's volume; the trainer logs a warning when its last save "
-        "took longer than this. A spot reclaim's notice (often 30 s to 2 minutes) bounds it whatever it is set to. "
-        "The server pods keep Kubernetes' default",
+        "step plus the time a save takes on spec.checkpoint's volume; the trainer logs a warning when a step plus its "
+        "save took longer than this. A spot reclaim's notice (often 30 s to 2 minutes) bounds it whatever it is set "
+        "to. The server pods keep Kubernetes' default",
         defaults.TERMINATION_GRACE_S,
         minimum=1,
     )

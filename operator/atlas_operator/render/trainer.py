@@ -96,9 +96,9 @@ def _env(run: Run) -> list[dict[str, Any]]:
         *([{"name": ENV_RUN_UID, "value": run.uid}] if run.uid else []),
         # Rank 0 writes the run's result there; Kubernetes hands it to the operator as the termination message.
         {"name": ENV_RESULT_FILE, "value": TERMINATION_MESSAGE_PATH},
-        # SIGTERM: the trainer finishes the step in flight and saves within the pods' grace period (it warns when its
-        # last save took longer), and torch elastic's launcher waits that long for its workers before SIGKILL
-        # (its default: 30 s).
+        # SIGTERM: the trainer finishes the step in flight and saves within the pods' grace period (it warns when a
+        # step plus its save took longer), and torch elastic's launcher waits that long for its workers before
+        # SIGKILL (its default: 30 s).
         {"name": ENV_TERMINATION_GRACE, "value": str(run.spec.termination_grace_period_seconds)},
         {"name": ENV_TORCH_ELASTIC_SHUTDOWN_TIMEOUT, "value": str(run.spec.termination_grace_period_seconds)},
         {"name": "HF_HOME", "value": f"{run.spec.checkpoint.path.rstrip('/')}/.cache/huggingface"},
