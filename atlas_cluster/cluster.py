@@ -1,0 +1,227 @@
+"""A local Kubernetes without Docker: the control plane (atlas_cluster/controlplane.py), the project's CRDs and chart
+installed with the real ``helm``, the backends' CRDs from their upstream modules, and the operator started as a
+process under its chart's ServiceAccount — never as admin, so every request it makes is judged by RBAC.
+
+This package imports neither half of the project: the chart and CRDs are files, the operator is ``atlas operator``
+in a process, configured from the environment the chart's own Deployment gives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from atlas_cluster import versions
+from atlas_cluster.build import BuildError, go_binary
+from atlas_cluster.controlplane import ControlPlane, kubeconfig, write_kubeconfig
+from atlas_cluster.processes import Supervisor
+from atlas_cluster.tools import helm_binary, kubectl_binary
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "charts" / "atlas-operator"
+RELEASE = "atlas"
+RELEASE_NAMESPACE = "atlas-system"
+OPERATOR = "operator"
+TOKEN_SECONDS = 7 * 24 * 3600  # the operator's token: a local cluster is not meant to live longer
+# The environment the operator process keeps from ours (the rest comes from the chart's Deployment).
+HOST_ENV = ("PATH", "HOME", "LANG", "TMPDIR", "PYTHONPATH", "ATLAS_CACHE_DIR", "VIRTUAL_ENV")
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def atlas_command() -> list[str]:
+    """``atlas`` of the Python running us (its venv's console script), else this Python with the CLI module."""
+    atlas = Path(sys.executable).parent / "atlas"
+    return [str(atlas)] if atlas.is_file() else [sys.executable, "-m", "atlas_cli.main"]
+
+
+def kubectl(config: Path, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [str(kubectl_binary()), f"--kubeconfig={config}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if check and done.returncode != 0:
+        raise ClusterError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
+    return done
+
+
+def helm(config: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [str(helm_binary()), f"--kubeconfig={config}", *args], capture_output=True, text=True, check=False
+    )
+    if check and done.returncode != 0:
+        raise ClusterError(f"helm {' '.join(args)}: {done.stderr.strip()}")
+    return done
+
+
+def backend_crd_files(log=print) -> list[Path]:
+    """The backends' CRD files (atlas_cluster/versions.py) from their modules' own trees, fetched by
+    ``go mod download`` into the Go module cache; [] with a line saying why when Go is not there."""
+    try:
+        go = go_binary()
+    except BuildError as exc:
+        log(f"atlas cluster: the backends' CRDs are not installed ({exc})")
+        return []
+    files = []
+    for crds in versions.BACKEND_CRDS:
+        done = subprocess.run(
+            [go, "mod", "download", "-json", f"{crds.module}@{crds.version}"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "GOFLAGS": "-mod=mod"},
+        )
+        info = json.loads(done.stdout or "{}")
+        if done.returncode != 0 or "Dir" not in info:
+            raise ClusterError(f"go mod download {crds.module}@{crds.version}: {info.get('Error') or done.stderr}")
+        files += [Path(info["Dir"]) / name for name in crds.files]
+    return files
+
+
+@dataclass
+class LocalCluster:
+    """One named cluster in ``directory``. ``up()`` is kind's ``create cluster``; ``down()`` its ``delete``."""
+
+    directory: Path
+    bin_dir: Path
+    chart_values: dict = field(default_factory=dict)
+    operator_args: tuple[str, ...] = ()
+    operator_env: dict[str, str] = field(default_factory=dict)
+    install_backend_crds: bool = True
+    start_operator: bool = True
+    log: object = print
+
+    def __post_init__(self) -> None:
+        self.supervisor = Supervisor(self.directory)
+        self.control_plane = ControlPlane(self.directory, self.bin_dir, self.supervisor)
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The user's kubeconfig: the cluster's admin (as kind's)."""
+        return self.control_plane.admin_kubeconfig
+
+    @property
+    def operator_kubeconfig(self) -> Path:
+        return self.directory / "operator.kubeconfig"
+
+    @property
+    def logs(self) -> Path:
+        return self.supervisor.logs
+
+    def up(self) -> LocalCluster:
+        if self.supervisor.running():
+            raise ClusterError(f"a cluster is already running in {self.directory} (atlas cluster down first)")
+        started = time.monotonic()
+        self.control_plane.start()
+        self.log(f"atlas cluster: control plane ready in {time.monotonic() - started:.1f} s")
+        if self.install_backend_crds:
+            self.apply_files(backend_crd_files(self.log))
+        self.install_chart(self.chart_values)
+        if self.start_operator:
+            self.start_operator_process()
+        return self
+
+    def down(self) -> None:
+        self.supervisor.stop_all((OPERATOR, *self.control_plane_stop_order()))
+
+    @staticmethod
+    def control_plane_stop_order() -> tuple[str, ...]:
+        from atlas_cluster.controlplane import STOP_ORDER
+
+        return STOP_ORDER
+
+    # ------------------------------------------------------------------ installing
+
+    def apply_files(self, files: list[Path]) -> None:
+        for path in files:
+            kubectl(self.kubeconfig, "apply", "--server-side", "--field-manager=atlas-cluster", "-f", str(path))
+        if files:
+            self.wait_established()
+
+    def wait_established(self, timeout: float = 60.0) -> None:
+        """Every CRD served (``Established``): the conditions appear a moment after the create."""
+        deadline = time.monotonic() + timeout
+        while True:
+            crds = json.loads(kubectl(self.kubeconfig, "get", "crd", "-o", "json").stdout)["items"]
+            waiting = [
+                crd["metadata"]["name"]
+                for crd in crds
+                if not any(
+                    c["type"] == "Established" and c["status"] == "True"
+                    for c in crd.get("status", {}).get("conditions") or []
+                )
+            ]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"CRDs not Established in {timeout:.0f} s: {', '.join(waiting)}")
+            time.sleep(0.2)
+
+    def install_chart(self, values: dict, release: str = RELEASE, namespace: str = RELEASE_NAMESPACE) -> None:
+        """``helm upgrade --install`` of the chart; the Deployment at 0 replicas, since the operator runs here as
+        a process (a local cluster has no node to run its image)."""
+        values_file = self.directory / f"values-{release}.yaml"
+        values_file.write_text(yaml.safe_dump({"replicas": 0, **values}))
+        helm(
+            self.kubeconfig,
+            "upgrade", "--install", release, str(CHART), "--namespace", namespace, "--create-namespace",
+            "--values", str(values_file), "--wait", "--timeout", "2m",
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ the operator, as its ServiceAccount
+
+    def operator_deployment(self, release: str = RELEASE, namespace: str = RELEASE_NAMESPACE) -> dict:
+        selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
+        found = json.loads(kubectl(self.kubeconfig, "get", "deployments", "-n", namespace, "-l", selector,
+                                   "-o", "json").stdout)["items"]  # fmt: skip
+        if len(found) != 1:
+            raise ClusterError(f"expected one operator Deployment of release {release} in {namespace}, found {len(found)}")
+        return found[0]
+
+    def service_account_kubeconfig(self, path: Path, namespace: str, service_account: str) -> Path:
+        """A kubeconfig with a TokenRequest token of ``service_account``: what its pod would be given."""
+        token = kubectl(
+            self.kubeconfig, "create", "token", service_account, "-n", namespace, f"--duration={TOKEN_SECONDS}s"
+        ).stdout.strip()
+        config = kubeconfig(self.control_plane.server, self.control_plane.pki / "ca.crt", {"token": token})
+        config["contexts"][0]["context"]["namespace"] = namespace
+        return write_kubeconfig(path, config)
+
+    def operator_environment(self, deployment: dict) -> tuple[list[str], dict[str, str]]:
+        """The operator container's args and env as the chart renders them (a field reference resolved as the
+        kubelet would), plus our kubeconfig; the caller's extra env last."""
+        pod = deployment["spec"]["template"]
+        container = next(c for c in pod["spec"]["containers"] if c["name"] == "operator")
+        env = {name: os.environ[name] for name in HOST_ENV if name in os.environ}
+        for var in container.get("env", []):
+            if "value" in var:
+                env[var["name"]] = var["value"]
+            elif var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
+                env[var["name"]] = deployment["metadata"]["namespace"]
+        env.update(KUBECONFIG=str(self.operator_kubeconfig), ATLAS_OPERATOR_METRICS_HOST="127.0.0.1")
+        env.update(self.operator_env)
+        return list(container.get("args", [])), env
+
+    def start_operator_process(self, release: str = RELEASE, namespace: str = RELEASE_NAMESPACE):
+        deployment = self.operator_deployment(release, namespace)
+        account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        self.service_account_kubeconfig(self.operator_kubeconfig, namespace, account)
+        args, env = self.operator_environment(deployment)
+        proc = self.supervisor.start(OPERATOR, [*atlas_command(), *args, *self.operator_args], env=env)
+        self.log(f"atlas cluster: operator started as system:serviceaccount:{namespace}:{account} (pid {proc.pid})")
+        return proc
+
+    def stop_operator(self) -> None:
+        self.supervisor.stop(OPERATOR)

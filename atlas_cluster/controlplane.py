@@ -1,0 +1,215 @@
+"""etcd, kube-apiserver and kube-controller-manager as processes on 127.0.0.1 — controller-runtime's envtest
+control plane, plus the controller manager (garbage collector, namespace, service-account and token controllers:
+what a real cluster does to a run's children after the operator is gone).
+
+Authentication is by client certificate (the admin in ``system:masters``) and by service-account token
+(TokenRequest, signed with the cluster's key); authorization is RBAC only, so what the operator may do is what its
+chart grants, judged by the real authorizer.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from atlas_cluster.build import REQUIRED, missing
+from atlas_cluster.pki import make_pki
+from atlas_cluster.processes import Supervisor
+
+SERVICE_CIDR = "10.96.0.0/16"  # what kind and kubeadm use: room for every run's Services
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+READY_TIMEOUT = 60.0
+# Stopped in this order: what depends on the API server first, etcd last.
+STOP_ORDER = ("kube-controller-manager", "kube-apiserver", "etcd")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Endpoints:
+    api_port: int
+    etcd_port: int
+    etcd_peer_port: int
+
+    @classmethod
+    def pick(cls) -> Endpoints:
+        return cls(free_port(), free_port(), free_port())
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+
+def kubeconfig(server: str, ca: Path, user: dict[str, str], name: str = "atlas") -> dict:
+    """A kubeconfig of one cluster, one user (``client-certificate``/``client-key`` or ``token``) and one context."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": name, "user": user}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+        "current-context": name,
+    }
+
+
+def write_kubeconfig(path: Path, config: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+    return path
+
+
+class ControlPlane:
+    """One control plane in ``directory`` (``pki/``, ``etcd/``, ``logs/``, ``admin.kubeconfig``)."""
+
+    def __init__(self, directory: Path, bin_dir: Path, supervisor: Supervisor | None = None):
+        self.directory = directory
+        self.bin_dir = bin_dir
+        self.supervisor = supervisor or Supervisor(directory)
+        self.pki = directory / "pki"
+        self.endpoints: Endpoints | None = None
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.directory / "admin.kubeconfig"
+
+    @property
+    def server(self) -> str:
+        assert self.endpoints is not None, "not started"
+        return self.endpoints.server
+
+    def start(self) -> ControlPlane:
+        absent = missing(self.bin_dir, REQUIRED)
+        if absent:
+            raise FileNotFoundError(f"{', '.join(absent)} not in {self.bin_dir}")
+        make_pki(self.pki)
+        self.endpoints = endpoints = Endpoints.pick()
+        self._start_etcd(endpoints)
+        self._start_apiserver(endpoints)
+        write_kubeconfig(
+            self.admin_kubeconfig,
+            kubeconfig(
+                endpoints.server,
+                self.pki / "ca.crt",
+                {"client-certificate": str(self.pki / "admin.crt"), "client-key": str(self.pki / "admin.key")},
+            ),
+        )
+        if not missing(self.bin_dir, ("kube-controller-manager",)):  # an envtest folder may lack it
+            self._start_controller_manager(endpoints)
+        return self
+
+    def stop(self) -> None:
+        self.supervisor.stop_all(STOP_ORDER)
+
+    # ------------------------------------------------------------------ the processes
+
+    def _start_etcd(self, ep: Endpoints) -> None:
+        client = f"http://127.0.0.1:{ep.etcd_port}"
+        self.supervisor.start(
+            "etcd",
+            [
+                str(self.bin_dir / "etcd"),
+                f"--data-dir={self.directory / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls=http://127.0.0.1:{ep.etcd_peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{ep.etcd_peer_port}",
+                f"--initial-cluster=default=http://127.0.0.1:{ep.etcd_peer_port}",
+                "--unsafe-no-fsync",  # a test cluster: losing it on a power cut is fine, waiting on fsync is not
+                "--quota-backend-bytes=4294967296",
+                "--log-level=warn",
+            ],
+        )
+        self.supervisor.wait_until("etcd", lambda: _http_ok(f"{client}/health"), READY_TIMEOUT, "etcd")
+
+    def _start_apiserver(self, ep: Endpoints) -> None:
+        pki = self.pki
+        self.supervisor.start(
+            "kube-apiserver",
+            [
+                str(self.bin_dir / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{ep.etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={ep.api_port}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--authorization-mode=RBAC",
+                f"--service-account-issuer={ISSUER}",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--allow-privileged=false",
+                "--v=1",
+            ],
+        )
+        self.supervisor.wait_until(
+            "kube-apiserver", lambda: self._get("/readyz") == b"ok", READY_TIMEOUT, "kube-apiserver"
+        )
+
+    def _start_controller_manager(self, ep: Endpoints) -> None:
+        pki = self.pki
+        config = write_kubeconfig(
+            self.directory / "controller-manager.kubeconfig",
+            kubeconfig(
+                ep.server,
+                pki / "ca.crt",
+                {
+                    "client-certificate": str(pki / "controller-manager.crt"),
+                    "client-key": str(pki / "controller-manager.key"),
+                },
+            ),
+        )
+        self.supervisor.start(
+            "kube-controller-manager",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={config}",
+                f"--authentication-kubeconfig={config}",
+                f"--authorization-kubeconfig={config}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                # Each controller acts as its own ServiceAccount in kube-system, as kubeadm runs it: the
+                # garbage collector's deletes are then judged by RBAC like any other client's.
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                "--v=1",
+            ],
+        )
+        self.supervisor.wait_until(
+            "kube-controller-manager",
+            lambda: b"kube-system" in self._get("/api/v1/namespaces/kube-system/serviceaccounts/default"),
+            READY_TIMEOUT,
+            "kube-controller-manager (kube-system's default ServiceAccount)",
+        )
+
+    # ------------------------------------------------------------------ admin requests (no client library)
+
+    def _ssl(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        context.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return context
+
+    def _get(self, path: str) -> bytes:
+        with urllib.request.urlopen(self.server + path, context=self._ssl(), timeout=5) as response:
+            return response.read()
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return response.status == 200

@@ -1,0 +1,170 @@
+"""The real-Kubernetes tier: one control plane per pytest session (etcd, kube-apiserver, kube-controller-manager built
+from the upstream modules: atlas_cluster), each test in its own namespace, as controller-runtime's envtest.
+
+- ``kube``: the session's cluster (admin kubeconfig, a kubernetes client, ``kubectl``); the project's CRDs and the
+  backends' CRDs (from their modules, atlas_cluster/versions.py) are installed; no chart, no operator.
+- ``namespace``: a fresh namespace for the test, deleted after it.
+- ``operator_release``: ``install(values) -> Release``: the chart installed with the real helm under a release of
+  the test's own, and ``atlas operator`` started under that release's ServiceAccount token — never as admin.
+
+Without Go and without binaries (a laptop), the tier skips with one line saying what to install; with
+``ATLAS_REQUIRE_KUBE=1`` (set by .ci/run) it fails instead. On a failure, the end of the operator's and the API
+server's logs is printed with the report.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import kubernetes
+import pytest
+
+from atlas_cluster.build import REQUIRED, BuildError, default_bin_dir, ensure_built, missing
+from atlas_cluster.cluster import LocalCluster, atlas_command, helm, kubectl
+from atlas_cluster.processes import log_tail
+from tests.support.env import REPO, free_port
+
+# Read before any fixture moves ATLAS_CACHE_DIR to a temporary folder (tests/conftest.py's atlas_cache).
+BIN_DIR = Path(os.environ.get("ATLAS_KUBE_BIN") or default_bin_dir())
+REQUIRE = os.environ.get("ATLAS_REQUIRE_KUBE") == "1"
+_counter = itertools.count()
+
+
+def _unavailable(reason: str):
+    message = f"real Kubernetes tier: {reason}"
+    if REQUIRE:
+        pytest.fail(message + " (ATLAS_REQUIRE_KUBE=1)", pytrace=False)
+    pytest.skip(message)
+
+
+@dataclass
+class Kube:
+    cluster: LocalCluster
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.cluster.kubeconfig
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        return kubectl(self.kubeconfig, *args, input=input, check=check)
+
+    def api(self, kubeconfig: Path | None = None) -> kubernetes.client.ApiClient:
+        """A kubernetes client as the admin (or as the user of ``kubeconfig``)."""
+        return kubernetes.config.new_client_from_config(str(kubeconfig or self.kubeconfig))
+
+    def get(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory) -> Iterator[Kube]:
+    if missing(BIN_DIR, REQUIRED):
+        try:
+            ensure_built(BIN_DIR)
+        except BuildError as exc:
+            _unavailable(f"{exc} (or make kube)")
+    directory = tmp_path_factory.mktemp("kube")
+    cluster = LocalCluster(directory, BIN_DIR, start_operator=False, log=lambda line: None)
+    try:
+        cluster.control_plane.start()
+        cluster.apply_files(sorted((REPO / "crds").glob("*.yaml")))
+        cluster.apply_files(_backend_crds(cluster))
+        yield Kube(cluster)
+    finally:
+        cluster.down()
+
+
+def _backend_crds(cluster: LocalCluster) -> list[Path]:
+    from atlas_cluster.cluster import backend_crd_files
+
+    files = backend_crd_files(log=lambda line: None)
+    if not files:
+        _unavailable("the backends' CRDs need `go` (go mod download)")
+    return files
+
+
+def _dns_name(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]", "-", text.lower()).strip("-")
+
+
+@pytest.fixture
+def namespace(kube: Kube, request) -> Iterator[str]:
+    name = f"t{next(_counter)}-{_dns_name(request.node.name)}"[:50].rstrip("-")
+    kube.kubectl("create", "namespace", name)
+    yield name
+    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@dataclass
+class Release:
+    """A chart release and the operator process running under its ServiceAccount."""
+
+    name: str
+    namespace: str
+    kube: Kube
+
+    @property
+    def operator_log(self) -> Path:
+        return self.kube.cluster.supervisor.log(f"operator-{self.name}")
+
+    def operator_api(self) -> kubernetes.client.ApiClient:
+        """A client with the operator's own credentials (its ServiceAccount's token)."""
+        return self.kube.api(self.kube.cluster.directory / f"operator-{self.name}.kubeconfig")
+
+
+@pytest.fixture
+def operator_release(kube: Kube, namespace: str, request):
+    """``install(values=None, env=None, start=True) -> Release``: the chart as release ``<namespace>`` in
+    ``namespace`` (its cluster-scoped RBAC named after it), and its operator started; both removed after."""
+    started: list[Release] = []
+    cluster = kube.cluster
+
+    def install(values: dict | None = None, env: dict[str, str] | None = None, start: bool = True) -> Release:
+        release = Release(namespace, namespace, kube)
+        cluster.install_chart({"fullnameOverride": f"atlas-{namespace}", **(values or {})}, namespace, namespace)
+        started.append(release)
+        if start:
+            deployment = cluster.operator_deployment(release.name, namespace)
+            account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+            config = cluster.service_account_kubeconfig(
+                cluster.directory / f"operator-{release.name}.kubeconfig", namespace, account
+            )
+            args, environment = cluster.operator_environment(deployment)
+            environment.update(
+                KUBECONFIG=str(config),
+                ATLAS_OPERATOR_METRICS_PORT=str(free_port()),
+                ATLAS_RETRY_DELAY="0.5",
+                ATLAS_PROGRESS_INTERVAL="1",
+                ATLAS_LOG_FORMAT="plain",
+                **(env or {}),
+            )
+            cluster.supervisor.start(
+                f"operator-{release.name}", [*atlas_command(), *args, "--verbose"], env=environment
+            )
+        return release
+
+    yield install
+    for release in started:
+        cluster.supervisor.stop(f"operator-{release.name}")
+        helm(kube.kubeconfig, "uninstall", release.name, "-n", release.namespace, "--wait=false", check=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed or "kube" not in item.fixturenames:
+        return
+    kube = item.funcargs.get("kube")
+    if not isinstance(kube, Kube):
+        return
+    for path in sorted(kube.cluster.logs.glob("operator-*.log")) + [kube.cluster.logs / "kube-apiserver.log"]:
+        report.sections.append((f"log {path.name} (last lines)", log_tail(path, 60)))
+
