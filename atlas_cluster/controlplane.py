@@ -24,6 +24,19 @@ from atlas_cluster.processes import Supervisor
 SERVICE_CIDR = "10.96.0.0/16"  # what kind and kubeadm use: room for every run's Services
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 READY_TIMEOUT = 60.0
+# The audit log records every request of a ServiceAccount outside kube-system (the operator's, the controllers'
+# of the next tier) with its verb, resource and response code: what RBAC refused is read from it, not guessed from a
+# client's logs. Everything else (the control plane's own traffic) is not recorded.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [
+        {"level": "None", "userGroups": ["system:serviceaccounts:kube-system"]},
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
 # Stopped in this order: what depends on the API server first, etcd last.
 STOP_ORDER = ("kube-controller-manager", "kube-apiserver", "etcd")
 
@@ -43,6 +56,11 @@ class Endpoints:
     @classmethod
     def pick(cls) -> Endpoints:
         return cls(free_port(), free_port(), free_port())
+
+    @property
+    def audit_log(self) -> Path:
+        """JSON lines, one per request of a ServiceAccount outside kube-system (AUDIT_POLICY)."""
+        return self.directory / "logs" / "audit.log"
 
     @property
     def server(self) -> str:
@@ -81,6 +99,11 @@ class ControlPlane:
     @property
     def admin_kubeconfig(self) -> Path:
         return self.directory / "admin.kubeconfig"
+
+    @property
+    def audit_log(self) -> Path:
+        """JSON lines, one per request of a ServiceAccount outside kube-system (AUDIT_POLICY)."""
+        return self.directory / "logs" / "audit.log"
 
     @property
     def server(self) -> str:
@@ -133,6 +156,9 @@ class ControlPlane:
 
     def _start_apiserver(self, ep: Endpoints) -> None:
         pki = self.pki
+        policy = self.directory / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
+        self.audit_log.parent.mkdir(parents=True, exist_ok=True)
         self.supervisor.start(
             "kube-apiserver",
             [
@@ -150,6 +176,11 @@ class ControlPlane:
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allow-privileged=false",
+                "--endpoint-reconciler-type=none",  # its endpoint would be 127.0.0.1, which Endpoints refuse
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-mode=blocking",  # a request's line is written before its response: tests read it at once
                 "--v=1",
             ],
         )
