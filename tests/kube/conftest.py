@@ -96,7 +96,8 @@ def _dns_name(text: str) -> str:
 
 @pytest.fixture
 def namespace(kube: Kube, request) -> Iterator[str]:
-    name = f"t{next(_counter)}-{_dns_name(request.node.name)}"[:50].rstrip("-")
+    # Short: the chart names objects <release>-metrics and the like after it, within 63 characters.
+    name = f"t{next(_counter)}-{_dns_name(request.node.name.removeprefix('test_'))}"[:30].rstrip("-")
     kube.kubectl("create", "namespace", name)
     yield name
     kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
