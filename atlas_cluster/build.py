@@ -60,7 +60,8 @@ def go_binary() -> str:
     out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=False).stdout.strip()
     found = re.match(r"go(\d+)\.(\d+)", out)
     if not found or tuple(map(int, found.groups())) < versions.GO_MINIMUM:
-        raise BuildError(f"`go` is {out or 'of an unknown version'}; Kubernetes {versions.KUBERNETES} needs Go {wanted}")
+        found_version = out or "of an unknown version"
+        raise BuildError(f"`go` is {found_version}; Kubernetes {versions.KUBERNETES} needs Go {wanted}")
     return go
 
 
@@ -105,7 +106,8 @@ def staging_modules(go: str, cwd: Path) -> list[str]:
     go_mod = Path(info["GoMod"]).read_text()
     modules = re.findall(r"^\s*(\S+)\s*=>\s*\./staging/", go_mod, flags=re.M)
     if not modules:
-        raise BuildError(f"k8s.io/kubernetes@{versions.KUBERNETES}'s go.mod replaces no staging module: {info['GoMod']}")
+        release = f"k8s.io/kubernetes@{versions.KUBERNETES}"
+        raise BuildError(f"{release}'s go.mod replaces no staging module: {info['GoMod']}")
     return modules
 
 

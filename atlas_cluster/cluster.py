@@ -145,9 +145,9 @@ class LocalCluster:
     # ------------------------------------------------------------------ installing
 
     def apply_files(self, files: list[Path]) -> None:
-        for path in files:
-            kubectl(self.kubeconfig, "apply", "--server-side", "--field-manager=atlas-cluster", "-f", str(path))
-        if files:
+        if files:  # one kubectl for all: a process each cost a second apiece
+            sources = [part for path in files for part in ("-f", str(path))]
+            kubectl(self.kubeconfig, "apply", "--server-side", "--field-manager=atlas-cluster", *sources)
             self.wait_established()
 
     def wait_established(self, timeout: float = 60.0) -> None:
@@ -187,7 +187,7 @@ class LocalCluster:
         found = json.loads(kubectl(self.kubeconfig, "get", "deployments", "-n", namespace, "-l", selector,
                                    "-o", "json").stdout)["items"]  # fmt: skip
         if len(found) != 1:
-            raise ClusterError(f"expected one operator Deployment of release {release} in {namespace}, found {len(found)}")
+            raise ClusterError(f"expected one operator Deployment of release {release} in {namespace}: {len(found)}")
         return found[0]
 
     def service_account_kubeconfig(self, path: Path, namespace: str, service_account: str) -> Path:

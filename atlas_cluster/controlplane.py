@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,7 @@ class ControlPlane:
         self.supervisor = supervisor or Supervisor(directory)
         self.pki = directory / "pki"
         self.endpoints: Endpoints | None = None
+        self.ready_after: dict[str, float] = {}  # process → seconds from its start to ready
 
     @property
     def admin_kubeconfig(self) -> Path:
@@ -116,8 +118,8 @@ class ControlPlane:
             raise FileNotFoundError(f"{', '.join(absent)} not in {self.bin_dir}")
         make_pki(self.pki)
         self.endpoints = endpoints = Endpoints.pick()
-        self._start_etcd(endpoints)
-        self._start_apiserver(endpoints)
+        self._timed("etcd", self._start_etcd, endpoints)
+        self._timed("kube-apiserver", self._start_apiserver, endpoints)
         write_kubeconfig(
             self.admin_kubeconfig,
             kubeconfig(
@@ -127,8 +129,13 @@ class ControlPlane:
             ),
         )
         if not missing(self.bin_dir, ("kube-controller-manager",)):  # an envtest folder may lack it
-            self._start_controller_manager(endpoints)
+            self._timed("kube-controller-manager", self._start_controller_manager, endpoints)
         return self
+
+    def _timed(self, name: str, start, endpoints: Endpoints) -> None:
+        started = time.monotonic()
+        start(endpoints)
+        self.ready_after[name] = time.monotonic() - started
 
     def stop(self) -> None:
         self.supervisor.stop_all(STOP_ORDER)

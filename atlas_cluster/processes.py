@@ -69,7 +69,8 @@ class Supervisor:
                 if ready():
                     return
             if time.monotonic() > deadline:
-                raise ProcessFailed(f"{what} not ready in {timeout:.0f} s; {self.log(name)}:\n{log_tail(self.log(name))}")
+                log = self.log(name)
+                raise ProcessFailed(f"{what} not ready in {timeout:.0f} s; {log}:\n{log_tail(log)}")
             time.sleep(0.1)
 
     # ------------------------------------------------------------ the pid file, for `down` from another process

@@ -27,7 +27,7 @@ import kubernetes
 import pytest
 
 from atlas_cluster.build import REQUIRED, BuildError, default_bin_dir, ensure_built, missing
-from atlas_cluster.cluster import LocalCluster, atlas_command, helm, kubectl
+from atlas_cluster.cluster import LocalCluster, atlas_command, backend_crd_files, helm, kubectl
 from atlas_cluster.processes import log_tail
 from tests.support.env import REPO, free_port
 
@@ -74,16 +74,13 @@ def kube(tmp_path_factory) -> Iterator[Kube]:
     cluster = LocalCluster(directory, BIN_DIR, start_operator=False, log=lambda line: None)
     try:
         cluster.control_plane.start()
-        cluster.apply_files(sorted((REPO / "crds").glob("*.yaml")))
-        cluster.apply_files(_backend_crds(cluster))
+        cluster.apply_files(sorted((REPO / "crds").glob("*.yaml")) + _backend_crds())
         yield Kube(cluster)
     finally:
         cluster.down()
 
 
-def _backend_crds(cluster: LocalCluster) -> list[Path]:
-    from atlas_cluster.cluster import backend_crd_files
-
+def _backend_crds() -> list[Path]:
     files = backend_crd_files(log=lambda line: None)
     if not files:
         _unavailable("the backends' CRDs need `go` (go mod download)")

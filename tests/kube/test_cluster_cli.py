@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 from atlas_cluster.tools import kubectl_binary
-
 from tests.kube.conftest import BIN_DIR
 from tests.support.env import REPO, python_env
 
@@ -36,7 +35,8 @@ def test_cluster_up_runs_the_example_teacher_to_its_children_and_down_leaves_no_
     env = python_env(ATLAS_CACHE_DIR=str(tmp_path / "cache"), ATLAS_KUBE_BIN=str(BIN_DIR))
     up = _atlas("up", "--name", "cli-test", env=env)
     pids_file = tmp_path / "cache/kube/clusters/cli-test/pids.json"
-    pids = {name: entry["pid"] for name, entry in json.loads(pids_file.read_text()).items()} if pids_file.exists() else {}
+    recorded = json.loads(pids_file.read_text()) if pids_file.exists() else {}
+    pids = {name: entry["pid"] for name, entry in recorded.items()}
     try:
         assert up.returncode == 0, up.stderr
         exports = [line for line in up.stdout.splitlines() if line.startswith("export KUBECONFIG=")]
@@ -45,9 +45,8 @@ def test_cluster_up_runs_the_example_teacher_to_its_children_and_down_leaves_no_
         kubeconfig = exports[0].split("=", 1)[1]
 
         def kubectl(*args: str) -> str:
-            done = subprocess.run(
-                [str(kubectl_binary()), f"--kubeconfig={kubeconfig}", *args], capture_output=True, text=True, check=False
-            )
+            argv = [str(kubectl_binary()), f"--kubeconfig={kubeconfig}", *args]
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
             assert done.returncode == 0, done.stderr
             return done.stdout
 

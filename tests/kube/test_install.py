@@ -91,7 +91,7 @@ def test_the_server_applies_the_defaults_the_operator_parses_and_kubectl_explain
         parent = path.rsplit(".", 1)[0]
         if parent != "spec" and _at(stored, parent) is None:
             continue  # a default inside an object the manifest does not set: the server applies none
-        assert _at(stored, path) == default, f"{path}: the server stored {_at(stored, path)!r}, the CRD says {default!r}"
+        assert _at(stored, path) == default, f"{path}: the server stored {_at(stored, path)!r}, the CRD {default!r}"
         assert _at(parsed, path) == default, f"{path}: the operator uses {_at(parsed, path)!r}, the server {default!r}"
     for path, default in sorted(declared.items())[:6]:  # kubectl explain, a process each: a sample
         field = path.removeprefix("spec.")
