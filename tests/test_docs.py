@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DOC_FILES = ("README.md", "docs/architecture.md", "docs/trainers.md")
+DOC_FILES = ("README.md", "docs/architecture.md", "docs/trainers.md", "docs/local-cluster.md")
 #: Where a path in the docs may be relative to: the root, operator/ (atlas_operator/…), the chart (files/…).
 BASES = (REPO, REPO / "operator", REPO / "charts" / "atlas-operator")
 FILE_TOKEN = re.compile(
     r"(?<![\w/.-])((?:[\w*-]+/)*[\w*-]+\.(?:py|yaml|yml|json|txt|sh|md|toml)|(?:[\w-]+/)*Dockerfile)(?![\w/])"
 )
-DOTTED = re.compile(r"\b(atlas_(?:cli|core|operator|contract)(?:\.\w+)+)")
+DOTTED = re.compile(r"\b(atlas_(?:cli|cluster|core|operator|contract)(?:\.\w+)+)")
 BACKTICK = re.compile(r"`([^`]+)`")
 OPTION = re.compile(r"(?:^|(?<=[\s\[/(]))(--?[A-Za-z][\w-]*)")
 METRIC = re.compile(r"\b(atlas_\w+)(\*|\{[\w,]*\})?(?!\w|\.(?:json|jsonl|yaml|py)\b)")  # not a file (atlas_run.json)
-MODULE_NAMES = {"atlas_cli", "atlas_core", "atlas_operator", "atlas_contract"}
+MODULE_NAMES = {"atlas_cli", "atlas_cluster", "atlas_core", "atlas_operator", "atlas_contract"}
 # The operator's kopf indices (named in the architecture doc), not metrics.
 OTHER_PROGRAMS = {"python", "python3", "accelerate", "kopf", "kubectl", "helm", "make", "trl", "vllm", "docker", "pip"}
 
@@ -311,6 +311,20 @@ def test_operator_options_are_accepted(capsys):
     actual = _choices_in_help(text)
     for option, values in _documented_choices(command["spans"]).items():
         assert actual.get(option) == values, f"README: `{option}` takes {sorted(values)}, the code {actual.get(option)}"
+
+
+def test_cluster_options_are_accepted():
+    """`atlas cluster up|down|status` options: those of atlas_cluster/cli.py's parser (each action's own)."""
+    from atlas_cluster.cli import parser
+
+    command = documented_commands()["cluster"]
+    (actions,) = [a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    accepted = {opt for sub in actions.choices.values() for a in sub._actions for opt in a.option_strings}
+    assert {"--bin-dir", "--name"} <= set(command["options"])
+    unknown = sorted(set(command["options"]) - accepted)
+    assert not unknown, f"the docs list `atlas cluster` options it does not take: {unknown}"
+    actions_named = {span.split()[0] for span in command["spans"] if span.split()}
+    assert {"up", "down"} <= actions_named, actions_named
 
 
 def test_train_entrypoint_options_are_accepted():
