@@ -174,10 +174,13 @@ class LocalCluster:
         a process (a local cluster has no node to run its image)."""
         values_file = self.directory / f"values-{release}.yaml"
         values_file.write_text(yaml.safe_dump({"replicas": 0, **values}))
+        # helm's --wait reads the Deployment's status, which only the controller manager writes (an envtest
+        # --bin-dir may have none).
+        wait = ["--wait", "--timeout", "2m"] if "kube-controller-manager" in self.control_plane.ready_after else []
         helm(
             self.kubeconfig,
             "upgrade", "--install", release, str(CHART), "--namespace", namespace, "--create-namespace",
-            "--values", str(values_file), "--wait", "--timeout", "2m",
+            "--values", str(values_file), *wait,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ the operator, as its ServiceAccount
