@@ -90,7 +90,7 @@ def test_default_backend_setting():
         ),
         (
             {"rollout": {"replicas": 1, "gpus": 3, "tensorParallelSize": 2}},
-            "spec.rollout.gpus: expected spec.rollout.tensorParallelSize",
+            "spec.rollout.gpus: 3 is not spec.rollout.tensorParallelSize (2)",
         ),
         ({"rollout": {"replicas": 2}}, "spec.rollout.replicas: expected 0 or 1"),
         ({"deepspeed": "zero4"}, "spec.deepspeed: expected one of zero1, zero2, zero3, zero3-offload"),

@@ -49,7 +49,9 @@ def custom_resource_definition(kind: str) -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # metadata.name declared, so that a rule on it can name it (fieldPath): the API server's refusal then
+            # says metadata.name, as the operator does (a CRD may describe only name and generateName of metadata).
+            "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
             "spec": spec_schema,
             "status": status_schema,
         },

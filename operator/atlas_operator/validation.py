@@ -1,16 +1,16 @@
 """Validation of a run: parse a manifest into a :class:`~atlas_operator.spec.Run` with every problem named by its
 full spec path. The CRD's CEL rules (atlas_operator/validation_rules.py) are evaluated here too, with the same
-expressions the API server runs at ``kubectl apply``; what CEL cannot see (spec.training.extra, the operator's
-bundled reward configs, the datasets a run reads) is checked here only."""
+expressions the API server runs at ``kubectl apply`` (and the same messages); what CEL cannot see
+(spec.training.extra, and the generation batch of a run that sets extra) is checked here only."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from atlas_contract import datasets, defaults, rules
+from atlas_contract import defaults, rules
 from atlas_contract.errors import InvalidFields
-from atlas_contract.names import API_VERSION, BACKENDS, MAX_RUN_NAME, TRAINJOB_RESERVED_ENV
+from atlas_contract.names import API_VERSION, BACKENDS, MAX_RUN_NAME
 from atlas_operator import validation_rules
 from atlas_operator.schema import camel, parse, to_object
 from atlas_operator.spec import (
@@ -42,7 +42,8 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None, default_ba
         name = str(name or "")
     spec = parse(SPEC_TYPES[kind], manifest.get("spec"), "spec", problems)
     backend = spec.backend or default_backend or BACKENDS[0]
-    problems += _rule_problems(kind, name, spec, backend, problems)
+    extra_set = _extra_set(manifest)
+    problems += _rule_problems(kind, name, spec, backend, extra_set, problems)
     # Unset rollout fields take their mode's values (SFT generates nothing: no server unless one is asked for).
     resolve_rollout(spec.rollout, spec.algorithm)
     student = getattr(spec, "student", None)
@@ -62,7 +63,7 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None, default_ba
     # schema already rejected is not reported twice.
     reported = {p.split(":")[0] for p in problems}
     try:
-        semantic = validate_run(run)
+        semantic = validate_run(run, extra_set)
     except Exception as exc:  # noqa: BLE001 - a check that breaks must give Invalid, never a dead reconcile
         semantic = [f"spec: cannot be validated ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"]
     problems += [p for p in semantic if p.split(":")[0] not in reported]
@@ -71,40 +72,38 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None, default_ba
     return run
 
 
-def _rule_problems(kind: str, name: str, spec: RunSpec, backend: str, reported: list[str]) -> list[str]:
+def _extra_set(manifest: dict[str, Any]) -> bool:
+    """spec.training.extra is in the manifest (even empty): what the CRD's rules see of it (has())."""
+    spec = manifest.get("spec")
+    training = spec.get("training") if isinstance(spec, dict) else None
+    return isinstance(training, dict) and training.get("extra") is not None
+
+
+def _rule_problems(
+    kind: str, name: str, spec: RunSpec, backend: str, extra_set: bool, reported: list[str]
+) -> list[str]:
     """The CRD's CEL rules, evaluated by the operator on the parsed spec (with the backend it will use: the API
     server cannot know the operator's default); a field the schema already rejected is not reported twice."""
 
     seen = {p.split(":")[0] for p in reported}
-    found = validation_rules.problems(kind, name, {**to_object(spec, hide_unknown=True), "backend": backend})
+    obj = {**to_object(spec, hide_unknown=True), "backend": backend}
+    if not extra_set:  # the parsed spec has extra {} when unset; the API server's object has no extra
+        obj.get("training", {}).pop("extra", None)
+    found = validation_rules.problems(kind, name, obj)
     return [p for p in found if p.split(":")[0] not in seen]
 
 
-def validate_run(run: Run) -> list[str]:
-    """Checks beyond the schema and the CRD's CEL rules (atlas_operator/validation_rules.py): what CEL cannot see
-    (spec.training.extra, the operator's bundled reward configs), each naming the field and what was expected."""
+def validate_run(run: Run, extra_set: bool = True) -> list[str]:
+    """Checks beyond the schema and the CRD's CEL rules (atlas_operator/validation_rules.py): what CEL cannot see,
+    spec.training.extra, each naming the field and what was expected. ``extra_set``: the manifest sets
+    spec.training.extra, which enters the generation batch (the CRD's rule checks the batch of a run without it)."""
     spec, problems = run.spec, []
     res, training = spec.resources, spec.training
-    if spec.algorithm in ("grpo", "teacher"):  # reads spec.training.extra, which CEL cannot
+    if spec.algorithm in ("grpo", "teacher") and extra_set:  # reads spec.training.extra, which CEL cannot
         problems += _batch_problems(training, res.nodes * res.processes())
-    problems += dataset_problems(spec)  # the datasets the run reads (atlas_contract.datasets)
-    reward = spec.reward
-    configs = rules.bundled_reward_configs()  # the operator's files, so not in the CRD
-    if reward.config and reward.config not in configs:
-        problems.append(
-            f"spec.reward.config: expected one of {', '.join(configs)} "
-            f"(or use configMapRef for your own), got {reward.config!r}"
-        )
-    problems += rules.weight_problems(reward.weights, name=lambda field: f"spec.reward.{field}")
+    problems += rules.weight_problems(spec.reward.weights, name=lambda field: f"spec.reward.{field}")
     if isinstance(spec, AtlasTeacherSpec) and spec.student is None:  # the CRD's `required`
         problems.append("spec.student: required for AtlasTeacher (the frozen student model)")
-    if run.backend == "TrainJob":  # CEL could not read spec.env at a bounded cost (valueFrom keeps unknown fields)
-        reserved = [f"spec.env[{i}].name" for i, var in enumerate(spec.env) if var.name in TRAINJOB_RESERVED_ENV]
-        problems += [
-            f"{field}: the Kubeflow Trainer sets {', '.join(TRAINJOB_RESERVED_ENV)} on backend TrainJob (its webhook "
-            "refuses a TrainJob whose trainer sets one); remove it"
-            for field in reserved
-        ]
     for name in sorted(set(training.extra) & set(OPERATOR_OWNED_TRAINER_FIELDS)):
         problems.append(
             f"spec.training.extra.{name}: the operator sets it ({OPERATOR_OWNED_TRAINER_FIELDS[name]}); "
@@ -120,24 +119,6 @@ def validate_run(run: Run) -> list[str]:
     for name in extra_clash:
         problems.append(f"spec.training.extra.{name}: set it as spec.training.{camel(name)} instead")
     return problems
-
-
-def dataset_problems(spec: RunSpec) -> list[str]:
-    """Every dataset the run reads, training and evaluation, checked as far as the manifest tells
-    (atlas_contract.datasets: builtins, their kinds and splits; a file on the checkpoint volume is checked by the
-    trainer at start-up, before any model loads). A dataset missing altogether is the schema's problem, said once."""
-    if spec.dataset is None:
-        return []
-    training = datasets.dataset_problems(
-        spec.dataset.source, spec.dataset.split, spec.algorithm, "spec.dataset", local=False
-    )
-    evaluation = getattr(spec, "evaluation", None)
-    if evaluation is None or (evaluation.dataset.source is None and training):
-        return training  # an unset evaluation source is the training one: named once, above
-    source = evaluation.dataset.source or spec.dataset.source
-    return training + datasets.evaluation_problems(
-        source, evaluation.dataset.split, "spec.evaluation.dataset", local=False
-    )
 
 
 # Trainer fields the operator writes into run.yaml itself (render.run_config), and where a user sets them.

@@ -2,7 +2,9 @@
 CRD files (not from the operator's rule registry): structural defaulting, then every ``x-kubernetes-validations``
 rule evaluated where it sits in the schema, ``self`` bound to the value there and, for a transition rule on an
 update, ``oldSelf`` to the old value at the same place. A rule on list items runs once per item; a rule whose
-object is unset does not run; a transition rule runs only when the old object has the value too.
+object is unset does not run; a transition rule runs only when the old object has the value too. A refusal's message
+is its ``messageExpression``'s value (the static ``message`` where that fails, is not a string, is blank or has a line
+break), and its field the rule's place plus its ``fieldPath``: the cause of the API server's 422.
 """
 
 from __future__ import annotations
@@ -57,9 +59,8 @@ class Refusal:
     rule: str
 
     def as_problem(self) -> str:
-        """The refusal as the operator words a problem: ``<field>: <expected>`` with the concrete field."""
-        named, _, expected = self.message.partition(": ")
-        return f"{self.path or named}: {expected}"
+        """The refusal as the operator words a problem: ``<field>: <message>``."""
+        return f"{self.path}: {self.message}"
 
 
 @functools.cache
@@ -84,15 +85,25 @@ def admission_refusals(
     return found
 
 
+def _message(validation: dict[str, str], data: dict[str, Any]) -> str:
+    try:
+        text = _program(validation["messageExpression"]).eval(data=data).value()
+    except Exception:  # noqa: BLE001 - Kubernetes falls back to the static message
+        return validation["message"]
+    return text if isinstance(text, str) and text.strip() and "\n" not in text else validation["message"]
+
+
 def _walk(value: Any, old: Any, schema: dict[str, Any], path: str, found: list[Refusal]) -> None:
     for validation in schema.get("x-kubernetes-validations") or []:
         rule = validation["rule"]
         if is_transition(rule) and old is None:
             continue
-        result = _program(rule).eval(data={"self": value, "oldSelf": old}).value()
+        data = {"self": value, "oldSelf": old}
+        result = _program(rule).eval(data=data).value()
         if result is not True:
-            where = path + validation.get("fieldPath", "")
-            found.append(Refusal(where, validation["message"] if result is False else f"{where}: error {result}", rule))
+            where = (path + validation.get("fieldPath", "")).lstrip(".")
+            message = _message(validation, data) if result is False else f"error {result}"
+            found.append(Refusal(where, message, rule))
     if isinstance(value, dict):
         for key, prop in (schema.get("properties") or {}).items():
             if key in value:
