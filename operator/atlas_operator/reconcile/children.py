@@ -196,7 +196,7 @@ def reward_yaml(run: Run) -> str | None:
     if not run.spec.reward.config:
         return None
     path = find_reward_config(run.spec.reward.config)
-    if path is None:  # validate_run accepts only the bundled names, so this is a broken install
+    if path is None:  # only bundled names pass validation (validation_rules.py): a broken install
         raise RetryLater(f"spec.reward.config: RIM config {run.spec.reward.config!r} is not installed")
     return path.read_text()
 
