@@ -27,13 +27,16 @@ EVALUATION_SUMMARY = {
     "guidance_tokens_mean": "guidanceTokensMean",
 }
 INTEGER_KEYS = frozenset({"step", "problems"})
-INT64_MAX = 2**63 - 1  # the API server stores a status integer as int64: a larger one fails the status patch
+# The largest status integer: a JSON number holds integers exactly up to 2**53 - 1, and the API server reads a schema's
+# `maximum` as a float64 — 2**63 - 1 became 2**63, "not an integer", and every status write with a result was refused
+# (422) by a real kube-apiserver.
+MAX_STATUS_INTEGER = 2**53 - 1
 #: The range of each ``.status.result`` value (``evaluation.*`` keys bare); the CRD's schema states the same bounds.
 #: A value outside its range is dropped, never shown (a termination message is the trainer's word, not checked).
 RESULT_RANGES: dict[str, tuple[float | None, float | None]] = {
-    "step": (0, INT64_MAX),
+    "step": (0, MAX_STATUS_INTEGER),
     "reward": (None, None),
-    "problems": (0, INT64_MAX),
+    "problems": (0, MAX_STATUS_INTEGER),
     "studentAccuracy": (0.0, 1.0),
     "guidedAccuracy": (0.0, 1.0),
     "accuracyDelta": (-1.0, 1.0),

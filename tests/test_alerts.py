@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from atlas_cluster.tools import ToolUnavailable, helm_binary
 from tests.support.metric_names import expand, metric_names, operator_registries
 from tests.support.prometheus_server import MISSING, binaries
 from tools.alert_rules import render_alert_rules
-from atlas_cluster.tools import ToolUnavailable, helm_binary
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "monitoring" / "atlas-alerts.rules.yaml"

@@ -435,7 +435,7 @@ def test_namespaced_rbac_cluster_role_is_described_as_the_chart_grants_it():
     import yaml
 
     rules = yaml.safe_load((REPO / "charts/atlas-operator/files/rbac-rules.yaml").read_text())
-    cluster_rules = rules["cluster"] + rules["namespacedScopeCluster"]
+    cluster_rules = rules["cluster"] + rules["allNamespaces"]
     for name in ("README.md", "docs/architecture.md"):
         text = " ".join(doc(name).split())
         assert "only reads CRDs" not in text

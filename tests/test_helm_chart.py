@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from atlas_cluster.tools import ToolUnavailable, helm_binary
 from tests.support import label_selectors
 from tests.support.metric_names import expand, metric_names, operator_registries
-from atlas_cluster.tools import ToolUnavailable, helm_binary
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "atlas-operator"
@@ -311,7 +311,7 @@ def _assert_no_wildcards(rules):
 
 def test_rbac_cluster_scope(default_objs):
     (role,) = by_kind(default_objs, "ClusterRole")
-    assert role["rules"] == RULES["namespaced"] + RULES["cluster"]
+    assert role["rules"] == RULES["namespaced"] + RULES["cluster"] + RULES["allNamespaces"]
     _assert_no_wildcards(role["rules"])
     (binding,) = by_kind(default_objs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -375,8 +375,19 @@ def test_rendered_rbac_is_the_rules_file(default_objs):
     """The ClusterRole carries exactly files/rbac-rules.yaml (itself checked against the operator's real
     calls in tests/test_operator.py)."""
     (role,) = by_kind(default_objs, "ClusterRole")
-    expected = RULES["namespaced"] + RULES["cluster"]
+    expected = RULES["namespaced"] + RULES["cluster"] + RULES["allNamespaces"]
     assert sorted(map(str, role["rules"])) == sorted(map(str, expected))
+
+
+def test_named_namespaces_get_no_namespace_or_crd_access(helm):
+    """watchNamespaces (either scope): the operator serves the named namespaces as named (kopf's scanning off), so
+    neither Namespaces nor CRDs are granted; cluster-wide, kopf follows the CRDs (allNamespaces)."""
+    for args in (["--set", "watchNamespaces={ml-team}"], ["--set", "rbac.scope=namespaced"]):
+        objs = render(helm, *args)
+        for role in by_kind(objs, "ClusterRole") + by_kind(objs, "Role"):
+            resources = {r for rule in role["rules"] for r in rule["resources"]}
+            assert not resources & {"namespaces", "customresourcedefinitions"}, (args, role["metadata"]["name"])
+    assert [r["resources"] for r in RULES["allNamespaces"]] == [["customresourcedefinitions"]]
 
 
 def test_rbac_namespaced_scope(all_on_objs):
@@ -394,7 +405,7 @@ def test_rbac_namespaced_scope(all_on_objs):
         }
         assert binding["subjects"][0]["namespace"] == NAMESPACE
     (crole,) = by_kind(all_on_objs, "ClusterRole")
-    assert crole["rules"] == RULES["cluster"] + RULES["namespacedScopeCluster"]  # cluster-scoped reads only
+    assert crole["rules"] == RULES["cluster"]  # cluster-scoped reads only
     (cbinding,) = by_kind(all_on_objs, "ClusterRoleBinding")
     assert cbinding["roleRef"]["name"] == crole["metadata"]["name"]
     _, c = _operator_container(all_on_objs)

@@ -178,7 +178,7 @@ def test_invalid_spec_gets_every_problem_and_no_children(cluster):
     status = cluster.wait_status(manifest, lambda s: s.get("phase") == "Invalid", "Invalid")
     message = cluster.condition(manifest, "Valid")["message"]
     assert "spec.training.numGenerations: 5 does not divide" in message
-    assert "spec.rollout.gpus: expected spec.rollout.tensorParallelSize" in message
+    assert "spec.rollout.gpus: 3 is not spec.rollout.tensorParallelSize (2)" in message
     assert "children" not in status
     assert not any(cluster.emu.get(r, NS, n) for r, n in children_of("invalid-run", False).values())
     assert not cluster.emu.writes("v1/configmaps", name="invalid-run-config")
@@ -871,8 +871,8 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
             wait_for(lambda r=run: cluster.run(r) is None, timeout=TIMEOUT, what="the run deleted")
         used = permissions_used(cluster.emu)
         assert operator_secret_calls(cluster) == []
-    granted = _rbac_rules("namespaced", "cluster")  # rbac.scope: cluster
-    assert not [r for r in _rules_file()["namespaced"] + _rules_file()["cluster"] if "secrets" in r["resources"]]
+    granted = _rbac_rules("namespaced", "cluster", "allNamespaces")  # rbac.scope: cluster, every namespace
+    assert not [r for section in _rules_file().values() for r in section if "secrets" in r["resources"]]
     assert used - granted == set(), "calls the chart's RBAC does not allow"
     assert granted - used == set(), "permissions the operator never uses"
 
@@ -893,9 +893,11 @@ def test_watching_one_namespace_leaves_the_others_alone(tmp_path):
         assert not cluster.emu.calls(lambda c: c.namespace == "team-b" and c.is_write and c.method != "POST")
         assert cluster.emu.get("v1/configmaps", "team-b", "elsewhere-run-config") is None
         used = permissions_used(cluster.emu)
-    granted = _rbac_rules("namespaced", "cluster", "namespacedScopeCluster")  # rbac.scope: namespaced
+    granted = _rbac_rules("namespaced", "cluster")  # rbac.scope: namespaced (or cluster with watchNamespaces)
     assert used - granted == set(), "calls the namespaced RBAC does not allow"
-    assert ("", "namespaces", "watch") in used
+    # Named namespaces are served as named: kopf neither lists Namespaces (which no scope grants: its 403s held the
+    # first run back ~55 s) nor follows CRDs.
+    assert not {p for p in used if p[1] in ("namespaces", "customresourcedefinitions")}
 
 
 def test_network_policies_go_when_the_setting_is_turned_off(tmp_path):

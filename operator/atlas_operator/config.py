@@ -4,6 +4,7 @@ flags override it), handed to the reconciler and the handlers."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,6 +51,7 @@ ENV = {
 }
 # Settings where an empty value means "none" rather than "unset".
 _EMPTY_MEANS_NONE = ("watch_namespaces", "monitoring_namespace")
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a namespace name (a DNS label)
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -135,6 +137,9 @@ _RANGES = {
 
 def _setting_problems(values: dict[str, Any]) -> list[str]:
     problems = []
+    for namespace in values.get("watch_namespaces") or ():
+        if not _NAMESPACE.fullmatch(namespace):  # a kopf pattern (team-*, !team-b) needs Namespace list/watch
+            problems.append(f"{ENV['watch_namespaces']}: {namespace!r} is not a namespace name (no patterns)")
     backend = values.get("default_backend")
     if backend is not None and backend not in BACKENDS:
         problems.append(f"{ENV['default_backend']}: expected one of {', '.join(BACKENDS)}, got {backend!r}")
