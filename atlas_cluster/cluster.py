@@ -124,10 +124,12 @@ class LocalCluster:
         if self.supervisor.running():
             raise ClusterError(f"a cluster is already running in {self.directory} (atlas cluster down first)")
         started = time.monotonic()
-        self.control_plane.start()
+        self.control_plane.start(controller_manager=False)
+        # The CRDs before the controller manager, so its garbage collector knows their kinds from the start.
+        crds = sorted((REPO / "crds").glob("*.yaml"))
+        self.apply_files(crds + (backend_crd_files(self.log) if self.install_backend_crds else []))
+        self.control_plane.start_controller_manager()
         self.log(f"atlas cluster: control plane ready in {time.monotonic() - started:.1f} s")
-        if self.install_backend_crds:
-            self.apply_files(backend_crd_files(self.log))
         self.install_chart(self.chart_values)
         if self.start_operator:
             self.start_operator_process()

@@ -112,7 +112,10 @@ class ControlPlane:
         assert self.endpoints is not None, "not started"
         return self.endpoints.server
 
-    def start(self) -> ControlPlane:
+    def start(self, controller_manager: bool = True) -> ControlPlane:
+        """etcd and kube-apiserver, ready; then the controller manager unless told not to (start it with
+        ``start_controller_manager`` once the CRDs are in: its garbage collector discovers resource kinds only
+        every 30 s, so kinds installed after it are not collected until then)."""
         absent = missing(self.bin_dir, REQUIRED)
         if absent:
             raise FileNotFoundError(f"{', '.join(absent)} not in {self.bin_dir}")
@@ -128,9 +131,13 @@ class ControlPlane:
                 {"client-certificate": str(self.pki / "admin.crt"), "client-key": str(self.pki / "admin.key")},
             ),
         )
-        if not missing(self.bin_dir, ("kube-controller-manager",)):  # an envtest folder may lack it
-            self._timed("kube-controller-manager", self._start_controller_manager, endpoints)
+        if controller_manager:
+            self.start_controller_manager()
         return self
+
+    def start_controller_manager(self) -> None:
+        if not missing(self.bin_dir, ("kube-controller-manager",)):  # an envtest folder may lack it
+            self._timed("kube-controller-manager", self._start_controller_manager, self.endpoints)
 
     def _timed(self, name: str, start, endpoints: Endpoints) -> None:
         started = time.monotonic()

@@ -73,8 +73,10 @@ def kube(tmp_path_factory) -> Iterator[Kube]:
     directory = tmp_path_factory.mktemp("kube")
     cluster = LocalCluster(directory, BIN_DIR, start_operator=False, log=lambda line: None)
     try:
-        cluster.control_plane.start()
+        cluster.control_plane.start(controller_manager=False)
+        # The CRDs first: the garbage collector then knows their kinds from its start (else only 30 s later).
         cluster.apply_files(sorted((REPO / "crds").glob("*.yaml")) + _backend_crds())
+        cluster.control_plane.start_controller_manager()
         yield Kube(cluster)
     finally:
         cluster.down()
@@ -126,7 +128,9 @@ def operator_release(kube: Kube, namespace: str, request):
 
     def install(values: dict | None = None, env: dict[str, str] | None = None, start: bool = True) -> Release:
         release = Release(namespace, namespace, kube)
-        cluster.install_chart({"fullnameOverride": f"atlas-{namespace}", **(values or {})}, namespace, namespace)
+        # Cluster-scoped names of its own (RBAC, the ClusterTrainingRuntime): releases of several tests coexist.
+        own = {"fullnameOverride": f"atlas-{namespace}", "trainJob": {"runtime": {"name": f"atlas-grpo-{namespace}"}}}
+        cluster.install_chart({**own, **(values or {})}, namespace, namespace)
         started.append(release)
         if start:
             deployment = cluster.operator_deployment(release.name, namespace)
@@ -150,7 +154,7 @@ def operator_release(kube: Kube, namespace: str, request):
 
     yield install
     for release in started:
-        cluster.supervisor.stop(f"operator-{release.name}")
+        cluster.supervisor.stop(f"operator-{release.name}", grace=1.0)  # kopf's graceful stop takes ~5 s
         helm(kube.kubeconfig, "uninstall", release.name, "-n", release.namespace, "--wait=false", check=False)
 
 
