@@ -1,9 +1,10 @@
 """The operator touches only what it made, and an upgrade never restarts training.
 
-Against the API emulator with a real `atlas operator`: objects someone else made under a run's child names are left
-byte-for-byte as they were through the run's whole life and its deletion (garbage collection included); two runs of
-different kinds with one name do not fight; an operator restarted with other settings, over the objects the previous
-release made (tests/fixtures/upgrade/), writes nothing to a running job or server; a spec change still recreates.
+Against the API emulator with a real `atlas operator` (foreign objects under a run's child names, left byte for byte
+through the run's life and deletion by the real garbage collector, are tests/kube/test_ownership.py's): a run goes on
+once the object in its way is gone; two runs of different kinds with one name do not fight; an operator restarted
+with other settings, over the objects the previous release made (tests/fixtures/upgrade/), writes nothing to a
+running job or server; a spec change still recreates.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import pytest
 
 from tests.support import upgrade_fixtures
 from tests.support.kube_emulator import (
-    JOBSETS,
     PYTORCHJOBS,
     TEACHERS,
     TRAININGS,
@@ -25,7 +25,6 @@ from tests.support.kube_emulator import (
 )
 from tests.support.manifests import NS, teacher, training
 from tests.support.operator_cluster import (
-    NETWORK_POLICIES,
     TIMEOUT,
     OperatorProcess,
     cleanup_runs,  # noqa: F401  (autouse: each test's runs deleted)
@@ -65,61 +64,6 @@ def operator_reads(cluster, resource: str, name: str) -> int:
     )
 
 
-def someone_elses_objects(cluster, name: str, backend: str) -> dict[str, tuple[str, str]]:
-    """Another team's objects under the names a run ``name`` would give its children: a ConfigMap with their settings,
-    a Service for their web app, and their finished job of the run's backend."""
-    core = kubernetes.client.CoreV1Api(cluster.api_client)
-    core.create_namespaced_config_map(
-        NS, {"metadata": {"name": f"{name}-config"}, "data": {"settings.ini": "[web]\nport = 8080\n"}}
-    )
-    core.create_namespaced_service(
-        NS,
-        {
-            "metadata": {"name": f"{name}-metrics", "labels": {"app": "web"}},
-            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
-        },
-    )
-    container = {"name": "train", "image": "other-team/train:1"}
-    if backend == "JobSet":
-        job = {
-            "apiVersion": "jobset.x-k8s.io/v1alpha2",
-            "kind": "JobSet",
-            "metadata": {"name": name},
-            "spec": {
-                "replicatedJobs": [
-                    {"name": "main", "template": {"spec": {"template": {"spec": {"containers": [container]}}}}}
-                ]
-            },
-        }
-        cluster.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NS, "jobsets", job)
-        finished = {"terminalState": "Completed", "conditions": [{"type": "Completed", "status": "True"}]}
-        cluster.custom.patch_namespaced_custom_object_status(
-            "jobset.x-k8s.io", "v1alpha2", NS, "jobsets", name, {"status": finished}
-        )
-        job_key = (JOBSETS, name)
-    else:
-        job = {
-            "apiVersion": "kubeflow.org/v1",
-            "kind": "PyTorchJob",
-            "metadata": {"name": name},
-            "spec": {
-                "pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": {"spec": {"containers": [container]}}}}
-            },
-        }
-        cluster.custom.create_namespaced_custom_object("kubeflow.org", "v1", NS, "pytorchjobs", job)
-        cluster.set_job_conditions(name, "Created", "Running", "Succeeded")
-        job_key = (PYTORCHJOBS, name)
-    return {
-        "config": ("v1/configmaps", f"{name}-config"),
-        "metrics": ("v1/services", f"{name}-metrics"),
-        "job": job_key,
-    }
-
-
-def snapshot(cluster, objects: dict[str, tuple[str, str]]) -> dict[str, dict]:
-    return {key: cluster.emu.get(resource, NS, name) for key, (resource, name) in objects.items()}
-
-
 def conflict(cluster, manifest) -> dict:
     cluster.wait_status(
         manifest,
@@ -127,42 +71,6 @@ def conflict(cluster, manifest) -> dict:
         "ChildrenReady=False NameConflict",
     )
     return cluster.condition(manifest, "ChildrenReady")
-
-
-@pytest.mark.parametrize("backend", ["PyTorchJob", "JobSet"])
-def test_objects_someone_else_made_are_never_touched_through_the_runs_life_and_deletion(cluster, backend):
-    name = f"myapp-{backend.lower()}"
-    theirs = someone_elses_objects(cluster, name, backend)
-    before = snapshot(cluster, theirs)
-    manifest = training(name, backend=backend)
-    cluster.apply(manifest)
-
-    condition = conflict(cluster, manifest)
-    assert condition["status"] == "False"
-    job_kind = "JobSet" if backend == "JobSet" else "PyTorchJob"
-    for named in (f"ConfigMap {name}-config", f"Service {name}-metrics", f"{job_kind} {name}"):
-        assert f"{named} (no controller: made by someone else)" in condition["message"]
-    # Several passes of the run's timer look again (each reads the names from the API server): still nothing done.
-    wait_for(lambda: operator_reads(cluster, "configmaps", f"{name}-config") >= 4, timeout=TIMEOUT, what="retries")
-    assert snapshot(cluster, theirs) == before  # data, selector, uid, ownerReferences, resourceVersion: as made
-    assert operator_writes(cluster, name=f"{name}-config") == operator_writes(cluster, name=f"{name}-metrics") == []
-    assert operator_writes(cluster, "jobsets" if backend == "JobSet" else "pytorchjobs", name) == []
-    # No other child is made while the names are taken: no NetworkPolicy, no server.
-    for resource, child in (
-        (NETWORK_POLICIES, f"{name}-network"),
-        ("v1/services", f"{name}-rollout"),
-        ("apps/v1/deployments", f"{name}-rollout"),
-    ):
-        assert cluster.emu.get(resource, NS, child) is None
-    status = cluster.status(manifest)
-    assert status["phase"] == "Pending" and not status.get("children")
-    warnings = [e for e in cluster.events(name) if e["reason"] == "NameConflict"]
-    assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
-
-    cluster.delete_run(manifest)
-    wait_for(lambda: cluster.run(manifest) is None, timeout=TIMEOUT, what="the run deleted")
-    cluster.server.run(cluster.emu.collect_garbage())  # what the API server's garbage collector would then delete
-    assert snapshot(cluster, theirs) == before
 
 
 def test_the_run_goes_on_by_itself_once_the_object_in_its_way_is_gone(cluster):
@@ -179,24 +87,6 @@ def test_the_run_goes_on_by_itself_once_the_object_in_its_way_is_gone(cluster):
     for child in children.values():
         (ref,) = child["metadata"]["ownerReferences"]
         assert ref["uid"] == run["metadata"]["uid"] and ref["controller"] is True
-
-
-def test_a_child_of_an_earlier_run_of_the_same_name_is_named_with_its_controller(cluster):
-    """A ConfigMap still controlled by another object (an earlier run's, not collected yet) is not adopted."""
-    core = kubernetes.client.CoreV1Api(cluster.api_client)
-    owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "0000-web", "controller": True}
-    core.create_namespaced_config_map(
-        NS, {"metadata": {"name": "taken-config", "ownerReferences": [owner]}, "data": {"x": "1"}}
-    )
-    manifest = training("taken")
-    cluster.apply(manifest)
-    assert (
-        "ConfigMap taken-config (controlled by Deployment web (uid 0000-web))" in conflict(cluster, manifest)["message"]
-    )
-    assert cluster.emu.get("v1/configmaps", NS, "taken-config")["metadata"]["ownerReferences"] == [owner]
-    cluster.delete_run(manifest)
-    wait_for(lambda: cluster.run(manifest) is None, timeout=TIMEOUT, what="the run deleted")
-    core.delete_namespaced_config_map("taken-config", NS)
 
 
 def test_an_atlas_training_and_an_atlas_teacher_of_one_name_do_not_fight(cluster):
