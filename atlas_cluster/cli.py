@@ -3,6 +3,9 @@
 atlas cluster up                  # build the control plane once (minutes), start it, install the CRDs, the chart
                                   # and the operator under the chart's ServiceAccount; prints export KUBECONFIG=…
 atlas cluster up --bin-dir DIR    # binaries from DIR (setup-envtest's folder works; $ATLAS_KUBE_BIN too)
+atlas cluster up --controllers jobset,kueue,trainer,training-operator
+                                  # also the backends' real controllers, webhooks serving (built once, minutes)
+atlas cluster up --nodes 2        # and two process nodes that run the pods (the real kube-scheduler; root)
 atlas cluster down                # stop every process it started and remove the cluster's folder
 """
 
@@ -16,8 +19,10 @@ from pathlib import Path
 
 import yaml
 
-from atlas_cluster.build import BuildError, ensure_built
-from atlas_cluster.cluster import ClusterError, LocalCluster
+from atlas_cluster import versions
+from atlas_cluster.build import BuildError, ensure_built, ensure_controllers, parse_controllers
+from atlas_cluster.cluster import STOP_ORDER, ClusterError, LocalCluster
+from atlas_cluster.controllers import ControllerError
 from atlas_cluster.paths import DEFAULT_CLUSTER, cluster_dir
 from atlas_cluster.processes import ProcessFailed, Supervisor
 
@@ -56,6 +61,24 @@ def parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a chart value (repeatable)")
     up.add_argument("--no-operator", action="store_true", help="install the chart but start no operator")
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="process nodes that run the pods (the real kube-scheduler binds them; needs root); default 0: "
+        "pods stay Pending",
+    )
+    up.add_argument(
+        "--gpus-per-node", type=int, default=8, metavar="G", help="fake nvidia.com/gpu per node (default 8)"
+    )
+    up.add_argument(
+        "--controllers",
+        default="",
+        metavar="NAMES",
+        help=f"also run these backends' upstream controllers, comma-separated ({','.join(versions.CONTROLLERS)}; "
+        "default none); built from the Go modules into the cache the first time",
+    )
     return parser
 
 
@@ -65,12 +88,26 @@ def up(args: argparse.Namespace) -> int:
     for assignment in args.set:
         _set_value(values, assignment)
     try:
+        controllers = parse_controllers(args.controllers)
+    except ValueError as exc:
+        _say(f"atlas cluster: --controllers: {exc}")
+        return 2
+    try:
         bin_dir = args.bin_dir or ensure_built(log=_say)
+        binaries = ensure_controllers(controllers, log=_say)
         cluster = LocalCluster(
-            directory, Path(bin_dir), chart_values=values, start_operator=not args.no_operator, log=_say
+            directory,
+            Path(bin_dir),
+            chart_values=values,
+            start_operator=not args.no_operator,
+            log=_say,
+            controllers=controllers,
+            controller_binaries=binaries,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
         )
         cluster.up()
-    except (BuildError, ClusterError, ProcessFailed, FileNotFoundError) as exc:
+    except (BuildError, ClusterError, ControllerError, ProcessFailed, FileNotFoundError) as exc:
         _say(f"atlas cluster: {exc}")
         if "already running" not in str(exc):
             Supervisor(directory).stop_all()
@@ -84,7 +121,7 @@ def down(args: argparse.Namespace) -> int:
     directory = cluster_dir(args.name)
     supervisor = Supervisor(directory)
     running = supervisor.running()
-    supervisor.stop_all(("operator", "kube-controller-manager", "kube-apiserver", "etcd"))
+    supervisor.stop_all(STOP_ORDER)
     shutil.rmtree(directory, ignore_errors=True)
     _say(f"atlas cluster: stopped {', '.join(running) or 'nothing (not running)'}; removed {directory}")
     return 0

@@ -8,6 +8,7 @@ in a process, configured from the environment the chart's own Deployment gives i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -20,6 +21,8 @@ import yaml
 
 from atlas_cluster import versions
 from atlas_cluster.build import BuildError, go_binary
+from atlas_cluster.controllers import controller_crd_files, start_controllers
+from atlas_cluster.controlplane import STOP_ORDER as CONTROL_PLANE_STOP_ORDER
 from atlas_cluster.controlplane import ControlPlane, kubeconfig, write_kubeconfig
 from atlas_cluster.processes import Supervisor
 from atlas_cluster.tools import helm_binary, kubectl_binary
@@ -29,6 +32,10 @@ CHART = REPO / "charts" / "atlas-operator"
 RELEASE = "atlas"
 RELEASE_NAMESPACE = "atlas-system"
 OPERATOR = "operator"
+NODES = "nodes"
+# `down` stops what depends on the API server first (the nodes delete their Node objects and pods on the way out),
+# etcd last.
+STOP_ORDER = (OPERATOR, *versions.CONTROLLERS, NODES, "kube-scheduler", *CONTROL_PLANE_STOP_ORDER)
 TOKEN_SECONDS = 7 * 24 * 3600  # the operator's token: a local cluster is not meant to live longer
 # The environment the operator process keeps from ours (the rest comes from the chart's Deployment).
 HOST_ENV = ("PATH", "HOME", "LANG", "TMPDIR", "PYTHONPATH", "ATLAS_CACHE_DIR", "VIRTUAL_ENV")
@@ -102,6 +109,14 @@ class LocalCluster:
     install_backend_crds: bool = True
     start_operator: bool = True
     log: object = print
+    # The backends' upstream controllers to run (atlas_cluster/controllers.py), started after the control plane
+    # and before the chart; binaries from the cache unless given here (name → path).
+    controllers: tuple[str, ...] = ()
+    controller_binaries: dict[str, Path] = field(default_factory=dict)
+    # Process nodes (atlas_cluster/node.py) that run the pods the real kube-scheduler binds to them; 0: none, and
+    # pods stay Pending. Each node offers gpus_per_node fake nvidia.com/gpu (scheduling only: pods run on CPU).
+    nodes: int = 0
+    gpus_per_node: int = 8
 
     def __post_init__(self) -> None:
         self.supervisor = Supervisor(self.directory)
@@ -127,22 +142,42 @@ class LocalCluster:
         self.control_plane.start(controller_manager=False)
         # The CRDs before the controller manager, so its garbage collector knows their kinds from the start.
         crds = sorted((REPO / "crds").glob("*.yaml"))
-        self.apply_files(crds + (backend_crd_files(self.log) if self.install_backend_crds else []))
+        crds += backend_crd_files(self.log) if self.install_backend_crds else []
+        self.apply_files(crds + controller_crd_files(self.controllers))
         self.control_plane.start_controller_manager()
         self.log(f"atlas cluster: control plane ready in {time.monotonic() - started:.1f} s")
+        if self.controllers:
+            start_controllers(self, self.controllers, self.controller_binaries, self.log)
+        if self.nodes:
+            self.start_nodes()
         self.install_chart(self.chart_values)
         if self.start_operator:
             self.start_operator_process()
         return self
 
     def down(self) -> None:
-        self.supervisor.stop_all((OPERATOR, *self.control_plane_stop_order()))
+        self.supervisor.stop_all(STOP_ORDER)
 
-    @staticmethod
-    def control_plane_stop_order() -> tuple[str, ...]:
-        from atlas_cluster.controlplane import STOP_ORDER
+    def start_nodes(self) -> None:
+        """The real kube-scheduler, then ``nodes`` process nodes in a process of their own (needs root: each pod
+        gets network, mount and UTS namespaces); returns once every node is Ready."""
+        from atlas_cluster.node import Scheduler
 
-        return STOP_ORDER
+        binary = Scheduler.find(self.bin_dir)
+        if binary is None:
+            raise ClusterError(f"no kube-scheduler in {self.bin_dir} (make kube builds it)")
+        Scheduler(self.directory, binary, self.supervisor).start()
+        # Bridge and network namespace names: short (interface names are 15 characters), one set per cluster.
+        prefix = "a" + hashlib.sha1(str(self.directory).encode()).hexdigest()[:6]
+        self.supervisor.start(
+            NODES,
+            [sys.executable, "-m", "atlas_cluster.node", "--cluster-dir", str(self.directory),
+             "--nodes", str(self.nodes), "--gpus", str(self.gpus_per_node), "--network-prefix", prefix],
+        )  # fmt: skip
+        log = self.supervisor.log(NODES)
+        self.supervisor.wait_until(NODES, lambda: "process nodes ready" in log.read_text(), 120, "process nodes")
+        self.log(f"atlas cluster: {self.nodes} process node(s) ready, {self.gpus_per_node} fake GPUs each")
+
 
     # ------------------------------------------------------------------ installing
 
@@ -151,6 +186,13 @@ class LocalCluster:
             sources = [part for path in files for part in ("-f", str(path))]
             kubectl(self.kubeconfig, "apply", "--server-side", "--field-manager=atlas-cluster", *sources)
             self.wait_established()
+
+    def apply_documents(self, docs: list[dict], path: Path) -> None:
+        """Write ``docs`` to ``path`` (kept: what was applied) and apply them server-side as the admin."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        kubectl(self.kubeconfig, "apply", "--server-side", "--force-conflicts", "--field-manager=atlas-cluster",
+                "-f", str(path))  # fmt: skip
 
     def wait_established(self, timeout: float = 60.0) -> None:
         """Every CRD served (``Established``): the conditions appear a moment after the create."""

@@ -1,6 +1,7 @@
 """The local cluster's certificates, made with ``openssl`` (as kubeadm lays them out, on a smaller scale): a CA, the
 API server's serving certificate for 127.0.0.1, client certificates for the admin and the controller manager, and
-the service-account signing key pair that TokenRequest tokens are signed with."""
+the service-account signing key pair that TokenRequest tokens are signed with; and serving certificates for the
+backends' controllers' webhooks on 127.0.0.1 (``sign_serving_cert``)."""
 
 from __future__ import annotations
 
@@ -28,12 +29,14 @@ def _ec_key(name: str, cwd: Path) -> None:
     _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", f"{name}.key", cwd=cwd)
 
 
-def _signed(name: str, subject: str, extensions: str, cwd: Path) -> None:
+def _signed(name: str, subject: str, extensions: str, cwd: Path, ca: Path | None = None) -> None:
+    """``name.crt``/``name.key`` in ``cwd``, signed by ``ca`` (``ca.crt`` beside ``ca.key``; default cwd's)."""
+    ca_crt, ca_key = (str(ca), str(ca.with_suffix(".key"))) if ca else ("ca.crt", "ca.key")
     _ec_key(name, cwd)
     (cwd / f"{name}.ext").write_text(extensions)
     _openssl("req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr", cwd=cwd)
     _openssl(
-        "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "x509", "-req", "-in", f"{name}.csr", "-CA", ca_crt, "-CAkey", ca_key, "-CAcreateserial",
         "-days", DAYS, "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=cwd,
     )  # fmt: skip
     (cwd / f"{name}.csr").unlink()
@@ -55,17 +58,50 @@ CLIENTS = {
 }
 
 
+def make_ca(
+    directory: Path,
+    name: str = "ca",
+    common_name: str = "atlas-local-cluster-ca",
+    dns_name: str = "",
+    rsa: bool = False,
+) -> Path:
+    """A self-signed CA, ``name.crt``/``name.key`` in ``directory``; ``dns_name`` also as its subjectAltName and
+    ``rsa`` for an RSA key in PKCS#1 PEM (what open-policy-agent/cert-controller accepts as a CA it did not make:
+    it verifies the CA against its own name, and parses its key with x509.ParsePKCS1PrivateKey)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if rsa:
+        _openssl("genrsa", "-traditional", "-out", f"{name}.key", "2048", cwd=directory)
+    else:
+        _ec_key(name, directory)
+    san = ["-addext", f"subjectAltName=DNS:{dns_name}"] if dns_name else []
+    _openssl(
+        "req", "-x509", "-new", "-key", f"{name}.key", "-subj", f"/CN={common_name}", "-days", DAYS,
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign", *san,
+        "-out", f"{name}.crt", cwd=directory,
+    )  # fmt: skip
+    return directory / f"{name}.crt"
+
+
+def sign_serving_cert(directory: Path, ca: Path, dns_names: tuple[str, ...] = (), name: str = "tls") -> Path:
+    """A serving certificate for 127.0.0.1 (and localhost, and ``dns_names``) signed by ``ca`` (its ``.key``
+    beside it): ``name.crt``/``name.key`` in ``directory``, as controller-runtime's webhook server reads them
+    (``tls.crt``/``tls.key``). Returns the certificate's path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    names = ",".join(f"DNS:{n}" for n in ("localhost", *dns_names))
+    extensions = (
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+        f"subjectAltName=IP:127.0.0.1,{names}\n"
+    )
+    _signed(name, f"/CN={dns_names[0] if dns_names else 'localhost'}", extensions, directory, ca)
+    return directory / f"{name}.crt"
+
+
 def make_pki(directory: Path) -> Path:
     """Write every file once (a restart of the cluster reuses them); returns ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     if (directory / "complete").exists():
         return directory
-    _ec_key("ca", directory)
-    _openssl(
-        "req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=atlas-local-cluster-ca", "-days", DAYS,
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        "-out", "ca.crt", cwd=directory,
-    )  # fmt: skip
+    make_ca(directory)
     _signed("apiserver", "/CN=kube-apiserver", SERVER, directory)
     for stem, subject in CLIENTS.items():
         _signed(stem, subject, CLIENT, directory)

@@ -14,10 +14,12 @@ KUBERNETES = "v1.36.3"  # k8s.io/kubernetes: kube-apiserver, kube-controller-man
 ETCD = "v3.6.14"  # go.etcd.io/etcd/server/v3
 GO_MINIMUM = (1, 26)  # what k8s.io/kubernetes v1.36's go.mod asks for
 
-# The backends whose CRDs `atlas cluster up` installs (their controllers are not run by the control plane).
+# The backends whose CRDs `atlas cluster up` installs, and whose controllers it runs when asked
+# (`--controllers`, atlas_cluster/controllers.py).
 JOBSET = "v0.12.0"  # sigs.k8s.io/jobset
 TRAINER = "v2.3.0"  # github.com/kubeflow/trainer/v2
 TRAINING_OPERATOR = "v1.9.4"  # github.com/kubeflow/training-operator (PyTorchJob)
+KUEUE = "v0.19.2"  # sigs.k8s.io/kueue
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,88 @@ BACKEND_CRDS: tuple[CrdModule, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class Controller:
+    """A backend's upstream controller, built from its module (``package``, the main package, into ``binary``) and
+    installed as its module's kustomize tree would install it: ``rbac`` and ``webhooks`` are files of that tree (a
+    ``kustomization.yaml`` stands for its ``resources``), put in ``namespace`` with ``name_prefix`` on every name,
+    as the tree's default overlay does, and with the patches and replacements of the ``kustomization.yaml`` beside
+    the webhook manifests. ``crds``: CRD files only this controller needs; the CRDs of the kinds the
+    operator makes (PyTorchJob, JobSet, TrainJob) stay in BACKEND_CRDS and are installed on every cluster."""
+
+    name: str
+    module: str
+    version: str
+    package: str
+    binary: str
+    namespace: str
+    name_prefix: str
+    rbac: tuple[str, ...]
+    webhooks: tuple[str, ...]
+    crds: tuple[str, ...] = ()
+
+
+CONTROLLERS: dict[str, Controller] = {
+    c.name: c
+    for c in (
+        Controller(
+            "jobset",
+            "sigs.k8s.io/jobset",
+            JOBSET,
+            "sigs.k8s.io/jobset",  # the module root is its main package
+            "jobset-controller-manager",
+            "jobset-system",
+            "jobset-",
+            ("config/components/rbac/kustomization.yaml",),
+            ("config/components/webhook/manifests.yaml",),
+        ),
+        Controller(
+            "kueue",
+            "sigs.k8s.io/kueue",
+            KUEUE,
+            "sigs.k8s.io/kueue/cmd/kueue",
+            "kueue",
+            "kueue-system",
+            "kueue-",
+            ("config/components/rbac/kustomization.yaml",),
+            ("config/components/webhook/manifests.yaml",),
+            crds=("config/components/crd/kustomization.yaml",),
+        ),
+        Controller(
+            "trainer",
+            "github.com/kubeflow/trainer/v2",
+            TRAINER,
+            "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager",
+            "trainer-controller-manager",
+            "kubeflow-system",
+            "",
+            ("manifests/base/rbac/kustomization.yaml",),
+            ("manifests/base/webhook/manifests.yaml",),
+        ),
+        Controller(
+            "training-operator",
+            "github.com/kubeflow/training-operator",
+            TRAINING_OPERATOR,
+            "github.com/kubeflow/training-operator/cmd/training-operator.v1",
+            "training-operator",
+            "kubeflow",
+            "",
+            (
+                "manifests/base/rbac/service-account.yaml",
+                "manifests/base/rbac/role.yaml",
+                "manifests/base/rbac/cluster-role-binding.yaml",
+            ),
+            ("manifests/base/webhook/manifests.yaml",),
+        ),
+    )
+}
+
+
 def control_plane_key() -> str:
     """The cache folder's name: every version its binaries are built from."""
     return f"kubernetes-{KUBERNETES}_etcd-{ETCD}"
+
+
+def controller_key(controller: Controller) -> str:
+    """A controller's cache folder's name: one per controller and version, so a new pin of one rebuilds that one."""
+    return f"{controller.name}-{controller.version}"

@@ -1,7 +1,7 @@
-"""The real-Kubernetes tier: one control plane per pytest session (etcd, kube-apiserver, kube-controller-manager built
+"""The real-Kubernetes tier: one control plane for the tier (etcd, kube-apiserver, kube-controller-manager built
 from the upstream modules: atlas_cluster), each test in its own namespace, as controller-runtime's envtest.
 
-- ``kube``: the session's cluster (admin kubeconfig, a kubernetes client, ``kubectl``); the project's CRDs and the
+- ``kube``: the tier's cluster (admin kubeconfig, a kubernetes client, ``kubectl``); the project's CRDs and the
   backends' CRDs (from their modules, atlas_cluster/versions.py) are installed; no chart, no operator.
 - ``namespace``: a fresh namespace for the test, deleted after it.
 - ``operator_release``: ``install(values) -> Release``: the chart installed with the real helm under a release of
@@ -63,7 +63,9 @@ class Kube:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
 
-@pytest.fixture(scope="session")
+# Package scope: one control plane for the whole tier, stopped when its last test ends (a session scope kept it,
+# idle but not free, beside every later test of the suite).
+@pytest.fixture(scope="package")
 def kube(tmp_path_factory) -> Iterator[Kube]:
     if missing(BIN_DIR, REQUIRED):
         try:
