@@ -75,6 +75,22 @@ def go_binary() -> str:
     return go
 
 
+def module_dir(module: str, version: str) -> Path:
+    """``module@version``'s tree in the Go module cache (``go mod download``: fetched once, read-only): where the
+    backends' CRDs, RBAC and webhook configurations are read from."""
+    done = subprocess.run(
+        [go_binary(), "mod", "download", "-json", f"{module}@{version}"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "GOFLAGS": "-mod=mod"},
+    )
+    info = json.loads(done.stdout or "{}")
+    if done.returncode != 0 or "Dir" not in info:
+        raise BuildError(f"go mod download {module}@{version}: {info.get('Error') or done.stderr.strip()}")
+    return Path(info["Dir"])
+
+
 def _run(go: str, args: list[str], cwd: Path, what: str) -> str:
     env = {**os.environ, "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local"}
     done = subprocess.run([go, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)

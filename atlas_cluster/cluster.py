@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from atlas_cluster import versions
-from atlas_cluster.build import BuildError, go_binary
+from atlas_cluster.build import BuildError, go_binary, module_dir
 from atlas_cluster.controllers import controller_crd_files, start_controllers
 from atlas_cluster.controlplane import STOP_ORDER as CONTROL_PLANE_STOP_ORDER
 from atlas_cluster.controlplane import ControlPlane, kubeconfig, write_kubeconfig
@@ -77,24 +77,11 @@ def backend_crd_files(log=print) -> list[Path]:
     """The backends' CRD files (atlas_cluster/versions.py) from their modules' own trees, fetched by
     ``go mod download`` into the Go module cache; [] with a line saying why when Go is not there."""
     try:
-        go = go_binary()
+        go_binary()
     except BuildError as exc:
         log(f"atlas cluster: the backends' CRDs are not installed ({exc})")
         return []
-    files = []
-    for crds in versions.BACKEND_CRDS:
-        done = subprocess.run(
-            [go, "mod", "download", "-json", f"{crds.module}@{crds.version}"],
-            capture_output=True,
-            text=True,
-            check=False,
-            env={**os.environ, "GOFLAGS": "-mod=mod"},
-        )
-        info = json.loads(done.stdout or "{}")
-        if done.returncode != 0 or "Dir" not in info:
-            raise ClusterError(f"go mod download {crds.module}@{crds.version}: {info.get('Error') or done.stderr}")
-        files += [Path(info["Dir"]) / name for name in crds.files]
-    return files
+    return [module_dir(c.module, c.version) / name for c in versions.BACKEND_CRDS for name in c.files]
 
 
 @dataclass

@@ -26,7 +26,6 @@ import json
 import os
 import re
 import ssl
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -37,7 +36,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from atlas_cluster import versions
-from atlas_cluster.build import controller_binary, go_binary
+from atlas_cluster.build import controller_binary, module_dir
 from atlas_cluster.controlplane import free_port
 from atlas_cluster.pki import make_ca, sign_serving_cert
 
@@ -70,21 +69,6 @@ class ControllerError(RuntimeError):
 
 
 # ---------------------------------------------------------------------- the module trees, as kustomize reads them
-
-
-def module_dir(module: str, version: str) -> Path:
-    """The module's tree in the Go module cache (``go mod download``: fetched once, read-only)."""
-    done = subprocess.run(
-        [go_binary(), "mod", "download", "-json", f"{module}@{version}"],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "GOFLAGS": "-mod=mod"},
-    )
-    info = json.loads(done.stdout or "{}")
-    if done.returncode != 0 or "Dir" not in info:
-        raise ControllerError(f"go mod download {module}@{version}: {info.get('Error') or done.stderr}")
-    return Path(info["Dir"])
 
 
 def expand(path: Path) -> list[Path]:

@@ -16,6 +16,7 @@ import time
 
 from atlas_cluster.build import BuildError, ensure_built, ensure_controllers
 from atlas_cluster.cluster import REPO, STOP_ORDER, ClusterError, LocalCluster, kubectl
+from atlas_cluster.controllers import ControllerError
 from atlas_cluster.paths import cluster_dir
 from atlas_cluster.processes import ProcessFailed, Supervisor
 
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             gpus_per_node=0,
         )  # fmt: skip
         cluster.up()
-    except (BuildError, ClusterError, ProcessFailed, FileNotFoundError) as exc:
+    except (BuildError, ClusterError, ControllerError, ProcessFailed, FileNotFoundError) as exc:
         _say(f"cluster-demo: {exc}")
         Supervisor(directory).stop_all(STOP_ORDER)
         return 1

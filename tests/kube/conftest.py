@@ -121,43 +121,56 @@ class Release:
         return self.kube.api(self.kube.cluster.directory / f"operator-{self.name}.kubeconfig")
 
 
-@pytest.fixture
-def operator_release(kube: Kube, namespace: str, request):
-    """``install(values=None, env=None, start=True) -> Release``: the chart as release ``<namespace>`` in
-    ``namespace`` (its cluster-scoped RBAC named after it), and its operator started; both removed after."""
-    started: list[Release] = []
+def install_release(kube: Kube, namespace: str, values: dict | None = None) -> Release:
+    """The chart as release ``namespace`` in ``namespace``, with cluster-scoped names of its own (RBAC, the
+    ClusterTrainingRuntime): releases of several tests coexist."""
+    own = {"fullnameOverride": f"atlas-{namespace}", "trainJob": {"runtime": {"name": f"atlas-grpo-{namespace}"}}}
+    kube.cluster.install_chart({**own, **(values or {})}, namespace, namespace)
+    return Release(namespace, namespace, kube)
+
+
+def start_release(kube: Kube, namespace: str, values: dict | None = None, env: dict[str, str] | None = None) -> Release:
+    """``install_release``, then ``atlas operator`` under that release's ServiceAccount token with the env its
+    Deployment renders, plus fast timers."""
     cluster = kube.cluster
+    release = install_release(kube, namespace, values)
+    deployment = cluster.operator_deployment(release.name, namespace)
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    config = cluster.service_account_kubeconfig(
+        cluster.directory / f"operator-{release.name}.kubeconfig", namespace, account
+    )
+    args, environment = cluster.operator_environment(deployment)
+    environment.update(
+        KUBECONFIG=str(config),
+        ATLAS_OPERATOR_METRICS_PORT=str(free_port()),
+        ATLAS_RETRY_DELAY="0.5",
+        ATLAS_PROGRESS_INTERVAL="1",
+        ATLAS_LOG_FORMAT="plain",
+        **(env or {}),
+    )
+    cluster.supervisor.start(f"operator-{release.name}", [*atlas_command(), *args, "--verbose"], env=environment)
+    return release
+
+
+def stop_release(kube: Kube, release: Release) -> None:
+    kube.cluster.supervisor.stop(f"operator-{release.name}", grace=1.0)  # kopf's graceful stop takes ~5 s
+    helm(kube.kubeconfig, "uninstall", release.name, "-n", release.namespace, "--wait=false", check=False)
+
+
+@pytest.fixture
+def operator_release(kube: Kube, namespace: str):
+    """``install(values=None, env=None, start=True) -> Release``: the chart as release ``<namespace>`` in
+    ``namespace``, and its operator started (``start_release``); both removed after."""
+    started: list[Release] = []
 
     def install(values: dict | None = None, env: dict[str, str] | None = None, start: bool = True) -> Release:
-        release = Release(namespace, namespace, kube)
-        # Cluster-scoped names of its own (RBAC, the ClusterTrainingRuntime): releases of several tests coexist.
-        own = {"fullnameOverride": f"atlas-{namespace}", "trainJob": {"runtime": {"name": f"atlas-grpo-{namespace}"}}}
-        cluster.install_chart({**own, **(values or {})}, namespace, namespace)
+        release = start_release(kube, namespace, values, env) if start else install_release(kube, namespace, values)
         started.append(release)
-        if start:
-            deployment = cluster.operator_deployment(release.name, namespace)
-            account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-            config = cluster.service_account_kubeconfig(
-                cluster.directory / f"operator-{release.name}.kubeconfig", namespace, account
-            )
-            args, environment = cluster.operator_environment(deployment)
-            environment.update(
-                KUBECONFIG=str(config),
-                ATLAS_OPERATOR_METRICS_PORT=str(free_port()),
-                ATLAS_RETRY_DELAY="0.5",
-                ATLAS_PROGRESS_INTERVAL="1",
-                ATLAS_LOG_FORMAT="plain",
-                **(env or {}),
-            )
-            cluster.supervisor.start(
-                f"operator-{release.name}", [*atlas_command(), *args, "--verbose"], env=environment
-            )
         return release
 
     yield install
     for release in started:
-        cluster.supervisor.stop(f"operator-{release.name}", grace=1.0)  # kopf's graceful stop takes ~5 s
-        helm(kube.kubeconfig, "uninstall", release.name, "-n", release.namespace, "--wait=false", check=False)
+        stop_release(kube, release)
 
 
 @pytest.hookimpl(hookwrapper=True)

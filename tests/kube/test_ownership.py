@@ -13,11 +13,12 @@ own log: what it did not send, the server did not get.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +27,8 @@ import pytest
 from atlas_operator import kube as k8s
 from atlas_operator.kube import Kube, Resource
 
-from atlas_cluster.cluster import atlas_command, helm
-from tests.kube.conftest import Release
+from tests.kube.conftest import Release, start_release, stop_release
 from tests.support import upgrade_fixtures
-from tests.support.env import free_port
 from tests.support.kube_emulator import wait_for
 from tests.support.manifests import training
 
@@ -153,38 +152,10 @@ class Cluster:
         )  # fmt: skip
 
 
-def start_release(kube, namespace: str, values: dict, env: dict[str, str] | None = None) -> Release:
-    """The chart as release ``namespace`` and its operator started under its ServiceAccount: what the conftest's
-    ``operator_release`` does, for a namespace and an operator that a module's tests share."""
-    cluster = kube.cluster
-    release = Release(namespace, namespace, kube)
-    cluster.install_chart({"fullnameOverride": f"atlas-{namespace}", **values}, namespace, namespace)
-    deployment = cluster.operator_deployment(release.name, namespace)
-    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    config = cluster.service_account_kubeconfig(cluster.directory / f"operator-{namespace}.kubeconfig", namespace,
-                                                account)  # fmt: skip
-    args, environment = cluster.operator_environment(deployment)
-    environment.update(
-        KUBECONFIG=str(config),
-        ATLAS_OPERATOR_METRICS_PORT=str(free_port()),
-        ATLAS_RETRY_DELAY="0.5",
-        ATLAS_PROGRESS_INTERVAL="1",
-        ATLAS_LOG_FORMAT="plain",
-        **(env or {}),
-    )
-    cluster.supervisor.start(f"operator-{namespace}", [*atlas_command(), *args, "--verbose"], env=environment)
-    return release
-
-
-def stop_release(kube, release: Release) -> None:
-    kube.cluster.supervisor.stop(f"operator-{release.name}")
-    helm(kube.kubeconfig, "uninstall", release.name, "-n", release.namespace, "--wait=false", check=False)
-
-
-@pytest.fixture(scope="module")
-def shared(kube):
-    """One namespace and one operator for the module's cases (each uses names of its own)."""
-    namespace = f"own-{uuid.uuid4().hex[:6]}"
+@contextlib.contextmanager
+def shared_namespace(kube, prefix: str) -> Iterator[Cluster]:
+    """A namespace and one operator (its own chart release) that a module's cases share, each with names of its own."""
+    namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
     kube.kubectl("create", "namespace", namespace)
     cluster = Cluster(kube, namespace)
     cluster.release = start_release(kube, namespace, chart_values(namespace))
@@ -193,6 +164,13 @@ def shared(kube):
     finally:
         stop_release(kube, cluster.release)
         kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def shared(kube):
+    """One namespace and one operator for the module's cases (each uses names of its own)."""
+    with shared_namespace(kube, "own") as cluster:
+        yield cluster
 
 
 # --------------------------------------------------------------------------- upgrades
