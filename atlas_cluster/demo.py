@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             _say(f"export KUBECONFIG={cluster.kubeconfig}   # atlas cluster down --name {NAME} when done")
         else:
             cluster.down()
+            shutil.rmtree(directory, ignore_errors=True)  # as `atlas cluster down` leaves nothing
     return code
 
 
