@@ -305,6 +305,7 @@ def expand(text: str, env: dict[str, str]) -> str:
 
 
 def descendants(root: int) -> list[int]:
+    """Every process ``root`` started, and theirs (from /proc)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -875,21 +876,21 @@ class PodWorker(threading.Thread):
         return str(max(math.ceil(value / divisor - 1e-9), 1 if value else 0))
 
     def _config_map(self, name: str, optional: bool | None) -> dict[str, str]:
-        status, data = self.node.api.call("GET", f"/api/v1/namespaces/{self.namespace}/configmaps/{name}")
-        if status == 404 and optional:
-            return {}
-        if status != 200:
-            raise ConfigError(f'configmap "{name}" not found' if status == 404 else f"configmap {name}: {status}")
-        binary = {k: base64.b64decode(v).decode("utf-8", "replace") for k, v in (data.get("binaryData") or {}).items()}
-        return {**(data.get("data") or {}), **binary}
+        return self._read("configmap", name, optional)
 
     def _secret(self, name: str, optional: bool | None) -> dict[str, str]:
-        status, data = self.node.api.call("GET", f"/api/v1/namespaces/{self.namespace}/secrets/{name}")
+        return self._read("secret", name, optional)
+
+    def _read(self, kind: str, name: str, optional: bool | None) -> dict[str, str]:
+        """A ConfigMap's data and binaryData, or a Secret's data, decoded; {} for a missing optional one."""
+        status, data = self.node.api.call("GET", f"/api/v1/namespaces/{self.namespace}/{kind}s/{name}")
         if status == 404 and optional:
             return {}
         if status != 200:
-            raise ConfigError(f'secret "{name}" not found' if status == 404 else f"secret {name}: {status}")
-        return {k: base64.b64decode(v).decode("utf-8", "replace") for k, v in (data.get("data") or {}).items()}
+            raise ConfigError(f'{kind} "{name}" not found' if status == 404 else f"{kind} {name}: {status}")
+        encoded = data.get("binaryData") if kind == "configmap" else data.get("data")
+        decoded = {k: base64.b64decode(v).decode("utf-8", "replace") for k, v in (encoded or {}).items()}
+        return {**(data.get("data") or {}), **decoded} if kind == "configmap" else decoded
 
     # ------------------------------------------------------------------ volumes
 

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from atlas_contract.cache import cache_root  # the builtin models' root too
+
 DEFAULT_CLUSTER = "atlas"
-
-
-def cache_root() -> Path:
-    """``$ATLAS_CACHE_DIR``, else ``~/.cache/atlas`` (the same root as the builtin models')."""
-    return Path(os.environ.get("ATLAS_CACHE_DIR") or Path.home() / ".cache" / "atlas")
 
 
 def kube_root() -> Path:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from atlas_contract.cache import cache_root
+
 
 def default_cache_dir() -> Path:
-    """``$ATLAS_CACHE_DIR``, else ``~/.cache/atlas``."""
-    return Path(os.environ.get("ATLAS_CACHE_DIR") or Path.home() / ".cache" / "atlas")
+    """``$ATLAS_CACHE_DIR``, else ``~/.cache/atlas`` (atlas_contract/cache.py)."""
+    return cache_root()
 
 
 def build_once(target: Path, write: Callable[[Path], None]) -> Path:

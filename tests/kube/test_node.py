@@ -347,19 +347,19 @@ def test_init_container_restart_policy_and_liveness(nodes: ProcessNodes, kube: K
     """OnFailure: the first run fails (restarted), the second is killed by its liveness probe (restarted), the third
     succeeds; the init container ran once, first."""
     script = (
-        "cat /work/init.txt; n=$(cat /work/n 2>/dev/null || echo 0); echo $((n+1)) > /work/n; echo run $n; "
-        "case $n in 0) exit 4;; 1) touch /work/alive; sleep 1; rm /work/alive; sleep 30;; *) exit 0;; esac"
+        "cat /scratch/init.txt; n=$(cat /scratch/n 2>/dev/null || echo 0); echo $((n+1)) > /scratch/n; echo run $n; "
+        "case $n in 0) exit 4;; 1) touch /scratch/alive; sleep 1; rm /scratch/alive; sleep 30;; *) exit 0;; esac"
     )
     restarts = pod(
         "restarts",
         ["bash", "-c", script],
         restart="OnFailure",
         terminationGracePeriodSeconds=1,
-        initContainers=[{"name": "init", "image": "x", "command": ["bash", "-c", "echo init-ran > /work/init.txt"],
-                         "volumeMounts": [{"name": "work", "mountPath": "/work"}]}],
+        initContainers=[{"name": "init", "image": "x", "command": ["bash", "-c", "echo init-ran > /scratch/init.txt"],
+                         "volumeMounts": [{"name": "work", "mountPath": "/scratch"}]}],
         container={
-            "volumeMounts": [{"name": "work", "mountPath": "/work"}],
-            "livenessProbe": {"exec": {"command": ["test", "-e", "/work/alive"]}, "initialDelaySeconds": 1,
+            "volumeMounts": [{"name": "work", "mountPath": "/scratch"}],
+            "livenessProbe": {"exec": {"command": ["test", "-e", "/scratch/alive"]}, "initialDelaySeconds": 1,
                               "periodSeconds": 1, "failureThreshold": 2},
         },
         volumes=[{"name": "work", "emptyDir": {}}],

@@ -38,6 +38,10 @@ from typing import Any
 import kubernetes
 import yaml
 
+# The process node (atlas_cluster/node.py) does these as the kubelet does; one copy, there.
+from atlas_cluster.node import descendants
+from atlas_cluster.node import expand as expand_vars
+
 HOST_ENV = ("HOME", "LANG", "HF_HUB_OFFLINE", "ATLAS_CACHE_DIR", "TOKENIZERS_PARALLELISM", "TMPDIR")
 MAX_TERMINATION_MESSAGE = 4096  # bytes the kubelet keeps of a termination message
 FALLBACK_LOG_LINES = 80  # FallbackToLogsOnError: the kubelet's log tail (at most 80 lines, still <= 4096 bytes)
@@ -102,36 +106,6 @@ def _map_ports(value: Any, ports: dict[int, int], key: str = "") -> Any:
     if key.endswith("port") and isinstance(value, int) and not isinstance(value, bool) and value in ports:
         return ports[value]
     return value
-
-
-def _expand(text: str, env: dict[str, str]) -> str:
-    """Kubernetes' ``$(VAR)`` expansion: a defined VAR is replaced, an undefined one left as written, ``$$`` → ``$``."""
-    import re
-
-    def one(match: re.Match) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        return env.get(match.group(1), match.group(0))
-
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", one, text)
-
-
-def descendants(root: int) -> list[int]:
-    """Every process ``root`` started, and theirs (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, stack = [], [root]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
 
 
 def _disruption(reason: str) -> dict[str, Any]:
@@ -264,10 +238,10 @@ class Kubelet:
         declared = dict(extra_env)  # what $(VAR) may refer to: the container's own env, in order
         for var in container.get("env", []):
             value = remap(self._env_value(job, var))
-            env[var["name"]] = declared[var["name"]] = _expand(value, declared) if expand else value
+            env[var["name"]] = declared[var["name"]] = expand_vars(value, declared) if expand else value
         command = argv or [remap(part) for part in container.get("command", []) + container.get("args", [])]
         if expand and not argv:
-            command = [_expand(part, declared) for part in command]
+            command = [expand_vars(part, declared) for part in command]
         with open(pod.log, "ab") as log:
             pod.proc = subprocess.Popen(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=pod.root, start_new_session=True
