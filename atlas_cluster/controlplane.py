@@ -9,6 +9,7 @@ chart grants, judged by the real authorizer.
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import time
@@ -59,11 +60,6 @@ class Endpoints:
         return cls(free_port(), free_port(), free_port())
 
     @property
-    def audit_log(self) -> Path:
-        """JSON lines, one per request of a ServiceAccount outside kube-system (AUDIT_POLICY)."""
-        return self.directory / "logs" / "audit.log"
-
-    @property
     def server(self) -> str:
         return f"https://127.0.0.1:{self.api_port}"
 
@@ -106,6 +102,21 @@ class ControlPlane:
     def audit_log(self) -> Path:
         """JSON lines, one per request of a ServiceAccount outside kube-system (AUDIT_POLICY)."""
         return self.directory / "logs" / "audit.log"
+
+    def audit_mark(self) -> int:
+        """Where the audit log ends now: ``audit_events(since=...)`` then reads only what comes after."""
+        return self.audit_log.stat().st_size if self.audit_log.exists() else 0
+
+    def audit_events(self, since: int = 0) -> list[dict]:
+        """The audit log's entries from byte ``since``; a line the API server is still writing is left out (the
+        next read has it)."""
+        if not self.audit_log.exists():
+            return []
+        with open(self.audit_log, "rb") as log:
+            log.seek(since)
+            data = log.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
     @property
     def server(self) -> str:

@@ -319,8 +319,7 @@ def test_no_controller_request_was_refused_by_its_upstream_rbac(kube, controller
     }
     assert len(accounts) == len(NAMES), accounts
     seen, refused = set(), []
-    for line in kube.cluster.control_plane.audit_log.read_text().splitlines():
-        event = json.loads(line)
+    for event in kube.cluster.control_plane.audit_events():
         user = event["user"]["username"]
         if user in accounts:
             seen.add(user)

@@ -118,17 +118,14 @@ class Cluster:
 
     # the operator's requests
     def audit_mark(self) -> int:
-        log = self.kube.cluster.control_plane.audit_log
-        return log.stat().st_size if log.exists() else 0
+        return self.kube.cluster.control_plane.audit_mark()
 
     def operator_requests(self, since: int = 0) -> list[dict]:
         """The audit log's entries of the operator's ServiceAccount (its client and kopf) from byte ``since``."""
         assert self.release is not None
         user = f"system:serviceaccount:{self.release.namespace}:"
-        with open(self.kube.cluster.control_plane.audit_log, "rb") as log:
-            log.seek(since)
-            lines = log.read().decode().splitlines()
-        return [entry for entry in map(json.loads, lines) if entry["user"]["username"].startswith(user)]
+        events = self.kube.cluster.control_plane.audit_events(since)
+        return [entry for entry in events if entry["user"]["username"].startswith(user)]
 
     def operator_writes(self, since: int = 0, names: set[str] | None = None, runs: bool = True) -> list[str]:
         """The operator's writes (``runs=False``: but those to the runs themselves), as "verb resource/name"."""
