@@ -24,6 +24,7 @@ from atlas_cluster.build import BuildError, go_binary, module_dir
 from atlas_cluster.controllers import controller_crd_files, start_controllers
 from atlas_cluster.controlplane import STOP_ORDER as CONTROL_PLANE_STOP_ORDER
 from atlas_cluster.controlplane import ControlPlane, kubeconfig, write_kubeconfig
+from atlas_cluster.podnet import with_cluster_names
 from atlas_cluster.processes import Supervisor
 from atlas_cluster.tools import helm_binary, kubectl_binary
 
@@ -165,7 +166,6 @@ class LocalCluster:
         self.supervisor.wait_until(NODES, lambda: "process nodes ready" in log.read_text(), 120, "process nodes")
         self.log(f"atlas cluster: {self.nodes} process node(s) ready, {self.gpus_per_node} fake GPUs each")
 
-
     # ------------------------------------------------------------------ installing
 
     def apply_files(self, files: list[Path]) -> None:
@@ -248,12 +248,17 @@ class LocalCluster:
         env.update(self.operator_env)
         return list(container.get("args", [])), env
 
+    def operator_command(self, args: list[str]) -> list[str]:
+        """``atlas <args>`` as the operator runs beside the cluster: resolving its Service names (the run's
+        ``<name>-metrics``, which it scrapes) once process nodes run pods (atlas_cluster/podnet.py)."""
+        return with_cluster_names(self.directory, [*atlas_command(), *args])
+
     def start_operator_process(self, release: str = RELEASE, namespace: str = RELEASE_NAMESPACE):
         deployment = self.operator_deployment(release, namespace)
         account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
         self.service_account_kubeconfig(self.operator_kubeconfig, namespace, account)
         args, env = self.operator_environment(deployment)
-        proc = self.supervisor.start(OPERATOR, [*atlas_command(), *args, *self.operator_args], env=env)
+        proc = self.supervisor.start(OPERATOR, self.operator_command([*args, *self.operator_args]), env=env)
         self.log(f"atlas cluster: operator started as system:serviceaccount:{namespace}:{account} (pid {proc.pid})")
         return proc
 

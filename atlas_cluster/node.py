@@ -1379,6 +1379,7 @@ class ProcessNodes:
         self.nodes = [Node(self, i) for i in range(self.count)]
         for node in self.nodes:
             node.register()
+        self.host_hosts.write_text(podnet.host_hosts_text([]))
         self._thread.start()
         self.wait_ready(timeout)
         return self
@@ -1412,6 +1413,7 @@ class ProcessNodes:
                 with contextlib.suppress(Exception):
                     node.deregister()
         self.network.stop()
+        self.host_hosts.unlink(missing_ok=True)
         if self.cgroups is not None:
             with contextlib.suppress(OSError):
                 self.cgroups.rmdir()
@@ -1424,6 +1426,11 @@ class ProcessNodes:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    @property
+    def host_hosts(self) -> Path:
+        """The cluster's names as the host sees them (atlas_cluster/podnet.py ``with_cluster_names``)."""
+        return podnet.host_hosts_file(self.cluster_dir)
 
     @property
     def shims(self) -> Path:
@@ -1515,6 +1522,7 @@ class ProcessNodes:
         self._records = dns_records(pods, services)
         for worker in workers:
             self.refresh_hosts(worker)
+        podnet.rewrite_in_place(self.host_hosts, podnet.host_hosts_text(self._records))
         if self.provision_claims and self.passes % 3 == 0:
             self._provision()
 

@@ -65,6 +65,45 @@ def pick_cidr(preferred: int = 244) -> ipaddress.IPv4Network:
     raise NetworkError("no free 10.X.0.0/16 for the pod network")
 
 
+def rewrite_in_place(path: Path, text: str) -> None:
+    """Rewrite ``path`` keeping its inode: a bind mount of it (a pod's /etc/hosts, the host view's) sees it."""
+    with contextlib.suppress(OSError):
+        if path.read_text() != text:
+            with open(path, "r+") as f:
+                f.write(text)
+                f.truncate()
+
+
+# ---------------------------------------------------------------------- the host's view of cluster names
+# A program on the host (the operator, run beside the local cluster as controllers run out of cluster) reaches every
+# pod IP through the bridge but resolves no cluster name: there is no cluster DNS. The nodes keep a hosts file of the
+# cluster's names (the host's /etc/hosts, then every Service's and pod's record, qualified names only), and
+# ``with_cluster_names`` runs a program in a mount namespace of its own whose /etc/hosts is that file — what
+# ``ip netns exec`` does for a pod. The program's own process: its pid is the one a supervisor records.
+
+HOST_HOSTS = "hosts"  # in the cluster's folder
+
+
+def host_hosts_file(cluster_dir: Path) -> Path:
+    return Path(cluster_dir) / HOST_HOSTS
+
+
+def host_hosts_text(records: list[tuple[str, str, list[str], list[str]]]) -> str:
+    base = Path("/etc/hosts").read_text() if Path("/etc/hosts").is_file() else "127.0.0.1 localhost\n"
+    lines = [base.rstrip("\n"), "# the local cluster's names (atlas process nodes)"]
+    lines += [f"{address}\t{' '.join(names)}" for _, address, names, _ in records]
+    return "\n".join(lines) + "\n"
+
+
+def with_cluster_names(cluster_dir: Path, command: list[str]) -> list[str]:
+    """``command`` resolving the local cluster's names when its nodes keep them (else unchanged)."""
+    hosts = host_hosts_file(cluster_dir)
+    if not hosts.is_file() or not shutil.which("unshare"):
+        return command
+    mount = 'mount --bind "$0" /etc/hosts && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mount, str(hosts), *command]
+
+
 class PodNetwork:
     """The bridge ``<prefix>br`` with one host address per node (``10.X.0.(i+1)``: the nodes' InternalIPs), and the
     pods' namespaces ``<prefix>-<a>-<b>`` (pod IP ``10.X.a.b``)."""
@@ -180,11 +219,7 @@ class PodNetwork:
         """Rewrite the pod's hosts file in place (the pod's /etc/hosts is a bind mount of this very inode)."""
         path = self.hosts_file(pod_ip)
         if path.parent.is_dir():
-            with contextlib.suppress(OSError):
-                if path.read_text() != text:
-                    with open(path, "r+") as f:
-                        f.write(text)
-                        f.truncate()
+            rewrite_in_place(path, text)
 
     def remove_pod(self, pod_ip: str) -> None:
         ns = self.netns_name(pod_ip)

@@ -14,6 +14,7 @@ server's logs is printed with the report.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -26,14 +27,27 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from atlas_cluster.build import REQUIRED, BuildError, default_bin_dir, ensure_built, missing
-from atlas_cluster.cluster import LocalCluster, atlas_command, backend_crd_files, helm, kubectl
+from atlas_cluster import podnet
+from atlas_cluster.build import (
+    REQUIRED,
+    BuildError,
+    controller_binary,
+    default_bin_dir,
+    ensure_built,
+    ensure_controllers,
+    missing,
+)
+from atlas_cluster.cluster import LocalCluster, backend_crd_files, helm, kubectl
+from atlas_cluster.controllers import Running, controller_crd_files, start_controllers, stop_controllers
+from atlas_cluster.node import ProcessNodes, Scheduler
 from atlas_cluster.processes import log_tail
 from tests.support.env import REPO, free_port
 
 # Read before any fixture moves ATLAS_CACHE_DIR to a temporary folder (tests/conftest.py's atlas_cache).
 BIN_DIR = Path(os.environ.get("ATLAS_KUBE_BIN") or default_bin_dir())
 REQUIRE = os.environ.get("ATLAS_REQUIRE_KUBE") == "1"
+CONTROLLERS = ("jobset", "kueue", "trainer", "training-operator")
+CONTROLLER_BINARIES = {name: controller_binary(name) for name in CONTROLLERS}  # read at import, as BIN_DIR
 _counter = itertools.count()
 
 
@@ -89,6 +103,46 @@ def _backend_crds() -> list[Path]:
     if not files:
         _unavailable("the backends' CRDs need `go` (go mod download)")
     return files
+
+
+@contextlib.contextmanager
+def upstream_controllers(kube: Kube, names: tuple[str, ...] = CONTROLLERS) -> Iterator[dict[str, Running]]:
+    """The backends' real controllers (atlas_cluster/controllers.py) on the tier's cluster, built if need be, their
+    CRDs installed; stopped after, with their webhook configurations removed (the cluster's other tests expect
+    backends nobody reconciles)."""
+    for name in names:
+        if not os.access(CONTROLLER_BINARIES[name], os.X_OK):
+            try:
+                ensure_controllers((name,), CONTROLLER_BINARIES[name].parent, log=lambda line: None)
+            except BuildError as exc:
+                _unavailable(f"{exc} (or make kube-controllers)")
+    cluster = kube.cluster
+    cluster.apply_files(controller_crd_files(names))
+    try:
+        yield start_controllers(cluster, names, CONTROLLER_BINARIES, log=lambda line: None)
+    finally:
+        stop_controllers(cluster, names)
+
+
+@contextlib.contextmanager
+def process_nodes(kube: Kube, **options) -> Iterator[ProcessNodes]:
+    """The real kube-scheduler and process nodes (atlas_cluster/node.py: ``ProcessNodes(**options)``) that run the
+    pods it binds; stopped after."""
+    binary = Scheduler.find(BIN_DIR)
+    if binary is None:  # atlas_cluster/build.py builds it with the control plane (make kube)
+        _unavailable(f"no kube-scheduler in {BIN_DIR} nor $ATLAS_KUBE_SCHEDULER")
+    reason = podnet.available()
+    if reason:
+        _unavailable(f"process nodes: {reason}")
+    cluster = kube.cluster
+    scheduler = Scheduler(cluster.directory, binary, cluster.supervisor).start()
+    nodes = ProcessNodes(cluster.directory, network_prefix=f"t{os.getpid()}", **options)
+    try:
+        nodes.start()
+        yield nodes
+    finally:
+        nodes.stop()
+        scheduler.stop()
 
 
 def _dns_name(text: str) -> str:
@@ -148,7 +202,8 @@ def start_release(kube: Kube, namespace: str, values: dict | None = None, env: d
         ATLAS_LOG_FORMAT="plain",
         **(env or {}),
     )
-    cluster.supervisor.start(f"operator-{release.name}", [*atlas_command(), *args, "--verbose"], env=environment)
+    command = cluster.operator_command([*args, "--verbose"])  # resolving the run's Services when nodes run pods
+    cluster.supervisor.start(f"operator-{release.name}", command, env=environment)
     return release
 
 
@@ -184,4 +239,3 @@ def pytest_runtest_makereport(item, call):
         return
     for path in sorted(kube.cluster.logs.glob("operator-*.log")) + [kube.cluster.logs / "kube-apiserver.log"]:
         report.sections.append((f"log {path.name} (last lines)", log_tail(path, 60)))
-

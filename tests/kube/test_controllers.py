@@ -14,7 +14,6 @@ session's other tests expect a cluster whose backends nobody reconciles.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -24,33 +23,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from atlas_cluster.build import BuildError, controller_binary, ensure_controllers
 from atlas_cluster.cluster import kubectl
-from atlas_cluster.controllers import Running, controller_crd_files, start_controllers, stop_controllers
-from tests.kube.conftest import BIN_DIR, Kube, _unavailable
+from atlas_cluster.controllers import Running
+from tests.kube.conftest import BIN_DIR, CONTROLLER_BINARIES, CONTROLLERS, Kube, upstream_controllers
 from tests.kube.test_cluster_cli import _alive
 from tests.support.env import python_env
 
-NAMES = ("jobset", "kueue", "trainer", "training-operator")
-# Read at import, before any fixture moves ATLAS_CACHE_DIR (as conftest's BIN_DIR).
-BINARIES = {name: controller_binary(name) for name in NAMES}
+NAMES = CONTROLLERS
+BINARIES = CONTROLLER_BINARIES
 IMAGE = "registry.k8s.io/pause:3.10"  # never pulled: no node runs pods here
 
 
 @pytest.fixture(scope="module")
 def controllers(kube: Kube) -> Iterator[dict[str, Running]]:
-    absent = [name for name, binary in BINARIES.items() if not os.access(binary, os.X_OK)]
-    for name in absent:
-        try:
-            ensure_controllers((name,), BINARIES[name].parent, log=lambda line: None)
-        except BuildError as exc:
-            _unavailable(f"{exc} (or python -m atlas_cluster.build --controllers {','.join(NAMES)})")
-    cluster = kube.cluster
-    cluster.apply_files(controller_crd_files(NAMES))
-    try:
-        yield start_controllers(cluster, NAMES, BINARIES, log=lambda line: None)
-    finally:
-        stop_controllers(cluster, NAMES)
+    with upstream_controllers(kube, NAMES) as running:
+        yield running
 
 
 def _refused(kube: Kube, namespace: str, manifest: dict) -> str:

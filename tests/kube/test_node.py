@@ -8,7 +8,6 @@ skips without them (fails under ``ATLAS_REQUIRE_KUBE=1``).
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -16,38 +15,17 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from atlas_cluster import podnet
-from atlas_cluster.node import Api, ProcessNodes, Scheduler
-from tests.kube.conftest import BIN_DIR, REQUIRE, Kube
+from atlas_cluster.node import Api, ProcessNodes
+from tests.kube.conftest import Kube, process_nodes
 
 GPUS = 2  # per node
-
-
-def _unavailable(reason: str):
-    if REQUIRE:
-        pytest.fail(f"process node: {reason} (ATLAS_REQUIRE_KUBE=1)", pytrace=False)
-    pytest.skip(f"process node: {reason}")
 
 
 @pytest.fixture(scope="module")
 def nodes(kube: Kube) -> Iterator[ProcessNodes]:
     """The real kube-scheduler and two process nodes (``GPUS`` fake GPUs each), for this module's tests."""
-    binary = Scheduler.find(BIN_DIR)
-    if binary is None:  # atlas_cluster/build.py builds it with the control plane (make kube)
-        _unavailable(f"no kube-scheduler in {BIN_DIR} nor $ATLAS_KUBE_SCHEDULER")
-    reason = podnet.available()
-    if reason:
-        _unavailable(reason)
-    cluster = kube.cluster
-    scheduler = Scheduler(cluster.directory, binary, cluster.supervisor).start()
-    process_nodes = ProcessNodes(
-        cluster.directory, count=2, gpus=GPUS, cpu=4, memory="8Gi", network_prefix=f"t{os.getpid()}"
-    )
-    try:
-        process_nodes.start()
-        yield process_nodes
-    finally:
-        process_nodes.stop()
-        scheduler.stop()
+    with process_nodes(kube, count=2, gpus=GPUS, cpu=4, memory="8Gi") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

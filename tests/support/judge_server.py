@@ -53,8 +53,11 @@ def judgment(score: float, uncertainty: float = 0.1, rationale: str = "fine") ->
 
 
 class JudgeServer:
-    def __init__(self, script: Callable[[Call], Reply], served_model: str = "served-model", port: int = 0):
+    def __init__(
+        self, script: Callable[[Call], Reply], served_model: str = "served-model", port: int = 0, host: str = "127.0.0.1"
+    ):
         self.script = script
+        self.host = host  # e.g. the process nodes' bridge address, where their pods reach the host
         self.served_model = served_model
         self.calls: list[Call] = []
         self.in_flight = 0
@@ -65,7 +68,7 @@ class JudgeServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"http://{self.host}:{self.port}/v1"
 
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -134,7 +137,7 @@ class JudgeServer:
         # Closing does not wait for replies still held back (a stalled reply's delay): the test is over.
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        site = web.TCPSite(self._runner, self.host, self.port)
         self._loop.run_until_complete(site.start())
         self.port = self._runner.addresses[0][1]
         self._ready.set()

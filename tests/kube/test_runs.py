@@ -1,0 +1,364 @@
+"""Runs end to end through the real upstream controllers, on the tier's real control plane: the chart installed with
+helm, ``atlas operator`` under its ServiceAccount, the training-operator (PyTorchJob), JobSet, the Kubeflow Trainer
+(TrainJob) and Kueue built from their modules with their webhooks serving, the real kube-scheduler, and two process
+nodes (atlas_cluster/node.py, the one stand-in left: kubelet and container runtime) that run the pods as local
+processes, each in a network namespace of its own.
+
+Each scenario runs once, on the backend it belongs to (what differs per backend is checked at the render and status
+level: tests/test_render_*.py, tests/test_operator_*.py):
+
+- PyTorchJob, the default backend: a 2-node teacher trains, reports progress (the operator scrapes rank 0's metrics
+  through the run's Service name) and its evaluated result (the Master's termination message); a killed Worker is
+  restarted in place and training resumes from the checkpoint volume.
+- TrainJob (the Trainer → JobSet → Jobs): a stalled trainer is ended by its step watchdog; the runtime's failure
+  policy restarts the gang, which resumes.
+- JobSet: a dead student server restarts the whole gang, which resumes; a drained trainer node stops every rank at
+  one step and its pods are recreated; real Kueue queues a run, admits it, preempts it for a higher-priority
+  workload and readmits it, and training resumes from the preemption's checkpoint with no restart counted.
+
+The student's ``vllm serve`` is tests/support/vllm_standin.py (a process the gang test kills; it answers without
+generating), put first on the nodes' PATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import kubernetes
+import pytest
+import yaml
+
+from atlas_cluster.node import ProcessNodes
+from atlas_contract import names, results
+from tests.kube.conftest import Kube, process_nodes, upstream_controllers
+from tests.support import vllm_standin
+from tests.support.env import REPO
+from tests.support.manifests import tiny_training
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+RUN_TIMEOUT = 420  # a few tiny-model steps on 2 loaded cores, plus the pods' start
+GROUP = ("atlas.arc.computer", "v1alpha1")
+PLURALS = {"AtlasTeacher": "atlasteachers", "AtlasTraining": "atlastrainings"}
+
+
+@pytest.fixture(scope="module")
+def nodes(kube: Kube, tmp_path_factory) -> Iterator[ProcessNodes]:
+    """Every backend's controller, the scheduler and two process nodes, for this module."""
+    standin = vllm_standin.install(tmp_path_factory.mktemp("vllm-standin"))
+    with upstream_controllers(kube), process_nodes(kube, count=2, gpus=0, cpu=8, memory="16Gi") as running:
+        # PATH as the node builds it, with `vllm` (the stand-in) first.
+        path = (str(standin), str(running.shims), str(running.python_bin), os.environ.get("PATH", "/usr/bin:/bin"))
+        running.extra_env["PATH"] = os.pathsep.join(path)
+        yield running
+
+
+@pytest.fixture
+def world(kube: Kube, namespace: str, operator_release, nodes: ProcessNodes) -> World:
+    operator_release()
+    return World(kube, namespace, nodes)
+
+
+class World:
+    """The test's namespace on the real cluster: its runs, pods and files."""
+
+    def __init__(self, kube: Kube, namespace: str, nodes: ProcessNodes):
+        self.kube, self.ns, self.nodes = kube, namespace, nodes
+        self.api = kube.api()
+        self.core = kubernetes.client.CoreV1Api(self.api)
+        self.custom = kubernetes.client.CustomObjectsApi(self.api)
+
+    # ------------------------------------------------------------------ runs
+
+    def apply(self, manifest: dict) -> dict:
+        manifest["metadata"]["namespace"] = self.ns
+        self.kube.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+        return manifest
+
+    def status(self, manifest: dict) -> dict:
+        plural = PLURALS[manifest["kind"]]
+        run = self.custom.get_namespaced_custom_object(*GROUP, self.ns, plural, manifest["metadata"]["name"])
+        return run.get("status") or {}
+
+    def wait_status(self, manifest: dict, check: Callable[[dict], object], what: str, timeout: float = RUN_TIMEOUT):
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status(manifest)
+            if check(status):
+                return status
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not in {timeout:.0f} s; status {json.dumps(status)[:1500]}\n"
+                                     f"{self.pod_logs(manifest['metadata']['name'])}")  # fmt: skip
+            time.sleep(0.5)
+
+    def wait_phase(self, manifest: dict, *phases: str) -> dict:
+        return self.wait_status(manifest, lambda s: s.get("phase") in phases, f"phase in {phases}")
+
+    def events(self, name: str) -> list[dict]:
+        listed = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}")
+        return [{"reason": e.reason, "message": e.message} for e in listed.items]
+
+    # ------------------------------------------------------------------ pods
+
+    def pods(self, selector: str) -> list[dict]:
+        listed = self.core.list_namespaced_pod(self.ns, label_selector=selector)
+        return [self.api.sanitize_for_serialization(pod) for pod in listed.items]
+
+    def trainer_pods(self, name: str) -> list[dict]:
+        """The run's live trainer pods, rank 0 first (a PyTorchJob's Master, else by completion index)."""
+        pods = [
+            p for p in self.pods(f"app.kubernetes.io/instance={name},app.kubernetes.io/component=trainer")
+            if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") not in ("Succeeded", "Failed")
+        ]  # fmt: skip
+
+        def rank(pod: dict) -> tuple[int, int]:
+            labels = pod["metadata"].get("labels") or {}
+            master = labels.get("training.kubeflow.org/replica-type") == "master"
+            index = labels.get("batch.kubernetes.io/job-completion-index") or labels.get(
+                "training.kubeflow.org/replica-index", "0"
+            )
+            return (0 if master else 1, int(index))
+
+        return sorted(pods, key=rank)
+
+    def wait_trainer_pods(self, name: str, count: int, exclude: tuple[str, ...] = ()) -> list[dict]:
+        def running() -> list[dict] | None:
+            pods = [p for p in self.trainer_pods(name) if p["metadata"]["name"] not in exclude]
+            ready = [p for p in pods if self.worker(p) is not None and self.worker(p).main[0].alive()]
+            return pods if len(pods) == count and len(ready) == count else None
+
+        return eventually(f"{count} running trainer pods of {name}", running)
+
+    def worker(self, pod: dict):
+        """The process node's worker of ``pod`` (its containers' processes), or None."""
+        with self.nodes._lock:
+            return next((w for w in self.nodes.workers.values() if w.uid == pod["metadata"]["uid"]), None)
+
+    def log(self, pod: dict, container: str | None = None) -> str:
+        container = container or pod["spec"]["containers"][0]["name"]
+        return self.nodes.logs(self.ns, pod["metadata"]["name"], container)
+
+    def pod_logs(self, name: str) -> str:
+        folders = sorted(self.nodes.workdir.glob(f"pods/{self.ns}_{name}-*"))
+        tails = [f"--- {log.parent.parent.name}/{log.name}\n{log.read_text(errors='replace')[-2500:]}"
+                 for folder in folders for log in sorted(folder.glob("logs/*.log"))]  # fmt: skip
+        return "\n".join(tails[-6:])
+
+    # ------------------------------------------------------------------ storage
+
+    def create_pvc(self, name: str = "ckpt") -> Path:
+        """A ReadWriteMany claim (the nodes provision a hostPath volume for it); its folder here."""
+        self.core.create_namespaced_persistent_volume_claim(self.ns, {
+            "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+        })  # fmt: skip
+        return self.nodes.claim_dir(self.ns, name)
+
+    def volume(self, pod: dict, volume: str) -> Path:
+        return self.nodes.pod_dir(self.ns, pod["metadata"]["name"]) / "volumes" / volume
+
+
+def eventually(what: str, probe: Callable[[], object], timeout: float = RUN_TIMEOUT, every: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while True:
+        found = probe()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"{what}: not in {timeout:.0f} s"
+        time.sleep(every)
+
+
+class ProgressRecorder:
+    """Every distinct ``.status.progress`` the run showed, read from the API while it ran."""
+
+    def __init__(self, world: World, manifest: dict):
+        self.world, self.manifest, self.seen = world, manifest, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            progress = self.world.status(self.manifest).get("progress")
+            if progress and progress not in self.seen:
+                self.seen.append(progress)
+            time.sleep(0.3)
+
+    def stop(self) -> list[dict]:
+        self._stop.set()
+        self._thread.join(5)
+        return self.seen
+
+
+def local_teacher(name: str, backend: str | None = None, training: dict | None = None, **spec) -> dict:
+    """examples/local-teacher.yaml as run ``name``: ``training`` updates its spec.training, ``spec`` its spec."""
+    teacher = yaml.safe_load((REPO / "examples/local-teacher.yaml").read_text())
+    teacher["metadata"]["name"] = name
+    if backend:
+        teacher["spec"]["backend"] = backend
+    teacher["spec"]["training"].update(training or {})
+    teacher["spec"].update(spec)
+    return teacher
+
+
+def metrics_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def logged_steps(out: Path) -> list[int]:
+    path = out / "metrics.jsonl"
+    return [r["step"] for r in metrics_lines(path) if "loss" in r] if path.is_file() else []
+
+
+def assert_resumed_without_repeating_steps(log: str, out: Path, steps: int, every: int, ranks: int) -> None:
+    """The restarted rank 0 resumed from a saved checkpoint and trained each remaining step exactly once."""
+    resumed = re.findall(rf"done: rank 0/{ranks} at global step (\d+), resumed from \S+/checkpoint-(\d+)", log)
+    assert resumed, f"the restarted rank 0 did not resume from a checkpoint:\n{log[-3000:]}"
+    final_step, resumed_from = map(int, resumed[-1])
+    assert final_step == steps and resumed_from % every == 0 and resumed_from >= every  # a saved checkpoint
+    logged = logged_steps(out)
+    assert logged[-(steps - resumed_from) :] == list(range(resumed_from + 1, steps + 1))  # each remaining step once
+    assert (out / f"checkpoint-{steps}" / "trainer_state.json").is_file()
+
+
+def checkpointed_run(world: World, name: str, backend: str, steps: int, every: int, nodes: int = 1, **spec) -> tuple:
+    """The tiny AtlasTraining on ``backend``, checkpoints every ``every`` steps on the claim ``ckpt``: (the
+    manifest, its output folder)."""
+    out = world.create_pvc() / name
+    manifest = tiny_training(
+        name,
+        backend=backend,
+        resources={"nodes": nodes, "gpusPerNode": 0, "cpu": "1", "memory": "1Gi"},
+        checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": every},
+        **spec,
+    )
+    manifest["spec"]["training"]["maxSteps"] = steps
+    return manifest, out
+
+
+def wait_checkpoint(world: World, manifest: dict, out: Path, step: int) -> None:
+    def saved() -> bool:
+        if world.status(manifest).get("phase") in ("Failed", "Invalid"):
+            raise AssertionError(
+                f"the run ended: {world.status(manifest)}\n{world.pod_logs(manifest['metadata']['name'])}"
+            )
+        return (out / f"checkpoint-{step}" / "trainer_state.json").is_file()
+
+    eventually(f"checkpoint-{step}", saved)
+
+
+# ---------------------------------------------------------------------- PyTorchJob (the training-operator)
+
+
+def test_a_two_node_teacher_trains_reports_progress_and_its_evaluated_result(world: World):
+    """examples/local-teacher.yaml as a user applies it (the default backend, PyTorchJob), evaluated after training:
+    progress (step, reward, KL) while it runs, from rank 0's metrics through the run's Service; ``.status.result``
+    from the Master's termination message as the node posts it."""
+    teacher = world.apply(local_teacher(
+        "teacher", training={"maxSteps": 6}, checkpoint={"path": "/checkpoints", "saveSteps": 3},
+        evaluation={"samples": 1, "limit": 4},
+    ))  # fmt: skip
+    recorder = ProgressRecorder(world, teacher)
+    master, worker = world.wait_trainer_pods("teacher", 2)
+    status = world.wait_phase(teacher, "Succeeded", "Failed")
+    seen = recorder.stop()
+    assert status["phase"] == "Succeeded", world.pod_logs("teacher")
+    assert master["metadata"]["labels"]["training.kubeflow.org/replica-type"] == "master"
+    # Two pods, no spec.checkpoint.pvc: the operator says at once that restarts cannot resume, and why.
+    shared = next(c for c in status["conditions"] if c["type"] == "CheckpointsShared")
+    assert shared["status"] == "False" and "spec.checkpoint.pvc" in shared["message"], shared
+    assert any(p.get("step", 0) >= 1 and "reward" in p and "kl" in p for p in seen), seen
+
+    result = world.wait_status(teacher, lambda s: "result" in s, ".status.result", timeout=60)["result"]
+    assert result["step"] == 6
+    evaluation = result["evaluation"]
+    assert evaluation["problems"] == 4
+    assert evaluation["accuracyDelta"] == pytest.approx(evaluation["guidedAccuracy"] - evaluation["studentAccuracy"])
+    # The Master's termination message, as the node read it from the container's file, is the result; rank 1
+    # writes none.
+    pods = {p["metadata"]["name"]: p for p in world.pods("app.kubernetes.io/instance=teacher")}
+    terminated = pods[master["metadata"]["name"]]["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["reason"] == "Completed" and results.parse_result_message(terminated["message"]) == result
+    worker_state = pods[worker["metadata"]["name"]]["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert worker_state["reason"] == "Completed" and "message" not in worker_state
+    # Both ranks trained every step: rank 0 published each checkpoint on its volume, rank 1 wrote its ZeRO shard
+    # on its own (where nothing is published).
+    out = world.volume(master, "checkpoints") / "teacher"
+    assert logged_steps(out) == list(range(1, 7))
+    assert (out / "checkpoint-6" / "trainer_state.json").is_file()
+    report = json.loads((out / names.EVAL_DIR / names.EVAL_REPORT_FILE).read_text())
+    assert evaluation == pytest.approx(
+        results.parse_result_message(results.result_message(6, None, report))["evaluation"]
+    )
+    worker_out = world.volume(worker, "checkpoints") / "teacher"
+    assert list(worker_out.glob(".atlas-staging/checkpoint-6/global_step6/*rank_1*")), sorted(worker_out.rglob("*"))
+
+
+def test_a_killed_worker_is_restarted_in_place_and_resumes_from_the_checkpoint(world: World):
+    """PyTorchJob: the Worker's processes SIGKILLed (as an OOM kill); restartPolicy OnFailure restarts it in place,
+    the Master's rendezvous fails and restarts too, and training resumes from the shared claim."""
+    manifest, out = checkpointed_run(world, "resume-run", "PyTorchJob", steps=40, every=10, nodes=2)
+    world.apply(manifest)
+    wait_checkpoint(world, manifest, out, 10)
+    master, worker = world.wait_trainer_pods("resume-run", 2)
+    assert world.status(manifest)["phase"] == "Running", "the run finished before the Worker could be killed"
+    for container in world.worker(worker).main:
+        container.kill_all()
+    status = world.wait_phase(manifest, "Succeeded", "Failed")
+    assert status["phase"] == "Succeeded", world.pod_logs("resume-run")
+    pod = world.core.read_namespaced_pod(worker["metadata"]["name"], world.ns)
+    restarted = pod.status.container_statuses[0]
+    assert restarted.restart_count >= 1 and restarted.last_state.terminated.exit_code == 137, restarted
+    assert_resumed_without_repeating_steps(world.log(master), out, 40, 10, ranks=2)
+
+
+# ---------------------------------------------------------------------- TrainJob (the Kubeflow Trainer)
+
+
+def test_a_stalled_trainer_is_ended_by_its_watchdog_and_the_gang_resumes(world: World):
+    """TrainJob: the teacher's student endpoint (a server on this host, at the nodes' bridge address) stops
+    answering; the step watchdog names it and exits with its code; the chart's ClusterTrainingRuntime's failure
+    policy restarts the JobSet the Trainer made, the operator reports the restart, and once the endpoint answers
+    again training resumes from the checkpoint."""
+    from tests.support.judge_server import JudgeServer, Reply
+
+    stalled = threading.Event()
+
+    def answer(call):
+        return Reply(content="The answer is 4.", delay_s=30 if stalled.is_set() else 0)
+
+    with JudgeServer(answer, served_model="student", host=world.nodes.network.gateway) as student:
+        out = world.create_pvc() / "stall-teacher"
+        teacher = local_teacher(
+            "stall-teacher", "TrainJob",
+            resources={"nodes": 1, "gpusPerNode": 0, "cpu": "1", "memory": "1Gi"},
+            training={"maxSteps": 12, "stepTimeoutSeconds": 8},
+            checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 4},
+            student={"model": student.base_url, "rollout": {"replicas": 0}},
+        )  # fmt: skip
+        world.apply(teacher)
+        wait_checkpoint(world, teacher, out, 4)
+        (trainer,) = world.wait_trainer_pods("stall-teacher", 1)
+        assert trainer["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] == "node"  # the Trainer's
+        stalled.set()
+        eventually("the watchdog", lambda: "atlas watchdog: no optimizer step" in world.log(trainer), timeout=90)
+        stalled.clear()  # the endpoint answers again: the restarted gang can go on
+        world.wait_status(teacher, lambda s: s.get("restarts") == 1, ".status.restarts 1", timeout=120)
+        status = world.wait_phase(teacher, "Succeeded", "Failed")
+    log = world.log(trainer)
+    assert status["phase"] == "Succeeded", world.pod_logs("stall-teacher")
+    reason = [line for line in log.splitlines() if line.startswith("atlas watchdog: no optimizer step")][-1]
+    assert f"the student at {student.base_url}" in reason and "limit 8 s" in reason, reason
+    assert "Thread 0x" in log  # every thread's stack, before the reason
+    events = [e for e in world.events("stall-teacher") if e["reason"] == "WatchdogRestart"]
+    assert len(events) == 1 and "restart 1 of 3" in events[0]["message"], events
+    (new_trainer,) = [p for p in world.pods("app.kubernetes.io/instance=stall-teacher,app.kubernetes.io/component=trainer")
+                      if p["metadata"]["name"] != trainer["metadata"]["name"]]  # fmt: skip
+    assert new_trainer["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] == "1"
+    assert_resumed_without_repeating_steps(world.log(new_trainer), out, 12, 4, ranks=1)
