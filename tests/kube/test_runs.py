@@ -50,9 +50,10 @@ PLURALS = {"AtlasTeacher": "atlasteachers", "AtlasTraining": "atlastrainings"}
 
 @pytest.fixture(scope="module")
 def nodes(kube: Kube, tmp_path_factory) -> Iterator[ProcessNodes]:
-    """Every backend's controller, the scheduler and two process nodes, for this module."""
+    """Every backend's controller, the scheduler and two process nodes, for this module (fake GPUs for the
+    student server, which asks for one: the stand-in runs on CPU)."""
     standin = vllm_standin.install(tmp_path_factory.mktemp("vllm-standin"))
-    with upstream_controllers(kube), process_nodes(kube, count=2, gpus=0, cpu=8, memory="16Gi") as running:
+    with upstream_controllers(kube), process_nodes(kube, count=2, gpus=2, cpu=8, memory="16Gi") as running:
         # PATH as the node builds it, with `vllm` (the stand-in) first.
         path = (str(standin), str(running.shims), str(running.python_bin), os.environ.get("PATH", "/usr/bin:/bin"))
         running.extra_env["PATH"] = os.pathsep.join(path)
@@ -110,10 +111,14 @@ class World:
         listed = self.core.list_namespaced_pod(self.ns, label_selector=selector)
         return [self.api.sanitize_for_serialization(pod) for pod in listed.items]
 
+    def run_pods(self, name: str, component: str = "trainer") -> list[dict]:
+        """Every pod of the run's ``component`` (trainer, student), ended ones too."""
+        return self.pods(f"app.kubernetes.io/instance={name},app.kubernetes.io/component={component}")
+
     def trainer_pods(self, name: str) -> list[dict]:
         """The run's live trainer pods, rank 0 first (a PyTorchJob's Master, else by completion index)."""
         pods = [
-            p for p in self.pods(f"app.kubernetes.io/instance={name},app.kubernetes.io/component=trainer")
+            p for p in self.run_pods(name)
             if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") not in ("Succeeded", "Failed")
         ]  # fmt: skip
 
@@ -216,15 +221,20 @@ def logged_steps(out: Path) -> list[int]:
     return [r["step"] for r in metrics_lines(path) if "loss" in r] if path.is_file() else []
 
 
-def assert_resumed_without_repeating_steps(log: str, out: Path, steps: int, every: int, ranks: int) -> None:
-    """The restarted rank 0 resumed from a saved checkpoint and trained each remaining step exactly once."""
+def assert_resumed_without_repeating_steps(
+    log: str, out: Path, steps: int, every: int, ranks: int, saved_on_stop: bool = False
+) -> int:
+    """The restarted rank 0 resumed from a saved checkpoint — a periodic one, or with ``saved_on_stop`` the step a
+    SIGTERM saved — and trained each remaining step exactly once; returns the step it resumed from."""
     resumed = re.findall(rf"done: rank 0/{ranks} at global step (\d+), resumed from \S+/checkpoint-(\d+)", log)
     assert resumed, f"the restarted rank 0 did not resume from a checkpoint:\n{log[-3000:]}"
     final_step, resumed_from = map(int, resumed[-1])
-    assert final_step == steps and resumed_from % every == 0 and resumed_from >= every  # a saved checkpoint
+    assert final_step == steps and resumed_from >= every
+    assert saved_on_stop or resumed_from % every == 0, f"resumed from {resumed_from}, saved every {every}"
     logged = logged_steps(out)
     assert logged[-(steps - resumed_from) :] == list(range(resumed_from + 1, steps + 1))  # each remaining step once
     assert (out / f"checkpoint-{steps}" / "trainer_state.json").is_file()
+    return resumed_from
 
 
 def checkpointed_run(world: World, name: str, backend: str, steps: int, every: int, nodes: int = 1, **spec) -> tuple:
@@ -358,7 +368,172 @@ def test_a_stalled_trainer_is_ended_by_its_watchdog_and_the_gang_resumes(world: 
     assert "Thread 0x" in log  # every thread's stack, before the reason
     events = [e for e in world.events("stall-teacher") if e["reason"] == "WatchdogRestart"]
     assert len(events) == 1 and "restart 1 of 3" in events[0]["message"], events
-    (new_trainer,) = [p for p in world.pods("app.kubernetes.io/instance=stall-teacher,app.kubernetes.io/component=trainer")
-                      if p["metadata"]["name"] != trainer["metadata"]["name"]]  # fmt: skip
+    (new_trainer,) = [
+        p for p in world.run_pods("stall-teacher") if p["metadata"]["name"] != trainer["metadata"]["name"]
+    ]
     assert new_trainer["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] == "1"
     assert_resumed_without_repeating_steps(world.log(new_trainer), out, 12, 4, ranks=1)
+
+
+# ---------------------------------------------------------------------- JobSet
+
+
+def test_a_dead_student_server_restarts_the_whole_gang_which_resumes(world: World):
+    """JobSet: the student server's process dies, its Job fails, and the JobSet restarts every Job (failurePolicy
+    Recreate) — the server first, then the trainer once the new server is Ready (dependsOn) — and training resumes
+    from the step the old trainer saved when the gang's SIGTERM reached it."""
+    from atlas_contract.names import STOP_EXIT_CODE
+
+    out = world.create_pvc() / "gang-teacher"
+    teacher = world.apply(local_teacher(
+        "gang-teacher", "JobSet", training={"maxSteps": 30},
+        resources={"nodes": 1, "gpusPerNode": 0, "cpu": "1", "memory": "1Gi"},
+        checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 5},
+        student={"model": "builtin://tiny-llama", "rollout": {"replicas": 1}},
+    ))  # fmt: skip
+    wait_checkpoint(world, teacher, out, 5)
+    (trainer,) = world.wait_trainer_pods("gang-teacher", 1)
+    (server,) = world.run_pods("gang-teacher", "student")
+    assert "vLLM stand-in" in world.log(server)
+    old_trainer = world.worker(trainer).main[0].proc
+    assert old_trainer.poll() is None, "the run finished before the server could be killed"
+    for container in world.worker(server).main:
+        container.kill_all()
+    status = world.wait_status(teacher, lambda s: s.get("restarts") == 1, ".status.restarts 1", timeout=120)
+    assert status["phase"] in ("Pending", "Running")  # a restart is not a failure
+    (new_trainer,) = world.wait_trainer_pods("gang-teacher", 1, exclude=(trainer["metadata"]["name"],))
+    assert old_trainer.poll() is not None  # the old trainer went with the gang, not left training
+    (new_server,) = [p for p in world.run_pods("gang-teacher", "student") if not p["metadata"].get("deletionTimestamp")]
+    for pod in (new_server, new_trainer):
+        assert pod["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] == "1"
+    # dependsOn: the new trainer's Job was made once the new server was Ready.
+    ready = next(c for c in new_server["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True" and new_trainer["metadata"]["creationTimestamp"] >= ready["lastTransitionTime"]
+    status = world.wait_phase(teacher, "Succeeded", "Failed")
+    assert status["phase"] == "Succeeded", world.pod_logs("gang-teacher")
+    # The old trainer got the gang's SIGTERM (the JobSet deleted its Job; the pod's grace period): it saved the step in
+    # flight and stopped, and the new one resumed from that step.
+    assert old_trainer.returncode == STOP_EXIT_CODE, old_trainer.returncode
+    log = world.log(new_trainer)
+    resumed_from = assert_resumed_without_repeating_steps(log, out, 30, 5, ranks=1, saved_on_stop=True)
+    assert status["preemption"]["step"] == resumed_from, status.get("preemption")  # the stop report, as reported
+
+
+def test_a_drained_trainer_node_stops_every_rank_at_one_step_and_its_pods_are_recreated(world: World):
+    """JobSet: one trainer pod evicted (as ``kubectl drain`` does: the Eviction API, the DisruptionTarget condition,
+    SIGTERM). Every rank stops after the same step — the other learns it in the step's all-reduce — saves it and
+    exits with the stop code; the trainer Job's podFailurePolicy ignores both exits and the Job controller recreates
+    the pods, which resume from the checkpoint. No gang restart, nothing counted."""
+    from atlas_contract.names import STOP_EXIT_CODE
+
+    manifest, out = checkpointed_run(world, "drained-run", "JobSet", steps=15, every=50, nodes=2)
+    world.apply(manifest)
+    eventually("three trained steps", lambda: len(logged_steps(out)) >= 3)
+    first, drained = world.wait_trainer_pods("drained-run", 2)
+    processes = [world.worker(pod).main[0].proc for pod in (first, drained)]
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": drained["metadata"]["name"], "namespace": world.ns}}  # fmt: skip
+    world.core.create_namespaced_pod_eviction(drained["metadata"]["name"], world.ns, eviction)
+    eventually("both ranks' exits", lambda: all(p.poll() is not None for p in processes), timeout=120)
+    assert [p.returncode for p in processes] == [STOP_EXIT_CODE, STOP_EXIT_CODE]
+    stop = logged_steps(out)[-1]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{stop}"]
+    status = world.wait_phase(manifest, "Succeeded", "Failed")
+    assert status["phase"] == "Succeeded", world.pod_logs("drained-run")
+    master = succeeded_rank_0(world, "drained-run")
+    assert master["metadata"]["name"] != first["metadata"]["name"]  # a new pod for the index, in the same attempt
+    assert master["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] == "0"
+    assert f"resume: all 2 ranks resume from checkpoint-{stop}" in world.log(master)
+    assert logged_steps(out) == list(range(1, 16))
+    assert (status.get("restarts") or 0) == 0 and status["preemption"]["step"] == stop
+
+
+def succeeded_rank_0(world: World, name: str) -> dict:
+    """A JobSet run's rank-0 trainer pod that completed."""
+    return next(p for p in world.run_pods(name) if p["status"].get("phase") == "Succeeded"
+                and p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "0")  # fmt: skip
+
+
+def kueue_queue(world: World, quota_cpu: str, quota_memory: str) -> tuple[str, str]:
+    """A ResourceFlavor, a ClusterQueue (held: stopPolicy Hold; lower priorities preempted), a LocalQueue ``team``
+    and a WorkloadPriorityClass; returns (the ClusterQueue's name, the priority class's)."""
+    flavor, queue, priority = f"{world.ns}-flavor", f"{world.ns}-cq", f"{world.ns}-urgent"
+    world.kube.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(o) for o in [
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": flavor}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": queue}, "spec": {
+            "namespaceSelector": {}, "stopPolicy": "Hold",
+            "preemption": {"withinClusterQueue": "LowerPriority"},
+            "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": flavor, "resources": [
+                {"name": "cpu", "nominalQuota": quota_cpu}, {"name": "memory", "nominalQuota": quota_memory}]}]}],
+        }},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+         "metadata": {"name": "team", "namespace": world.ns}, "spec": {"clusterQueue": queue}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass", "metadata": {"name": priority},
+         "value": 1000},
+    ]))  # fmt: skip
+    return queue, priority
+
+
+def workloads(world: World, owner: str) -> list[dict]:
+    """The Kueue Workloads of the object named ``owner`` (a JobSet, a Job)."""
+    listed = world.custom.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", world.ns, "workloads")
+    return [w for w in listed["items"] if any(o["name"] == owner for o in w["metadata"].get("ownerReferences", []))]
+
+
+def test_real_kueue_queues_admits_preempts_and_readmits_a_run_which_resumes(world: World):
+    """JobSet under real Kueue: the run waits Queued (no pod) while its ClusterQueue holds; admitted, it trains; a
+    higher-priority Job takes the queue's whole quota, Kueue preempts the run's workload (suspends its JobSet): every
+    rank saves the step in flight and stops, the run is Queued, reason Preempted; the Job gone, Kueue readmits it
+    and training resumes from the preemption's checkpoint, every step once, no restart counted."""
+    from atlas_contract.names import STOP_EXIT_CODE
+
+    cluster_queue, priority = kueue_queue(world, quota_cpu="2", quota_memory="2Gi")
+    manifest, out = checkpointed_run(world, "queued-run", "JobSet", steps=15, every=50, nodes=2, queueName="team")
+    world.apply(manifest)
+    world.wait_status(manifest, lambda s: s.get("phase") == "Queued", "Queued", timeout=60)
+    (workload,) = eventually("the run's Workload", lambda: workloads(world, "queued-run"), timeout=60)
+    assert workload["metadata"]["ownerReferences"][0]["kind"] == "JobSet"
+    assert world.pods("app.kubernetes.io/instance=queued-run") == []
+
+    world.custom.patch_cluster_custom_object(
+        "kueue.x-k8s.io", "v1beta2", "clusterqueues", cluster_queue, {"spec": {"stopPolicy": "None"}}
+    )
+    eventually("three trained steps", lambda: len(logged_steps(out)) >= 3)
+    first = world.wait_trainer_pods("queued-run", 2)
+    processes = [world.worker(pod).main[0].proc for pod in first]
+    # The JobSet's suspend is Kueue's from its create on: the operator never wrote it (field managers).
+    jobset = world.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", world.ns, "jobsets", "queued-run")
+    assert jobset["spec"]["suspend"] is False
+
+    preemptor = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "urgent", "labels": {"kueue.x-k8s.io/queue-name": "team",
+                                                  "kueue.x-k8s.io/priority-class": priority}},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "main", "image": "busybox", "command": ["sleep", "3600"],
+            "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}}]}}},
+    }  # fmt: skip
+    world.kube.kubectl("create", "-n", world.ns, "-f", "-", input=json.dumps(preemptor))
+    status = world.wait_status(
+        manifest,
+        lambda s: s.get("phase") == "Queued" and (s.get("preemption") or {}).get("saves") == 1,
+        "Queued after the preemption, with the save",
+    )
+    eventually("both ranks' exits", lambda: all(p.poll() is not None for p in processes), timeout=120)
+    assert [p.returncode for p in processes] == [STOP_EXIT_CODE, STOP_EXIT_CODE]
+    training = next(c for c in status["conditions"] if c["type"] == "Training")
+    stop = logged_steps(out)[-1]
+    assert training["reason"] == "Preempted" and f"checkpoint-{stop}" in training["message"], training
+    assert status["preemption"]["step"] == stop < 15
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{stop}"]
+    (workload,) = workloads(world, "queued-run")
+    evicted = {c["type"]: c for c in workload["status"]["conditions"]}  # Kueue's own account
+    assert evicted["Evicted"]["reason"] == "Preempted", evicted.get("Evicted")
+
+    world.kube.kubectl("delete", "job", "urgent", "-n", world.ns, "--wait=false")
+    status = world.wait_phase(manifest, "Succeeded", "Failed")
+    assert status["phase"] == "Succeeded", world.pod_logs("queued-run")
+    master = succeeded_rank_0(world, "queued-run")
+    assert f"resume: all 2 ranks resume from checkpoint-{stop}" in world.log(master)
+    assert logged_steps(out) == list(range(1, 16))  # no step lost, none repeated
+    assert (status.get("restarts") or 0) == 0  # a preemption is not a restart
