@@ -70,7 +70,7 @@ def wait_nodes(procs: list[subprocess.Popen], timeout=420):
 def kill_nodes(procs: list[subprocess.Popen], signum: int = signal.SIGKILL) -> None:
     """``signum`` to every process of each node: the launcher and all it started (torch elastic starts its
     workers in their own sessions, out of the launcher's process group)."""
-    from tests.support.kubelet import descendants
+    from atlas_cluster.node import descendants
 
     for pid in [pid for proc in procs for pid in (proc.pid, *descendants(proc.pid))]:
         try:
@@ -260,7 +260,7 @@ def test_shared_folder_resumes_together_and_falls_back_when_a_shard_is_missing(t
 
 def trainer_processes(procs: list[subprocess.Popen]) -> list[int]:
     """Every node's training processes (the launcher's workers), as a pod's trainer processes."""
-    from tests.support.kubelet import descendants
+    from atlas_cluster.node import descendants
 
     found = []
     for proc in procs:

@@ -628,13 +628,14 @@ def test_the_trainjob_runtime_is_installed_only_where_the_trainer_is(helm, defau
 
 
 def test_the_trainjob_runtime_matches_the_trainer_crd(helm):
+    """The CRD's schema only; the Trainer's own webhook admits the chart's runtime at `helm install` in
+    tests/kube/test_runs.py (its TrainJob scenarios)."""
     from tests.support.k8s_schemas import RUNTIME_CRD_NAME, crd_schemas, openapi_validate, pruned_fields
-    from tests.support.trainer_controller import runtime_webhook_problems
 
     (runtime,) = by_kind(render(helm, *TRAINER_API), "ClusterTrainingRuntime")
     schema, structural = crd_schemas(RUNTIME_CRD_NAME)
     openapi_validate(runtime, schema)
-    assert pruned_fields(runtime, structural) == [] and runtime_webhook_problems(runtime) == []
+    assert pruned_fields(runtime, structural) == []
 
 
 def test_rbac_reads_the_trainjob_runtime_only(default_objs):

@@ -617,93 +617,6 @@ def test_operator_killed_mid_reconcile_makes_no_duplicates(tmp_path):
             assert len(created) == 1, f"{name} created {len(created)} times"
 
 
-def test_the_pod_executor_reports_pods_as_kubeflow_and_the_kubelet_do(tmp_path):
-    """tests/support/pytorchjob_executor.py, the stand-in for Kubeflow + kubelet in end-to-end tests: Pods named
-    <job>-<replica type>-<index>, owned by the job; the container's terminationMessagePath is a local file (its
-    env remapped to it) whose content, cut to 4096 bytes, is the terminated state's message; reason Completed or
-    Error with the exit code; the job's pods go with the job."""
-    import sys
-    from pathlib import Path
-
-    from tests.support.kube_emulator import PODS, EmulatorThread, write_kubeconfig
-    from tests.support.pytorchjob_executor import PyTorchJobExecutor
-
-    def job(name: str, master: str, worker: str | None = None) -> dict:
-        def replica(code: str) -> dict:
-            container = {
-                "name": "pytorch",
-                "image": "local",
-                "command": [sys.executable, "-c", code],
-                "env": [{"name": "ATLAS_RESULT_FILE", "value": "/dev/termination-log"}],
-                "terminationMessagePath": "/dev/termination-log",
-                "terminationMessagePolicy": "File",
-            }
-            return {"replicas": 1, "restartPolicy": "Never", "template": {"spec": {"containers": [container]}}}
-
-        replicas = {"Master": replica(master)} | ({"Worker": replica(worker)} if worker else {})
-        return {
-            "apiVersion": "kubeflow.org/v1",
-            "kind": "PyTorchJob",
-            "metadata": {"name": name},
-            "spec": {"runPolicy": {"backoffLimit": 0}, "pytorchReplicaSpecs": replicas},
-        }
-
-    write = "import os, sys; open(os.environ['ATLAS_RESULT_FILE'], 'w').write({!r}); sys.exit({})"
-    with EmulatorThread() as server:
-        api_client = kubernetes.config.new_client_from_config(
-            config_file=str(write_kubeconfig(tmp_path / "kubeconfig", server.url))
-        )
-        custom = kubernetes.client.CustomObjectsApi(api_client)
-        executor = PyTorchJobExecutor(
-            api_client, tmp_path / "pods", NS, Path(sys.executable).parent, poll_s=0.05
-        ).start()
-        try:
-            long = "é" * 3000  # 6000 bytes: cut at 4096 (never inside a character)
-            created = custom.create_namespaced_custom_object(
-                "kubeflow.org", "v1", NS, "pytorchjobs", job("ok-job", write.format(long, 0), "pass")
-            )
-
-            def finished(name: str) -> dict | None:
-                status = (server.emulator.get(PYTORCHJOBS, NS, name) or {}).get("status") or {}
-                last = (status.get("conditions") or [{}])[-1]
-                return last if last.get("type") in ("Succeeded", "Failed") else None
-
-            assert wait_for(lambda: finished("ok-job"), timeout=60)["type"] == "Succeeded"
-            master = server.emulator.get(PODS, NS, "ok-job-master-0")
-            (ref,) = master["metadata"]["ownerReferences"]
-            assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
-                "PyTorchJob",
-                "ok-job",
-                created["metadata"]["uid"],
-                True,
-            )
-            assert master["metadata"]["labels"]["training.kubeflow.org/replica-type"] == "master"
-            assert master["status"]["phase"] == "Succeeded"
-            (state,) = master["status"]["containerStatuses"]
-            terminated = state["state"]["terminated"]
-            assert state["name"] == "pytorch" and (terminated["exitCode"], terminated["reason"]) == (0, "Completed")
-            assert terminated["message"] == long[:2048] and len(terminated["message"].encode()) == 4096
-            worker = server.emulator.get(PODS, NS, "ok-job-worker-0")["status"]["containerStatuses"][0]
-            assert (
-                worker["state"]["terminated"]["reason"] == "Completed"
-                and "message" not in worker["state"]["terminated"]
-            )
-
-            custom.create_namespaced_custom_object(
-                "kubeflow.org", "v1", NS, "pytorchjobs", job("bad-job", write.format("", 3))
-            )
-            assert wait_for(lambda: finished("bad-job"), timeout=60)["type"] == "Failed"
-            bad = server.emulator.get(PODS, NS, "bad-job-master-0")["status"]
-            terminated = bad["containerStatuses"][0]["state"]["terminated"]
-            assert bad["phase"] == "Failed" and (terminated["exitCode"], terminated["reason"]) == (3, "Error")
-            assert "message" not in terminated  # policy File: an empty file is no message (no log tail)
-
-            custom.delete_namespaced_custom_object("kubeflow.org", "v1", NS, "pytorchjobs", "ok-job")
-            wait_for(lambda: server.emulator.get(PODS, NS, "ok-job-master-0") is None, timeout=30, what="pods gone")
-        finally:
-            executor.stop()
-
-
 def _rules_file() -> dict:
     import yaml
 
@@ -754,11 +667,11 @@ def trainjob_life(cluster) -> dict:
     from atlas_contract.results import result_message
     from tests.support.jobset_world import (
         condition,
+        create_trainer_jobset,
         install_trainjob_runtime,
         set_jobset_status,
-        trainer_builds_jobset,
+        set_trainjob_status,
         trainer_pod,
-        trainer_writes_status,
     )
     from tests.support.kube_emulator import TRAINJOBS
 
@@ -766,9 +679,9 @@ def trainjob_life(cluster) -> dict:
     manifest = teacher("rbac-trainjob", backend="TrainJob", checkpoint={"pvc": "ckpt"})
     cluster.apply(manifest)
     tj = wait_for(lambda: cluster.emu.get(TRAINJOBS, NS, "rbac-trainjob"), timeout=TIMEOUT, what="the TrainJob")
-    js = trainer_builds_jobset(cluster, tj, runtime)
+    js = create_trainer_jobset(cluster, tj, runtime)
     set_jobset_status(cluster, "rbac-trainjob", {"node": {"active": 1}})
-    trainer_writes_status(cluster, "rbac-trainjob")
+    set_trainjob_status(cluster, "rbac-trainjob", jobs={"node": {"active": 1}})
     cluster.wait_status(manifest, lambda s: s.get("phase") == "Running", "the TrainJob run Running")
     for suspend in (True, False):
         cluster.patch_spec(manifest, {"suspend": suspend})
@@ -780,7 +693,8 @@ def trainjob_life(cluster) -> dict:
     trainer_pod(cluster, js, 0, 0, result_message(5, 0.25))
     done = [condition("Completed", True, "AllJobsCompleted", "jobset completed successfully")]
     set_jobset_status(cluster, "rbac-trainjob", {"node": {"succeeded": 1}}, done, terminal="Completed")
-    trainer_writes_status(cluster, "rbac-trainjob")
+    complete = condition("Complete", True, "AllJobsCompleted", "jobset completed successfully")
+    set_trainjob_status(cluster, "rbac-trainjob", [complete], jobs={"node": {"succeeded": 1}})
     cluster.wait_status(manifest, lambda s: s.get("result") == {"step": 5, "reward": 0.25}, "the TrainJob run's result")
     return manifest
 

@@ -1,8 +1,9 @@
 """The operator process (`atlas operator`) with the JobSet backend, against the emulated API (kmock).
 
-No executor: the tests write each JobSet's status as the JobSet v0.12.0 controller would (through the status
+No controller runs: the tests write each JobSet's status as the JobSet v0.12.0 controller would (through the status
 subresource: conditions, restarts, terminalState, replicatedJobsStatus), the pods the Job controller would
-leave, and Kueue's admission; assertions read the emulator's stored objects and its request log.
+leave, and a queued JobSet's spec.suspend as Kueue sets it (the real Kueue's admission and preemption are in
+tests/kube/test_runs.py); assertions read the emulator's stored objects and its request log.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from tests.support.operator_cluster import (
     KUEUE_QUEUE_LABEL,
     TIMEOUT,
     cleanup_runs,  # noqa: F401  (autouse: each test's runs deleted)
-    kueue_admit,
     own_cluster,
     wait_children,
 )
@@ -227,9 +227,9 @@ def test_the_result_is_read_from_the_rank0_trainer_pod_of_the_last_attempt(clust
 
 def test_a_queued_jobset_is_kueues_to_suspend_and_resume(cluster):
     """spec.queueName: the JobSet is created suspended with Kueue's queue label (phase Queued), and the operator
-    never writes its suspend again: Kueue admits it (unsuspends it, injects its scheduling labels), and the run
-    follows it to Running. spec.suspend on such a run with a checkpoint volume deletes the JobSet (releasing the
-    quota) and creates nothing while suspended; resuming queues a new one."""
+    never writes its suspend again: Kueue admits it (unsuspends it), and the run follows it to Running. spec.suspend
+    on such a run with a checkpoint volume deletes the JobSet (releasing the quota) and creates nothing while
+    suspended; resuming queues a new one."""
     ensure_pvc(cluster, "js-ckpt")
     manifest = teacher("js-queued", backend="JobSet", queueName="team-a-queue", checkpoint={"pvc": "js-ckpt"})
     cluster.apply(manifest)
@@ -241,17 +241,16 @@ def test_a_queued_jobset_is_kueues_to_suspend_and_resume(cluster):
     set_jobset_status(cluster, "js-queued", {"rollout": {"suspended": 1}, "student": {"suspended": 1}}, [suspended])
     cluster.wait_status(manifest, lambda s: s.get("phase") == "Queued", "Queued")
 
-    kueue_admit(cluster.api_client, "js-queued", node_selector={"cloud.example/gpu": "h100"})
+    # Kueue admits it: spec.suspend false (the real Kueue's admission: tests/kube/test_runs.py)
+    cluster.custom.patch_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", NS, "jobsets", "js-queued", {"spec": {"suspend": False}}
+    )
     resumed = condition("Suspended", False, "ResumeJobs", "jobset is resumed")
     set_jobset_status(cluster, "js-queued", TRAINER_RUNNING, [resumed])
     cluster.wait_status(manifest, lambda s: s.get("phase") == "Running", "Running once admitted")
     wait_for(lambda: ticks(cluster, "js-queued") >= 2, timeout=TIMEOUT, what="status refreshes after admission")
     admitted = cluster.emu.get(JOBSETS, NS, "js-queued")
     assert admitted["spec"]["suspend"] is False  # Kueue's, left alone
-    for rjob in admitted["spec"]["replicatedJobs"]:  # what Kueue injected stays: the operator never re-applies
-        pod = rjob["template"]["spec"]["template"]
-        assert pod["metadata"]["labels"]["kueue.x-k8s.io/podset"] == rjob["name"]
-        assert pod["spec"]["nodeSelector"]["cloud.example/gpu"] == "h100"
     writes = operator_writes(cluster, JOBSETS, "js-queued")
     assert [c.verb for c in writes] == ["create"], [(c.verb, c.body) for c in writes]
 
@@ -286,7 +285,10 @@ def test_a_queued_jobset_without_a_checkpoint_volume_is_not_suspended(cluster):
     manifest = training("js-queued-nockpt", backend="JobSet", queueName="team-a-queue")
     cluster.apply(manifest)
     js = wait_jobset(cluster, "js-queued-nockpt")
-    kueue_admit(cluster.api_client, "js-queued-nockpt")
+    # Kueue admits it: spec.suspend false (the real Kueue's admission: tests/kube/test_runs.py)
+    cluster.custom.patch_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", NS, "jobsets", "js-queued-nockpt", {"spec": {"suspend": False}}
+    )
     set_jobset_status(cluster, "js-queued-nockpt", TRAINER_RUNNING)
     cluster.wait_status(manifest, lambda s: s.get("phase") == "Running", "Running once admitted")
     cluster.patch_spec(manifest, {"suspend": True})

@@ -1,8 +1,9 @@
 """The operator process (`atlas operator`) with the TrainJob backend (Kubeflow Trainer v2), against the emulated API.
 
-No executor: the tests play the Trainer controller by hand (tests/support/jobset_world.py: the chart's runtime, the
-JobSet the Trainer builds, its status writes) and the JobSet controller's status; assertions read the emulator's
-stored objects and its request log.
+No controller runs: the tests write by hand what the Trainer and JobSet controllers would
+(tests/support/jobset_world.py: the chart's runtime, the Trainer's JobSet, the TrainJob's and the JobSet's statuses;
+the real controllers run in tests/kube/test_runs.py); assertions read the emulator's stored objects and its request
+log.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ import pytest
 
 from tests.support.jobset_world import (
     condition,
+    create_trainer_jobset,
     ensure_pvc,
     install_trainjob_runtime,
     set_jobset_status,
-    trainer_builds_jobset,
+    set_trainjob_status,
     trainer_pod,
-    trainer_writes_status,
 )
 from tests.support.kube_emulator import JOBSETS, TRAINER_RESOURCES, TRAINJOBS, wait_for
 from tests.support.manifests import NS, teacher, training
@@ -88,9 +89,9 @@ def test_the_phase_restarts_and_result_follow_the_trainjob_and_the_trainers_jobs
         for server in ("tj-phase-rollout", "tj-phase-student"):  # the servers beside the TrainJob
             wait_for(lambda s=server: cluster.emu.get("apps/v1/deployments", NS, s), timeout=TIMEOUT, what=server)
         cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending", "Pending")
-        js = trainer_builds_jobset(cluster, tj, runtime)
+        js = create_trainer_jobset(cluster, tj, runtime)
         set_jobset_status(cluster, "tj-phase", {"node": {"active": 2}})
-        trainer_writes_status(cluster, "tj-phase")
+        set_trainjob_status(cluster, "tj-phase", jobs={"node": {"active": 2}})  # no condition while it runs
         cluster.wait_status(manifest, lambda s: s.get("phase") == "Running", "Running")
         restarting = [condition("RestartingJobSet", True, "FailedJobs", "jobset restarting")]
         set_jobset_status(cluster, "tj-phase", {"node": {"active": 2}}, restarting, restarts=1)
@@ -98,7 +99,8 @@ def test_the_phase_restarts_and_result_follow_the_trainjob_and_the_trainers_jobs
         trainer_pod(cluster, js, 0, 1, result_message(42, 0.75))
         done = [condition("Completed", True, "AllJobsCompleted", "jobset completed successfully")]
         set_jobset_status(cluster, "tj-phase", {"node": {"succeeded": 1}}, done, restarts=1, terminal="Completed")
-        trainer_writes_status(cluster, "tj-phase")
+        complete = condition("Complete", True, "AllJobsCompleted", "jobset completed successfully")  # the JobSet's
+        set_trainjob_status(cluster, "tj-phase", [complete], jobs={"node": {"succeeded": 1}})
         status = cluster.wait_status(manifest, lambda s: s.get("result"), "the result")
         assert status["phase"] == "Succeeded" and status["result"] == {"step": 42, "reward": 0.75}
         training_condition = cluster.condition(manifest, "Training")
@@ -114,12 +116,12 @@ def test_a_failed_trainjob_fails_the_run_in_the_trainers_words(tmp_path):
         manifest = training("tj-fail", backend="TrainJob")
         cluster.apply(manifest)
         tj = wait_trainjob(cluster, "tj-fail")
-        trainer_builds_jobset(cluster, tj, runtime)
+        create_trainer_jobset(cluster, tj, runtime)
         failed = [
             condition("Failed", True, "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts")
         ]
         set_jobset_status(cluster, "tj-fail", {"node": {"failed": 1}}, failed, restarts=3, terminal="Failed")
-        trainer_writes_status(cluster, "tj-fail")
+        set_trainjob_status(cluster, "tj-fail", failed, jobs={"node": {"failed": 1}})  # the JobSet's Failed
         cluster.wait_status(manifest, lambda s: s.get("phase") == "Failed", "Failed")
         training_condition = cluster.condition(manifest, "Training")
         assert (
@@ -130,27 +132,29 @@ def test_a_failed_trainjob_fails_the_run_in_the_trainers_words(tmp_path):
 
 
 def test_a_queued_trainjob_is_created_suspended_and_shows_queued(tmp_path):
-    from tests.support.operator_cluster import kueue_admit_trainjob
-
     with own_cluster(tmp_path) as cluster:
         install_trainjob_runtime(cluster)
         manifest = training("tj-queued", backend="TrainJob", queueName="team-a")
         cluster.apply(manifest)
         tj = wait_trainjob(cluster, "tj-queued")
         assert tj["spec"]["suspend"] is True and tj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
-        trainer_writes_status(cluster, "tj-queued")  # Suspended=True, as the Trainer says of a suspended TrainJob
+        suspended = condition("Suspended", True, "Suspended", "TrainJob is suspended")  # in the Trainer's words
+        set_trainjob_status(cluster, "tj-queued", [suspended])
         cluster.wait_status(manifest, lambda s: s.get("phase") == "Queued", "Queued")
-        kueue_admit_trainjob(cluster.api_client, "tj-queued")
-        admitted = cluster.emu.get(TRAINJOBS, NS, "tj-queued")
-        managers = [p["manager"] for p in admitted["spec"]["runtimePatches"]]
-        assert managers == ["atlas.arc.computer/operator", "kueue.x-k8s.io/manager"]
-        trainer_writes_status(cluster, "tj-queued")  # Suspended=False, Resumed
-        cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending", "Pending once admitted")
-        # The operator leaves Kueue's patch and suspend alone (a queued job's suspend is Kueue's).
-        wait_for(lambda: cluster.status(manifest).get("phase") == "Pending", timeout=TIMEOUT)
-        assert (
-            cluster.emu.get(TRAINJOBS, NS, "tj-queued")["spec"]["runtimePatches"] == admitted["spec"]["runtimePatches"]
+        # Kueue admits it: spec.suspend false (the real Kueue's admission: tests/kube/test_runs.py)
+        admitted = cluster.custom.patch_namespaced_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", NS, "trainjobs", "tj-queued", {"spec": {"suspend": False}}
         )
+        set_trainjob_status(cluster, "tj-queued", [condition("Suspended", False, "Resumed", "TrainJob is resumed")])
+        cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending", "Pending once admitted")
+        # The operator leaves the admitted TrainJob's spec alone (a queued job's suspend is Kueue's): no write after
+        # its create.
+        wait_for(lambda: cluster.status(manifest).get("phase") == "Pending", timeout=TIMEOUT)
+        assert cluster.emu.get(TRAINJOBS, NS, "tj-queued")["spec"] == admitted["spec"]
+        writes = [
+            c for c in cluster.emu.writes(TRAINJOBS, name="tj-queued") if (c.user_agent or "").startswith(OPERATOR)
+        ]
+        assert [c.verb for c in writes] == ["create"], [(c.verb, c.body) for c in writes]
 
 
 def test_a_spec_change_recreates_the_trainjob_with_a_checkpoint_volume(tmp_path):

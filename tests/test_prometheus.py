@@ -1,18 +1,23 @@
 """The dashboard and the alerts against a real Prometheus (Debian's 2.42, on 127.0.0.1, scraping every second).
 
-The operator (`atlas operator` on the API emulator) runs two real tiny runs through the local pod executor, one
-after the other: an AtlasTeacher (teaching metrics) and an AtlasTraining rewarded by RIM judges (a local
-OpenAI-compatible server), whose judge hangs for a while mid-run. Prometheus scrapes the operator and rank 0's
-/metrics as the chart's ServiceMonitor and PodMonitor would (honor_labels; the `run` label from the pod, which
-the PodMonitor relabels from app.kubernetes.io/instance) and evaluates the chart's alert rules, rendered by helm
-with a short stall limit. Then every dashboard query runs through the HTTP API as Grafana would send it, and the
-hung judge's run must have made AtlasRunStalled fire.
+The operator (`atlas operator` on the API emulator) renders two real tiny runs, one after the other: an AtlasTeacher
+(teaching metrics) and an AtlasTraining rewarded by RIM judges (a local OpenAI-compatible server), whose judge hangs
+for a while mid-run. No controller runs: each run's rank 0 is its rendered PyTorchJob's Master container, started
+here as a local process (``Trainer``: its command, env and ConfigMap files, the mount paths remapped to local
+directories, its metrics port served on a free host port), and the PyTorchJob's status and finished Master pod are
+set by hand from that process (the real training-operator runs these pods in tests/kube/test_runs.py). Prometheus
+scrapes the operator and rank 0's /metrics as the chart's ServiceMonitor and PodMonitor would (honor_labels; the
+`run` label from the pod, which the PodMonitor relabels from app.kubernetes.io/instance) and evaluates the chart's
+alert rules, rendered by helm with a short stall limit. Then every dashboard query runs through the HTTP API as
+Grafana would send it, and the hung judge's run must have made AtlasRunStalled fire.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -23,12 +28,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.env import REPO, free_port
-from tests.support.kube_emulator import wait_for
+from tests.support.env import REPO, free_port, python_env
+from tests.support.kube_emulator import PYTORCHJOBS, wait_for
 from tests.support.manifests import NS, tiny_training
 from tests.support.operator_cluster import own_cluster
 from tests.support.prometheus_server import MISSING, Prometheus, binaries, finite_points, grafana_expr, grafana_interval
-from tests.support.pytorchjob_executor import PyTorchJobExecutor
 
 pytestmark = [
     pytest.mark.slow,
@@ -92,6 +96,105 @@ def render_rules(path: Path) -> Path:
     return path
 
 
+MAX_TERMINATION_MESSAGE = 4096  # bytes of the termination message the kubelet keeps
+
+
+class Trainer:
+    """Rank 0 of run ``name`` (one node) as a local process: its rendered PyTorchJob's Master container, run as the
+    kubelet would start it. The container's volumes are directories under ``root`` (the ConfigMap's keys written as
+    files), every mount path (and the termination message path) remapped to them in the command, the env and those
+    files; the topology env the training-operator gives a one-node job (MASTER_ADDR, MASTER_PORT, PET_*); the
+    container's ``metrics`` port served on host port ``metrics_port``. What the training-operator and the kubelet
+    would report, the test writes by hand: the job's Created and Running conditions once the process runs, and when
+    it exits 0, the finished Master pod (its termination message, the run's result) and Succeeded."""
+
+    def __init__(self, cluster, name: str, root: Path, metrics_port: int):
+        self.cluster, self.name = cluster, name
+        root.mkdir(parents=True, exist_ok=True)
+        job = wait_for(lambda: cluster.emu.get(PYTORCHJOBS, NS, name), timeout=60, what=f"PyTorchJob {name}")
+        replicas = job["spec"]["pytorchReplicaSpecs"]
+        assert list(replicas) == ["Master"] and replicas["Master"]["replicas"] == 1, replicas
+        pod = replicas["Master"]["template"]["spec"]
+        (container,) = pod["containers"]
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        paths: dict[str, Path] = {}
+        for mount in container.get("volumeMounts", []):
+            paths[mount["mountPath"]] = root / mount["name"]
+            paths[mount["mountPath"]].mkdir(parents=True, exist_ok=True)
+        self.termination_log = root / "termination-log"
+        self.termination_log.write_bytes(b"")
+        paths[container["terminationMessagePath"]] = self.termination_log
+
+        def remap(text: str) -> str:
+            for mount_path, local in sorted(paths.items(), key=lambda kv: -len(kv[0])):
+                text = text.replace(mount_path, str(local))
+            return text
+
+        (rendered_port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "metrics"]
+        for mount in container.get("volumeMounts", []):
+            config_map = volumes[mount["name"]].get("configMap")
+            if config_map is None:
+                continue
+            cm = wait_for(lambda c=config_map: cluster.emu.get("v1/configmaps", NS, c["name"]), timeout=60)
+            for key, value in cm["data"].items():
+                text = remap(value)
+                if key == "run.yaml":  # the container's metrics port, served on a host port of its own here
+                    run = yaml.safe_load(text)
+                    assert run["trainer"]["metrics_port"] == rendered_port, run["trainer"]
+                    run["trainer"]["metrics_port"] = metrics_port
+                    text = yaml.safe_dump(run, sort_keys=False)
+                (paths[mount["mountPath"]] / key).write_text(text)
+        env = python_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}")
+        master_port = str(free_port())
+        env.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port, PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=master_port,
+            PET_NNODES="1", PET_NODE_RANK="0", PET_NPROC_PER_NODE=str(job["spec"].get("nprocPerNode", "1")),
+            WORLD_SIZE="1", RANK="0",
+        )  # fmt: skip
+        for var in container.get("env", []):
+            source = var.get("valueFrom")
+            if source:
+                assert source == {"fieldRef": {"fieldPath": "metadata.namespace"}}, var
+                env[var["name"]] = NS
+            else:
+                env[var["name"]] = remap(str(var.get("value", "")))
+        command = [remap(part) for part in container.get("command", []) + container.get("args", [])]
+        self.log = root / "trainer.log"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True
+            )
+        cluster.set_job_conditions(name, "Created", "Running")
+
+    def finish(self, timeout: float) -> None:
+        """Wait for the process to exit 0, then what the training-operator and kubelet report of it: the finished
+        Master pod with its termination message, and Succeeded."""
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} still running after {timeout:.0f} s:\n{self.log_tail()}") from None
+        assert code == 0, f"{self.name} exited {code}:\n{self.log_tail()}"
+        message = self.termination_log.read_bytes()[:MAX_TERMINATION_MESSAGE].decode("utf-8", "ignore")
+        self.cluster.finish_master_pod(self.name, message or None)
+        self.cluster.set_job_conditions(self.name, "Created", "Running", "Succeeded")
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def kill(self) -> None:
+        """SIGKILL to the process and every process it started (``descendants``, atlas_cluster/node.py: the
+        launcher's workers run in sessions of their own), as a container runtime kills a cgroup."""
+        from atlas_cluster.node import descendants
+
+        if self.proc.poll() is None:
+            for pid in [*descendants(self.proc.pid), self.proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.proc.wait(10)
+
+
 class Observed:
     """What the module's runs left behind, for the tests below."""
 
@@ -106,13 +209,11 @@ def observed(tmp_path_factory, tiny_model_dir):
     from tests.support.judge_server import JudgeServer, Reply, judgment
 
     tmp = tmp_path_factory.mktemp("prometheus")
-    metrics_port = free_port()  # rank 0's metrics port, served on this host port by the executor
+    metrics_port = free_port()  # rank 0's metrics port, served on this host port (Trainer)
     found = Observed()
     found.windows, found.endpoint_text, found.stalled_alert = {}, {}, None
+    trainers: list[Trainer] = []
     with own_cluster(tmp, metrics_url=f"http://127.0.0.1:{metrics_port}/metrics") as cluster:
-        executor = PyTorchJobExecutor(
-            cluster.api_client, tmp / "pods", NS, Path(sys.executable).parent, host_ports={"metrics": metrics_port}
-        ).start()
         operator_target = f"127.0.0.1:{cluster.operator.metrics_port}"
         prometheus = Prometheus(
             tmp / "prometheus",
@@ -138,7 +239,9 @@ def observed(tmp_path_factory, tiny_model_dir):
                 if name == TEACHER:
                     manifest = teacher_run()
                     cluster.apply(manifest)
+                    trainers.append(Trainer(cluster, name, tmp / name, metrics_port))
                     capture_while_running(found, cluster, manifest, metrics_port)
+                    trainers[-1].finish(RUN_TIMEOUT)
                     wait_finished(cluster, manifest)
                 else:
                     hang, release = threading.Event(), threading.Event()
@@ -151,18 +254,21 @@ def observed(tmp_path_factory, tiny_model_dir):
                     with JudgeServer(judge, served_model="judge") as server:
                         manifest = rim_run(server.base_url)
                         cluster.apply(manifest)
+                        trainers.append(Trainer(cluster, name, tmp / name, metrics_port))
                         wait_for(lambda: trainer_step(metrics_port) >= 2, timeout=RUN_TIMEOUT, what="two steps")
                         capture_endpoints(found, cluster, metrics_port)
                         hang.set()
                         found.stalled_alert = wait_alert_firing(prometheus, "AtlasRunStalled", RIM_RUN, timeout=90)
                         release.set()
+                        trainers[-1].finish(RUN_TIMEOUT)
                         wait_finished(cluster, manifest)
                 time.sleep(3 * SCRAPE_S)  # the last scrapes of the finished run
                 found.windows[name] = (start, time.time())
             yield found
         finally:
             prometheus.stop()
-            executor.stop()
+            for trainer in trainers:
+                trainer.kill()
 
 
 def trainer_step(port: int) -> float:

@@ -1,6 +1,6 @@
 """The TrainJob backend (atlas_operator.render.trainjob): the TrainJob and the chart's ClusterTrainingRuntime against
 the Kubeflow Trainer v2.3.0 CRDs (schemas and CEL rules) and webhooks, and the JobSet the Trainer builds of them
-(tests/support/trainer_controller.py) against the JobSet v0.12.0 CRD and webhook, with a trainer pod like the
+(tests/support/trainer_jobset.py) against the JobSet v0.12.0 CRD and webhook, with a trainer pod like the
 JobSet backend's."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tests.support.k8s_schemas import (
 )
 from tests.support.manifests import teacher, training
 from tests.support.render import EXAMPLES, POLICIES
-from tests.support.trainer_controller import (
+from tests.support.trainer_jobset import (
     build_jobset,
     runtime_webhook_problems,
     trainjob_webhook_problems,

@@ -2,7 +2,8 @@
 
 A training process whose reward function blocks forever, and a wait on a server that stops answering: each
 process must end by itself within its limit, with every thread's stack, a one-line reason naming what it was
-waiting for, and the watchdog's exit code. (Restarting and resuming under the local executor: test_end_to_end.)
+waiting for, and the watchdog's exit code. (Restarting and resuming under the real controllers:
+tests/kube/test_runs.py.)
 """
 
 from __future__ import annotations

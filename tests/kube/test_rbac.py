@@ -295,28 +295,35 @@ def jobset_life(kube, manifest: dict[str, Any]) -> None:
 
 
 def trainjob_life(kube, manifest: dict[str, Any]) -> None:
-    """The Kubeflow Trainer's side: the JobSet it makes of the TrainJob on the chart's ClusterTrainingRuntime, and
-    the TrainJob's status it copies from that JobSet."""
-    from tests.support.trainer_controller import build_jobset, trainjob_status
-
+    """The Kubeflow Trainer's side, written by hand (the real Trainer runs in tests/kube/test_runs.py): the JobSet
+    it makes of the TrainJob — named as it, controlled by it, with the labels of its runtime patches and the chart's
+    ClusterTrainingRuntime's template — and the TrainJob's status (its jobs' counts, then Complete)."""
     namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     tj = wait_for(lambda: job_of(kube, "TrainJob", namespace, name), timeout=TIMEOUT, what="the TrainJob")
     runtime = custom(kube).get_cluster_custom_object(
         "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", tj["spec"]["runtimeRef"]["name"]
     )
-    js = custom(kube).create_namespaced_custom_object(*JOBS["JobSet"][:2], namespace, "jobsets",
-                                                      build_jobset(tj, runtime))  # fmt: skip
+    labels: dict[str, str] = {}
+    for patch in tj["spec"].get("runtimePatches") or []:
+        labels |= ((patch["trainingRuntimeSpec"].get("template") or {}).get("metadata") or {}).get("labels") or {}
+    owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": name,
+             "uid": tj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+              "metadata": {"name": name, "labels": labels, "ownerReferences": [owner]},
+              "spec": runtime["spec"]["template"]["spec"]}  # fmt: skip
+    js = custom(kube).create_namespaced_custom_object(*JOBS["JobSet"][:2], namespace, "jobsets", jobset)
 
-    def trainer_writes(jobs: dict[str, dict[str, int]], done: bool = False) -> None:
-        jobset_status(kube, namespace, name, jobs, done)
-        status = trainjob_status(job_of(kube, "TrainJob", namespace, name), job_of(kube, "JobSet", namespace, name))
-        patch_job_status(kube, "TrainJob", namespace, name, status)
+    def trainer_writes(counts: dict[str, int], done: bool = False) -> None:
+        jobset_status(kube, namespace, name, {"node": counts}, done)
+        jobs = [{"name": "node", "ready": 0, "succeeded": 0, "failed": 0, "active": 0, "suspended": 0} | counts]
+        conditions = [condition("Complete", True, "AllJobsCompleted", "jobset completed successfully")] if done else []
+        patch_job_status(kube, "TrainJob", namespace, name, {"jobsStatus": jobs, "conditions": conditions})
 
-    trainer_writes({"node": {"active": 1}})
+    trainer_writes({"active": 1})
     wait_status(kube, manifest, lambda s: s.get("phase") == "Running", "the TrainJob run Running")
     suspend_and_resume(kube, manifest, "TrainJob")
     jobset_trainer_pod(kube, namespace, js, result_message(7, 0.5))
-    trainer_writes({"node": {"succeeded": 1}}, done=True)
+    trainer_writes({"succeeded": 1}, done=True)
 
 
 LIVES = {"PyTorchJob": pytorchjob_life, "JobSet": jobset_life, "TrainJob": trainjob_life}

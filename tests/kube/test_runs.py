@@ -537,3 +537,50 @@ def test_real_kueue_queues_admits_preempts_and_readmits_a_run_which_resumes(worl
     assert f"resume: all 2 ranks resume from checkpoint-{stop}" in world.log(master)
     assert logged_steps(out) == list(range(1, 16))  # no step lost, none repeated
     assert (status.get("restarts") or 0) == 0  # a preemption is not a restart
+
+
+def test_the_real_trainers_jobset_of_a_run_is_the_one_the_render_tests_model(world: World):
+    """TrainJob, suspended (nothing runs): the JobSet the real Trainer makes of the run's TrainJob on the chart's
+    runtime equals tests/support/trainer_jobset.py's ``build_jobset`` of the same two objects — the model the
+    render-level tests compare the backends with — in every field of every replicated job's pod template."""
+    from tests.support.trainer_jobset import build_jobset
+
+    world.apply(local_teacher("tj-shape", "TrainJob", suspend=True))
+    trainjob = eventually("the TrainJob", lambda: next(iter(world.custom.list_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", world.ns, "trainjobs")["items"]), None), timeout=60)  # fmt: skip
+    jobset = eventually("the Trainer's JobSet", lambda: next(iter(world.custom.list_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", world.ns, "jobsets")["items"]), None), timeout=60)  # fmt: skip
+    runtime = world.custom.get_cluster_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", trainjob["spec"]["runtimeRef"]["name"]
+    )
+    modelled = build_jobset(trainjob, runtime)
+    assert jobset["spec"]["suspend"] is True and modelled["spec"]["suspend"] is True
+    owner = jobset["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner.get("controller")) == ("TrainJob", "tj-shape", True)
+    assert {k: v for k, v in jobset["metadata"].get("labels", {}).items() if k in modelled["metadata"]["labels"]} == (
+        modelled["metadata"]["labels"]
+    )
+    real = {r["name"]: r for r in jobset["spec"]["replicatedJobs"]}
+    model = {r["name"]: r for r in modelled["spec"]["replicatedJobs"]}
+    assert set(real) == set(model)
+    for name, rjob in model.items():
+        real_job, model_job = real[name]["template"]["spec"], rjob["template"]["spec"]
+        for key in ("parallelism", "completions", "podFailurePolicy"):
+            assert real_job.get(key) == model_job.get(key), (name, key, real_job.get(key), model_job.get(key))
+        real_pod, model_pod = real_job["template"]["spec"], model_job["template"]["spec"]
+        differences = [
+            (f"{name}.{key}", real_pod.get(key), model_pod.get(key))
+            for key in sorted((set(real_pod) | set(model_pod)) - {"containers"})
+            if real_pod.get(key) != model_pod.get(key)
+        ]
+        real_containers = {c["name"]: c for c in real_pod["containers"]}
+        for container in model_pod["containers"]:
+            real_container = real_containers.get(container["name"], {})
+            differences += [
+                (f"{name}.containers[{container['name']}].{key}", real_container.get(key), container.get(key))
+                for key in sorted(set(real_container) | set(container))
+                if real_container.get(key) != container.get(key)
+            ]
+        assert differences == [], "\n".join(
+            f"{where}: real {real!r}, model {model!r}" for where, real, model in differences
+        )

@@ -1,6 +1,7 @@
-"""What the JobSet world writes when no executor runs: the JobSet v0.12.0 controller's status (conditions, restarts,
-replicatedJobsStatus), the finished trainer pods the Job controller and the kubelet leave, and a checkpoint PVC; on a
-``tests.support.operator_cluster.Cluster``."""
+"""What the JobSet world writes, set by hand (no controller runs; the real ones run in tests/kube/test_runs.py): the
+JobSet v0.12.0 controller's status (conditions, restarts, replicatedJobsStatus), the finished trainer pods the Job
+controller and the kubelet leave, a checkpoint PVC, and on the Kubeflow Trainer's side its runtime, the JobSet it
+makes of a TrainJob and the TrainJob's status; on a ``tests.support.operator_cluster.Cluster``."""
 
 from __future__ import annotations
 
@@ -171,22 +172,37 @@ def install_trainjob_runtime(cluster, max_restarts: int = 3) -> dict[str, Any]:
     )
 
 
-def trainer_builds_jobset(cluster, trainjob: dict[str, Any], runtime: dict[str, Any]) -> dict[str, Any]:
-    """What the Kubeflow Trainer controller does with a new TrainJob: it creates its JobSet (as
-    tests/support/trainer_controller.py builds it)."""
-    from tests.support.trainer_controller import build_jobset
+def create_trainer_jobset(cluster, trainjob: dict[str, Any], runtime: dict[str, Any]) -> dict[str, Any]:
+    """The JobSet the Kubeflow Trainer makes of ``trainjob``, written by hand as the operator reads it (the real
+    Trainer builds it in tests/kube/test_runs.py): named as the TrainJob, controlled by it, with the labels of the
+    TrainJob's runtime patches (the run's, which the operator's watch selects), its spec the ``runtime``'s JobSet
+    template as it stands."""
+    import copy
 
-    return cluster.custom.create_namespaced_custom_object(
-        JOBSET_GROUP, JOBSET_VERSION, NS, "jobsets", build_jobset(trainjob, runtime)
-    )
+    meta = trainjob["metadata"]
+    labels: dict[str, str] = {}
+    for patch in trainjob["spec"].get("runtimePatches") or []:
+        labels |= ((patch["trainingRuntimeSpec"].get("template") or {}).get("metadata") or {}).get("labels") or {}
+    owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": meta["name"],
+             "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    jobset = {
+        "apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}",
+        "kind": "JobSet",
+        "metadata": {"name": meta["name"], "labels": labels, "ownerReferences": [owner]},
+        "spec": copy.deepcopy(runtime["spec"]["template"]["spec"]),
+    }
+    return cluster.custom.create_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, NS, "jobsets", jobset)
 
 
-def trainer_writes_status(cluster, name: str) -> None:
-    """The Trainer controller's status write of TrainJob ``name`` from its JobSet."""
-    from tests.support.kube_emulator import TRAINJOBS
-    from tests.support.trainer_controller import trainjob_status
-
-    status = trainjob_status(cluster.emu.get(TRAINJOBS, NS, name), cluster.emu.get(JOBSETS, NS, name))
+def set_trainjob_status(
+    cluster, name: str, conditions: list[dict[str, Any]] = (), jobs: dict[str, dict[str, int]] | None = None
+) -> None:
+    """The Trainer's status write of TrainJob ``name``, by hand: its conditions (Suspended, Complete, Failed) and a
+    jobsStatus entry with every count for each job in ``jobs``."""
+    status: dict[str, Any] = {"conditions": list(conditions)}
+    if jobs is not None:
+        counts = {"ready": 0, "succeeded": 0, "failed": 0, "active": 0, "suspended": 0}
+        status["jobsStatus"] = [{"name": job, **counts, **given} for job, given in jobs.items()]
     cluster.custom.patch_namespaced_custom_object_status(
         "trainer.kubeflow.org", "v1alpha1", NS, "trainjobs", name, {"status": status}
     )

@@ -54,7 +54,11 @@ def judgment(score: float, uncertainty: float = 0.1, rationale: str = "fine") ->
 
 class JudgeServer:
     def __init__(
-        self, script: Callable[[Call], Reply], served_model: str = "served-model", port: int = 0, host: str = "127.0.0.1"
+        self,
+        script: Callable[[Call], Reply],
+        served_model: str = "served-model",
+        port: int = 0,
+        host: str = "127.0.0.1",
     ):
         self.script = script
         self.host = host  # e.g. the process nodes' bridge address, where their pods reach the host

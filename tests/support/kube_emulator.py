@@ -77,7 +77,7 @@ from tests.support import label_selectors
 CORE_RESOURCES: dict[str, dict[str, Any]] = {
     "v1/namespaces": dict(kind="Namespace", namespaced=False, subresources=["status"]),
     "v1/configmaps": dict(kind="ConfigMap", namespaced=True),
-    "v1/pods": dict(kind="Pod", namespaced=True, subresources=["status"]),  # by tests/support/kubelet.py
+    "v1/pods": dict(kind="Pod", namespaced=True, subresources=["status"]),  # status: as the kubelet writes it
     "v1/services": dict(kind="Service", namespaced=True, subresources=["status"]),
     "v1/events": dict(kind="Event", namespaced=True),
     "v1/secrets": dict(kind="Secret", namespaced=True),
@@ -96,7 +96,7 @@ KUBEFLOW_RESOURCES: dict[str, dict[str, Any]] = {
     PYTORCHJOBS: dict(kind="PyTorchJob", namespaced=True, subresources=["status"]),
 }
 JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
-JOBS = "batch/v1/jobs"  # a JobSet's child Jobs, written by tests/support/jobset_executor.py
+JOBS = "batch/v1/jobs"  # a JobSet's child Jobs: served with the JobSet API (the operator never reads them)
 JOBSET_RESOURCES: dict[str, dict[str, Any]] = {
     JOBSETS: dict(kind="JobSet", namespaced=True, subresources=["status"]),
     JOBS: dict(kind="Job", namespaced=True, subresources=["status"]),

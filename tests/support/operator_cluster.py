@@ -1,10 +1,10 @@
-"""An operator on the API emulator: `atlas operator` as a process (OperatorProcess), a Cluster to write runs and what
-Kubeflow, the kubelet and Kueue would write, and read back what the operator did."""
+"""An operator on the API emulator: `atlas operator` as a process (OperatorProcess), a Cluster to write runs and the
+objects and statuses the operator reads (by hand: no controller runs here; the real ones run in tests/kube/), and read
+back what the operator did."""
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import subprocess
 import sys
 import urllib.request
@@ -306,100 +306,7 @@ def permissions_used(emu) -> set[tuple[str, str, str]]:
     }
 
 
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-
-
-def kueue_admit_trainjob(api_client, name: str, namespace: str = NS, node_selector: dict | None = None) -> dict:
-    """Admit TrainJob ``name`` as Kueue's TrainJob integration does (``RunWithPodSetsInfo``, Kueue 0.17+): its own
-    runtime patch (manager kueue.x-k8s.io/manager, which its webhook added at creation) gets each replicated job's
-    PodSetInfo (the podset label, the flavor's nodeSelector), then ``spec.suspend: false``. The Trainer then applies
-    both to the suspended JobSet."""
-    custom = kubernetes.client.CustomObjectsApi(api_client)
-    tj = custom.get_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", name)
-    assert (tj["metadata"].get("labels") or {}).get(KUEUE_QUEUE_LABEL), f"TrainJob {name}: no queue label"
-    assert tj["spec"].get("suspend") is True, f"TrainJob {name} is not suspended: Kueue admits suspended jobs"
-    pod = {"metadata": {"labels": {"kueue.x-k8s.io/podset": "node"}}}
-    if node_selector:
-        pod["spec"] = {"nodeSelector": dict(node_selector)}
-    kueue = {
-        "manager": "kueue.x-k8s.io/manager",
-        "trainingRuntimeSpec": {
-            "template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": pod}}}]}}
-        },
-    }
-    patches = [p for p in tj["spec"].get("runtimePatches") or [] if p["manager"] != kueue["manager"]] + [kueue]
-    return custom.patch_namespaced_custom_object(
-        "trainer.kubeflow.org",
-        "v1alpha1",
-        namespace,
-        "trainjobs",
-        name,
-        {"spec": {"runtimePatches": patches, "suspend": False}},
-    )
-
-
-def kueue_preempt(api_client, kind: str, name: str, namespace: str = NS) -> dict:
-    """Kueue evicts the run's admitted workload (a higher-priority workload preempts it, or an eviction): its job
-    reconciler stops the job (``StopJob``): ``suspend: true`` on a JobSet or TrainJob, ``runPolicy.suspend: true`` on
-    a PyTorchJob. The Workload object and its Evicted condition are not emulated, nor ``RestorePodSetsInfo`` (the
-    PodSetInfo Kueue merged at admission stays; a readmission merges the same again)."""
-    custom = kubernetes.client.CustomObjectsApi(api_client)
-    if kind == "PyTorchJob":
-        return custom.patch_namespaced_custom_object(
-            "kubeflow.org", "v1", namespace, "pytorchjobs", name, {"spec": {"runPolicy": {"suspend": True}}}
-        )
-    if kind == "TrainJob":  # the Trainer then suspends its JobSet
-        return custom.patch_namespaced_custom_object(
-            "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", name, {"spec": {"suspend": True}}
-        )
-    return custom.patch_namespaced_custom_object(
-        "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", name, {"spec": {"suspend": True}}
-    )
-
-
-def kueue_admit(
-    api_client,
-    name: str,
-    namespace: str = NS,
-    node_selector: dict[str, str] | None = None,
-    cluster_queue: str = "cluster-queue",
-) -> dict:
-    """Admit JobSet ``name`` as Kueue v0.19's JobSet integration does (``startJob`` →
-    ``JobSet.RunWithPodSetsInfo``): one patch that sets ``spec.suspend: false`` and merges into every replicated
-    job's pod template the PodSetInfo — the flavor's node labels as ``nodeSelector``, the labels
-    ``kueue.x-k8s.io/podset`` (the replicated job), ``local-queue-name``, ``cluster-queue-name`` and the annotation
-    ``kueue.x-k8s.io/workload``. No Workload object, quota or flavor is emulated: the test decides when."""
-    import hashlib
-
-    custom = kubernetes.client.CustomObjectsApi(api_client)
-    js = custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", name)
-    queue = (js["metadata"].get("labels") or {}).get(KUEUE_QUEUE_LABEL)
-    assert queue, f"JobSet {name} has no {KUEUE_QUEUE_LABEL} label: Kueue would not manage it"
-    assert js["spec"].get("suspend") is True, f"JobSet {name} is not suspended: Kueue admits suspended jobs"
-    digest = hashlib.sha1(f"JobSet\njobset.x-k8s.io\n{name}\n{js['metadata']['uid']}".encode()).hexdigest()[:5]
-    workload = f"jobset-{name}-{digest}"
-    rjobs = copy.deepcopy(js["spec"]["replicatedJobs"])
-    for rjob in rjobs:
-        template = rjob["template"].setdefault("spec", {}).setdefault("template", {})
-        meta = template.setdefault("metadata", {})
-        meta["labels"] = {
-            **(meta.get("labels") or {}),
-            "kueue.x-k8s.io/podset": rjob["name"],
-            "kueue.x-k8s.io/local-queue-name": queue,
-            "kueue.x-k8s.io/cluster-queue-name": cluster_queue,
-        }
-        meta["annotations"] = {**(meta.get("annotations") or {}), "kueue.x-k8s.io/workload": workload}
-        pod_spec = template.setdefault("spec", {})
-        if node_selector:
-            pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), **node_selector}
-    return custom.patch_namespaced_custom_object(
-        "jobset.x-k8s.io",
-        "v1alpha2",
-        namespace,
-        "jobsets",
-        name,
-        {"spec": {"suspend": False, "replicatedJobs": rjobs}},
-    )
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # the queue label a queued job carries
 
 
 @pytest.fixture(autouse=True)

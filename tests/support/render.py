@@ -45,7 +45,7 @@ def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
     if obj["kind"] == "TrainJob":  # its pods are the JobSet's the Kubeflow Trainer builds of it and the chart's runtime
         from atlas_operator.render.trainjob import training_runtime
 
-        from tests.support.trainer_controller import build_jobset
+        from tests.support.trainer_jobset import build_jobset
 
         runtime = training_runtime(obj["spec"]["runtimeRef"]["name"], Images().trainer, max_restarts=3)
         return pod_templates(build_jobset(obj, runtime))

@@ -1,6 +1,8 @@
-"""A stand-in for the Kubeflow Trainer v2.3.0 controller and webhooks (trainer.kubeflow.org/v1alpha1), for tests
-(not a product feature): the JobSet it builds from a TrainJob and its ClusterTrainingRuntime, the TrainJob's
-status from that JobSet, and what its admission webhooks refuse.
+"""The JobSet the Kubeflow Trainer v2.3.0 builds from a TrainJob and its ClusterTrainingRuntime, and what its admission
+webhooks refuse, as pure functions: the render-level tests (tests/test_render_trainjob.py, tests/support/render.py)
+compare the TrainJob backend's pods with the other backends' without a cluster. No controller: the real Trainer
+runs in tests/kube/ (its webhooks judge the chart's runtime at ``helm install`` and each run's TrainJob), and
+tests/kube/test_runs.py checks :func:`build_jobset` against the JobSet the real Trainer makes of a run.
 
 Read from kubeflow/trainer at tag v2.3.0 (commit 658725bd):
 
@@ -28,8 +30,6 @@ import copy
 import math
 import re
 from typing import Any
-
-from tests.support.jobset_world import condition  # a metav1.Condition, as the Trainer's controller writes them too
 
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 TRAINER_CONTAINER = "node"
@@ -163,7 +163,7 @@ def build_jobset(trainjob: dict[str, Any], runtime: dict[str, Any]) -> dict[str,
                 ],
             )
             container["ports"] = _upsert(
-                container.get("ports") or [], [{"containerPort": MASTER_PORT}], "containerPort"
+                container.get("ports") or [], [{"containerPort": MASTER_PORT, "protocol": "TCP"}], "containerPort"
             )
     spec["suspend"] = bool(tj_spec.get("suspend"))
     jobset_meta: dict[str, Any] = {
@@ -185,36 +185,6 @@ def build_jobset(trainjob: dict[str, Any], runtime: dict[str, Any]) -> dict[str,
     if annotations:
         jobset_meta["annotations"] = annotations
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": jobset_meta, "spec": spec}
-
-
-def trainjob_status(trainjob: dict[str, Any], jobset: dict[str, Any] | None) -> dict[str, Any]:
-    """The TrainJob's status as the controller writes it: Suspended (True, or False/Resumed after a resume),
-    Complete and Failed copied from the JobSet's Completed and Failed (their reasons and messages), jobsStatus from
-    its replicatedJobsStatus. A running TrainJob that was never suspended has no condition."""
-    old = {c["type"]: c for c in (trainjob.get("status") or {}).get("conditions") or []}
-    conditions = {k: v for k, v in old.items() if k != "Failed" or v.get("reason") == "DeadlineExceeded"}
-    if (trainjob.get("spec") or {}).get("suspend"):
-        conditions["Suspended"] = condition("Suspended", True, "Suspended", "TrainJob is suspended")
-    elif (old.get("Suspended") or {}).get("status") == "True":
-        conditions["Suspended"] = condition("Suspended", False, "Resumed", "TrainJob is resumed")
-    status: dict[str, Any] = {}
-    if jobset is not None:
-        js_status = jobset.get("status") or {}
-        for js_type, tj_type in (("Completed", "Complete"), ("Failed", "Failed")):
-            found = next(
-                (c for c in js_status.get("conditions") or [] if c.get("type") == js_type and c["status"] == "True"),
-                None,
-            )
-            if found is not None:
-                conditions[tj_type] = {**found, "type": tj_type}
-        status["jobsStatus"] = [
-            {k: int(s.get(k) or 0) for k in ("ready", "succeeded", "failed", "active", "suspended")}
-            | {"name": s["name"]}
-            for s in js_status.get("replicatedJobsStatus") or []
-        ]
-    if conditions:
-        status["conditions"] = list(conditions.values())
-    return status
 
 
 def trainjob_webhook_problems(trainjob: dict[str, Any], runtime: dict[str, Any] | None) -> list[str]:
