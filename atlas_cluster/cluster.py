@@ -244,6 +244,9 @@ class LocalCluster:
                 env[var["name"]] = var["value"]
             elif var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
                 env[var["name"]] = deployment["metadata"]["namespace"]
+            elif var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+                # One pod's name, stable across restarts: a restarted operator is the same replica (its Lease).
+                env[var["name"]] = f"{deployment['metadata']['name']}-local"
         env.update(KUBECONFIG=str(self.operator_kubeconfig), ATLAS_OPERATOR_METRICS_HOST="127.0.0.1")
         env.update(self.operator_env)
         return list(container.get("args", [])), env

@@ -171,9 +171,41 @@ def test_rendered_objects_are_valid_kubernetes(fixture, request):
 def test_default_objects(default_objs):
     kinds = sorted(o["kind"] for o in default_objs)
     assert kinds == sorted(
-        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment", "ConfigMap"]
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Service",
+            "Deployment",
+            "ConfigMap",
+            "Role",
+            "RoleBinding",
+        ]
     ), kinds
     assert not [o for o in default_objs if o["apiVersion"] == MONITORING_GROUP]
+    # The Role in the release namespace is the leader election's Lease, nothing else (files/rbac-rules.yaml release).
+    (role,) = by_kind(default_objs, "Role")
+    assert role["rules"] == RULES["release"] and role["metadata"]["name"].endswith("-leader")
+
+
+def test_replicas_above_one_need_leader_election(helm):
+    """replicas: 2 runs a standby (operator/atlas_operator/leader.py); without leader election two operators would
+    race, so the chart refuses it, saying why."""
+
+    def lease_env(objs: list[dict]) -> str:
+        (dep,) = by_kind(objs, "Deployment")
+        env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+        return env["ATLAS_LEADER_ELECTION_LEASE"]
+
+    two = render(helm, "--set", "replicas=2")
+    assert (
+        by_kind(two, "Deployment")[0]["spec"]["replicas"] == 2 and lease_env(two) == f"{RELEASE}-atlas-operator-leader"
+    )
+    refused = run_helm(helm, "template", RELEASE, str(CHART), "--set", "replicas=2", "--set",
+                       "operator.leaderElection=false")  # fmt: skip
+    assert refused.returncode != 0 and "replicas above 1 need operator.leaderElection: true" in refused.stderr
+    off = render(helm, "--set", "operator.leaderElection=false")
+    assert not by_kind(off, "Role") and lease_env(off) == ""
 
 
 def _operator_container(objs):
@@ -309,6 +341,11 @@ def _assert_no_wildcards(rules):
         assert "nonResourceURLs" not in rule
 
 
+def run_roles(objs: list[dict]) -> list[dict]:
+    """The Roles holding the operator's rules over runs (not the leader election's, in the release namespace)."""
+    return [r for r in by_kind(objs, "Role") if not r["metadata"]["name"].endswith("-leader")]
+
+
 def test_rbac_cluster_scope(default_objs):
     (role,) = by_kind(default_objs, "ClusterRole")
     assert role["rules"] == RULES["namespaced"] + RULES["cluster"] + RULES["allNamespaces"]
@@ -317,7 +354,7 @@ def test_rbac_cluster_scope(default_objs):
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     (sa,) = by_kind(default_objs, "ServiceAccount")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}]
-    assert not by_kind(default_objs, "Role")
+    assert not run_roles(default_objs)
 
 
 def _verbs(rules, group: str, resource: str) -> list[str]:
@@ -391,7 +428,8 @@ def test_named_namespaces_get_no_namespace_or_crd_access(helm):
 
 
 def test_rbac_namespaced_scope(all_on_objs):
-    roles, bindings = by_kind(all_on_objs, "Role"), by_kind(all_on_objs, "RoleBinding")
+    roles = run_roles(all_on_objs)
+    bindings = [b for b in by_kind(all_on_objs, "RoleBinding") if not b["metadata"]["name"].endswith("-leader")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-team", "research"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ml-team", "research"]
     for role in roles:
@@ -414,7 +452,7 @@ def test_rbac_namespaced_scope(all_on_objs):
 
 def test_rbac_namespaced_without_namespaces_means_release_namespace(helm):
     objs = render(helm, "--set", "rbac.scope=namespaced")
-    assert [r["metadata"]["namespace"] for r in by_kind(objs, "Role")] == [NAMESPACE]
+    assert [r["metadata"]["namespace"] for r in run_roles(objs)] == [NAMESPACE]
     _, c = _operator_container(objs)
     assert _env(c)["ATLAS_WATCH_NAMESPACES"] == NAMESPACE
 

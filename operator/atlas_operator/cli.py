@@ -168,9 +168,33 @@ def operator_main(argv: list[str] | None = None) -> int:
 
     settings, command = operator_command(argv)
     config.configure(settings)  # what the handlers module reads when kopf imports it
+    if settings.leader_election_lease:
+        _lead(settings)
     from kopf.cli import main as kopf_main
 
     return kopf_main(args=command, prog_name="atlas operator")
+
+
+def _lead(settings) -> None:
+    """Stand by until this replica leads (atlas_operator/leader.py); then renew in the background, exit when
+    leadership is lost, and give the Lease up when the process ends."""
+    import atexit
+    import logging
+
+    from atlas_operator import leader
+    from atlas_operator.config import ENV
+    from atlas_operator.kube import Kube
+
+    if not settings.operator_namespace:
+        raise SystemExit(
+            f"error: {ENV['leader_election_lease']} needs {ENV['operator_namespace']} (the Lease's namespace)"
+        )
+
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s [%(levelname)s] %(message)s")
+    elector = leader.Elector(Kube(), settings.operator_namespace, settings.leader_election_lease)
+    elector.acquire(settings.metrics_port, settings.metrics_host)
+    elector.hold(on_lost=lambda: os._exit(1))  # as controller-runtime's manager: a lost leader stops at once
+    atexit.register(elector.release)
 
 
 #: The operator settings ``atlas operator`` takes as flags: (setting, flag, meaning, extra argparse options).

@@ -48,6 +48,7 @@ ENV = {
     "network_policy": "ATLAS_NETWORK_POLICY",
     "monitoring_namespace": "ATLAS_MONITORING_NAMESPACE",
     "operator_namespace": "ATLAS_OPERATOR_NAMESPACE",
+    "leader_election_lease": "ATLAS_LEADER_ELECTION_LEASE",
 }
 # Settings where an empty value means "none" rather than "unset".
 _EMPTY_MEANS_NONE = ("watch_namespaces", "monitoring_namespace")
@@ -87,6 +88,9 @@ class OperatorConfig:
     monitoring_namespace: str = "monitoring"
     # The operator's own namespace (the chart sets it from the downward API); empty = not in a cluster.
     operator_namespace: str = ""
+    # The Lease in the operator's namespace that elects one active replica (atlas_operator/leader.py); empty = no
+    # election (one replica, or `atlas operator` run by hand).
+    leader_election_lease: str = ""
 
     @property
     def network(self) -> NetworkSettings:
@@ -164,6 +168,7 @@ def _convert(name: str, raw: Any, defaults: OperatorConfig) -> Any:
         "default_backend",
         "monitoring_namespace",
         "operator_namespace",
+        "leader_election_lease",
     ):
         return str(raw).strip()
     if name == "network_policy":

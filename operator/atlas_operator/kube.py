@@ -50,6 +50,8 @@ NETWORK_POLICY = Resource("networking.k8s.io", "v1", "networkpolicies", "Network
 # Read only: the finished rank-0 pod's termination message (the run's result); a JobSet's pods by label. (kopf also
 # watches the runs' pods, for a container the kubelet cannot start.)
 POD = Resource("", "v1", "pods", "Pod")
+# The replicas' leader election (atlas_operator/leader.py), in the operator's own namespace.
+LEASE = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 EVENT = Resource("", "v1", "events", "Event")  # create only: what happened to a run (kubectl describe)
 EVENT_MESSAGE_MAX = 1024  # the API server refuses longer Event messages
 USER_AGENT = f"atlas-operator/{__version__}"
@@ -220,8 +222,9 @@ class Kube:
         query = urllib.parse.urlencode({"labelSelector": label_selector})
         return self._call("GET", f"{resource.path(namespace)}?{query}").get("items") or []
 
-    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        resource = resource_of(obj)
+    def create(self, obj: dict[str, Any], resource: Resource | None = None) -> dict[str, Any]:
+        """Create ``obj`` (a child of a run, or an object of ``resource``)."""
+        resource = resource or resource_of(obj)
         meta = obj["metadata"]
         with self._writing(resource, meta["namespace"], meta["name"]):
             created = self._call("POST", resource.path(meta["namespace"]), obj)

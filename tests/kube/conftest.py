@@ -186,12 +186,18 @@ def install_release(kube: Kube, namespace: str, values: dict | None = None) -> R
 def start_release(kube: Kube, namespace: str, values: dict | None = None, env: dict[str, str] | None = None) -> Release:
     """``install_release``, then ``atlas operator`` under that release's ServiceAccount token with the env its
     Deployment renders, plus fast timers."""
-    cluster = kube.cluster
     release = install_release(kube, namespace, values)
-    deployment = cluster.operator_deployment(release.name, namespace)
+    start_operator(kube, release, f"operator-{release.name}", env)
+    return release
+
+
+def start_operator(kube: Kube, release: Release, process: str, env: dict[str, str] | None = None):
+    """One operator process ``process`` of ``release`` (a replica: give each its own ``POD_NAME`` in ``env``)."""
+    cluster = kube.cluster
+    deployment = cluster.operator_deployment(release.name, release.namespace)
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     config = cluster.service_account_kubeconfig(
-        cluster.directory / f"operator-{release.name}.kubeconfig", namespace, account
+        cluster.directory / f"operator-{release.name}.kubeconfig", release.namespace, account
     )
     args, environment = cluster.operator_environment(deployment)
     environment.update(
@@ -203,8 +209,7 @@ def start_release(kube: Kube, namespace: str, values: dict | None = None, env: d
         **(env or {}),
     )
     command = cluster.operator_command([*args, "--verbose"])  # resolving the run's Services when nodes run pods
-    cluster.supervisor.start(f"operator-{release.name}", command, env=environment)
-    return release
+    return cluster.supervisor.start(process, command, env=environment)
 
 
 def stop_release(kube: Kube, release: Release) -> None:
