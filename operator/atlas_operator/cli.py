@@ -190,9 +190,18 @@ def _lead(settings) -> None:
             f"error: {ENV['leader_election_lease']} needs {ENV['operator_namespace']} (the Lease's namespace)"
         )
 
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s [%(levelname)s] %(message)s")
+    # kopf configures logging only once it starts: until then the election logs through a handler of its own.
+    standby_log = logging.StreamHandler()
+    standby_log.setFormatter(logging.Formatter("[%(asctime)s] %(name)s [%(levelname)s] %(message)s"))
+    level = leader.log.level
+    leader.log.addHandler(standby_log)
+    leader.log.setLevel(logging.INFO)
     elector = leader.Elector(Kube(), settings.operator_namespace, settings.leader_election_lease)
-    elector.acquire(settings.metrics_port, settings.metrics_host)
+    try:
+        elector.acquire(settings.metrics_port, settings.metrics_host)
+    finally:
+        leader.log.removeHandler(standby_log)
+        leader.log.setLevel(level)
     elector.hold(on_lost=lambda: os._exit(1))  # as controller-runtime's manager: a lost leader stops at once
     atexit.register(elector.release)
 
