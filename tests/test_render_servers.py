@@ -80,6 +80,7 @@ def test_rollout_and_student_servers():
     assert config["student"] == "http://teacher-run-student.team-a.svc:8000/v1"
     metrics = objs[("Service", "teacher-run-metrics")]["spec"]
     assert metrics["ports"][0]["port"] == 9400 and metrics["selector"]["training.kubeflow.org/replica-type"] == "master"
+    assert metrics["clusterIP"] == "None"  # headless: rank 0's pod IP by name, no ClusterIP taken per run
     local = children(teacher(rollout={"replicas": 0}, student={"model": "m/s", "rollout": {"replicas": 0}}))
     assert not any(kind == "Deployment" for kind, _ in local)
     config = yaml.safe_load(local[("ConfigMap", "teacher-run-config")]["data"]["run.yaml"])

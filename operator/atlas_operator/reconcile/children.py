@@ -118,6 +118,11 @@ class Children:
                     raise NameConflict(Foreign.of({**existing, "kind": resource.kind})) from exc
         if is_job:
             return self.apply_job(run, desired, existing, revision, result)
+        if _cluster_ip_changes(desired, existing):
+            # A Service's clusterIP is immutable (an earlier release's metrics Service had one; it is headless now):
+            # made again. Only a Service, never a workload, and one this run controls (as every child here).
+            self.kube.delete(resource, run.namespace, name)
+            return self.kube.create(desired), "recreated"
         pinned = desired["kind"] in PINNED_KINDS
         if pinned and not revision.changed_since(existing):
             return existing, None  # the run's spec has not changed since it was rendered: an upgrade changes nothing
@@ -189,6 +194,14 @@ class Children:
             if self.kube.delete(resource, namespace, child):
                 deleted.append(f"{resource.kind}/{child}")
         return deleted
+
+
+def _cluster_ip_changes(desired: dict[str, Any], existing: dict[str, Any]) -> bool:
+    """Whether a Service is rendered headless (clusterIP None) but exists with an address, or the reverse."""
+    if desired.get("kind") != "Service" or "clusterIP" not in desired.get("spec", {}):
+        return False
+    had = (existing.get("spec") or {}).get("clusterIP")
+    return had is not None and (had == "None") != (desired["spec"]["clusterIP"] == "None")
 
 
 def reward_yaml(run: Run) -> str | None:

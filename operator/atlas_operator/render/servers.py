@@ -212,4 +212,8 @@ def metrics_service(run: Run) -> dict[str, Any]:
     # pod of completion index 0.
     rank0 = {COMPLETION_INDEX_KEY: "0"} if on_jobset(run) else {"training.kubeflow.org/replica-type": "master"}
     selector = {**_selector(run, "trainer"), **rank0}
-    return service(run, ChildNames(run.name).metrics, "trainer", [("metrics", TRAINER_METRICS_PORT)], selector)
+    metrics = service(run, ChildNames(run.name).metrics, "trainer", [("metrics", TRAINER_METRICS_PORT)], selector)
+    # Headless: its name resolves to rank 0's pod IP, which the operator and Prometheus scrape, and it takes no
+    # ClusterIP (a cluster's service range would run out at a few hundred runs).
+    metrics["spec"]["clusterIP"] = "None"
+    return metrics
