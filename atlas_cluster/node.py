@@ -1379,7 +1379,8 @@ class ProcessNodes:
         self.nodes = [Node(self, i) for i in range(self.count)]
         for node in self.nodes:
             node.register()
-        self.host_hosts.write_text(podnet.host_hosts_text([]))
+        self._host_base = podnet.host_hosts_base()
+        self.host_hosts.write_text(podnet.host_hosts_text(self._host_base, []))
         self._thread.start()
         self.wait_ready(timeout)
         return self
@@ -1522,7 +1523,7 @@ class ProcessNodes:
         self._records = dns_records(pods, services)
         for worker in workers:
             self.refresh_hosts(worker)
-        podnet.rewrite_in_place(self.host_hosts, podnet.host_hosts_text(self._records))
+        podnet.rewrite_in_place(self.host_hosts, podnet.host_hosts_text(self._host_base, self._records))
         if self.provision_claims and self.passes % 3 == 0:
             self._provision()
 

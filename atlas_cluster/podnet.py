@@ -88,8 +88,12 @@ def host_hosts_file(cluster_dir: Path) -> Path:
     return Path(cluster_dir) / HOST_HOSTS
 
 
-def host_hosts_text(records: list[tuple[str, str, list[str], list[str]]]) -> str:
-    base = Path("/etc/hosts").read_text() if Path("/etc/hosts").is_file() else "127.0.0.1 localhost\n"
+def host_hosts_base() -> str:
+    """The host's own /etc/hosts, which the host view begins with (read once: the nodes rewrite the view often)."""
+    return Path("/etc/hosts").read_text() if Path("/etc/hosts").is_file() else "127.0.0.1 localhost\n"
+
+
+def host_hosts_text(base: str, records: list[tuple[str, str, list[str], list[str]]]) -> str:
     lines = [base.rstrip("\n"), "# the local cluster's names (atlas process nodes)"]
     lines += [f"{address}\t{' '.join(names)}" for _, address, names, _ in records]
     return "\n".join(lines) + "\n"

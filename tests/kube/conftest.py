@@ -20,7 +20,8 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,6 +144,17 @@ def process_nodes(kube: Kube, **options) -> Iterator[ProcessNodes]:
     finally:
         nodes.stop()
         scheduler.stop()
+
+
+def eventually(what: str, probe: Callable[[], object], timeout: float = 60.0, every: float = 0.3):
+    """``probe()``'s first truthy value, polled every ``every`` s; fails naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = probe()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"{what}: not in {timeout:.0f} s"
+        time.sleep(every)
 
 
 def _dns_name(text: str) -> str:

@@ -16,8 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ import yaml
 
 from atlas_cluster.cluster import kubectl
 from atlas_cluster.controllers import Running
-from tests.kube.conftest import BIN_DIR, CONTROLLER_BINARIES, CONTROLLERS, Kube, upstream_controllers
+from tests.kube.conftest import BIN_DIR, CONTROLLER_BINARIES, CONTROLLERS, Kube, eventually, upstream_controllers
 from tests.kube.test_cluster_cli import _alive
 from tests.support.env import python_env
 
@@ -44,16 +43,6 @@ def _refused(kube: Kube, namespace: str, manifest: dict) -> str:
     done = kube.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(manifest), check=False)
     assert done.returncode != 0, f"created: {done.stdout}"
     return done.stderr
-
-
-def _eventually(what: str, probe: Callable[[], object], timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"{what}: not in {timeout:.0f} s"
-        time.sleep(0.3)
 
 
 def _container(name: str) -> dict:
@@ -195,7 +184,7 @@ def test_kueue_admits_a_queued_job(kube, controllers, namespace):
         # Kueue's mutating webhook suspends a queued Job as it is created; its scheduler admits the Workload and
         # the job controller unsuspends the Job.
         assert created["spec"]["suspend"] is True, created["spec"]
-        _eventually(
+        eventually(
             "the Job unsuspended", lambda: kube.get("job", "queued", "-n", namespace)["spec"]["suspend"] is False
         )
         workloads = kube.get("workloads.kueue.x-k8s.io", "-n", namespace)["items"]
@@ -216,8 +205,8 @@ def test_training_operator_creates_a_pytorchjobs_pods_and_services(kube, control
     def names(kind: str) -> set[str]:
         return {item["metadata"]["name"] for item in kube.get(kind, "-n", namespace)["items"]}
 
-    _eventually("the PyTorchJob's pods", lambda: names("pods") >= expected)
-    _eventually("the PyTorchJob's Services", lambda: names("services") >= expected)
+    eventually("the PyTorchJob's pods", lambda: names("pods") >= expected)
+    eventually("the PyTorchJob's Services", lambda: names("services") >= expected)
     pod = kube.get("pod", "torch-worker-0", "-n", namespace)
     assert pod["metadata"]["ownerReferences"][0]["kind"] == "PyTorchJob"
     assert pod["status"].get("phase") == "Pending"  # no node runs it
@@ -227,7 +216,7 @@ def test_training_operator_creates_a_pytorchjobs_pods_and_services(kube, control
 
 def test_jobset_creates_its_jobs(kube, controllers, namespace):
     kube.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(_jobset("set")))
-    jobs = _eventually(
+    jobs = eventually(
         "the JobSet's Jobs",
         lambda: {j["metadata"]["name"] for j in kube.get("jobs", "-n", namespace)["items"]} >= {"set-workers-0",
                                                                                               "set-workers-1"},
@@ -247,7 +236,7 @@ def test_trainer_creates_a_jobset_from_a_trainjob(kube, controllers, namespace):
     try:
         kube.kubectl("create", "-f", "-", input=json.dumps(cluster_runtime))
         kube.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(trainjob))
-        jobset = _eventually(
+        jobset = eventually(
             "the TrainJob's JobSet",
             lambda: next(iter(kube.get("jobsets", "-n", namespace)["items"]), None),
         )
@@ -256,7 +245,7 @@ def test_trainer_creates_a_jobset_from_a_trainjob(kube, controllers, namespace):
         node = next(r for r in jobset["spec"]["replicatedJobs"] if r["name"] == "node")
         assert node["template"]["spec"]["parallelism"] == 2, node  # the TrainJob's numNodes, applied by the Trainer
         # And the JobSet controller makes its Job from it.
-        _eventually("the JobSet's Job", lambda: kube.get("jobs", "-n", namespace)["items"])
+        eventually("the JobSet's Job", lambda: kube.get("jobs", "-n", namespace)["items"])
     finally:
         kube.kubectl("delete", "trainjob", "train", "-n", namespace, "--ignore-not-found", "--wait=false", check=False)
         kube.kubectl("delete", "clustertrainingruntime", runtime, "--ignore-not-found", "--wait=false", check=False)

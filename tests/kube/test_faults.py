@@ -10,21 +10,11 @@ import time
 
 import kubernetes
 
-from tests.kube.conftest import Kube, start_operator
+from tests.kube.conftest import Kube, eventually, start_operator
 from tests.support.manifests import tiny_training
 
 RUNS = 20
 DELETED = ("r0", "r1")
-
-
-def _eventually(what: str, probe, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"{what}: not in {timeout:.0f} s"
-        time.sleep(0.3)
 
 
 def test_the_operator_killed_while_runs_come_and_go_converges_after_its_restart(
@@ -49,7 +39,7 @@ def test_the_operator_killed_while_runs_come_and_go_converges_after_its_restart(
         return names("atlastrainings", "atlas.arc.computer", "v1alpha1")
 
     create_runs(*(f"r{i}" for i in range(RUNS // 2)))
-    _eventually("the operator's first job", lambda: names("pytorchjobs"), timeout=60)
+    eventually("the operator's first job", lambda: names("pytorchjobs"), timeout=60)
     kube.cluster.supervisor.children[process].send_signal(signal.SIGKILL)  # mid-burst: some runs not reconciled yet
     had_jobs = names("pytorchjobs")
     create_runs(*(f"r{i}" for i in range(RUNS // 2, RUNS)))
@@ -59,8 +49,8 @@ def test_the_operator_killed_while_runs_come_and_go_converges_after_its_restart(
     start_operator(kube, release, process)
     restarted = time.monotonic()
     kept = {f"r{i}" for i in range(RUNS)} - set(DELETED)
-    _eventually("every kept run's job, and the deleted runs gone",
-                lambda: names("pytorchjobs") == kept and runs() == kept)  # fmt: skip
+    eventually("every kept run's job, and the deleted runs gone",
+                lambda: names("pytorchjobs") == kept and runs() == kept, timeout=120)  # fmt: skip
     print(f"operator killed after {len(had_jobs)} of {RUNS // 2} jobs; converged {time.monotonic() - restarted:.1f} s "
           "after its restart")  # fmt: skip
 

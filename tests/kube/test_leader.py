@@ -11,20 +11,10 @@ import time
 
 import kubernetes
 
-from tests.kube.conftest import Kube, start_operator
+from tests.kube.conftest import Kube, eventually, start_operator
 from tests.support.manifests import tiny_training
 
 TAKEOVER_LIMIT_S = 15.0
-
-
-def _eventually(what: str, probe, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"{what}: not in {timeout:.0f} s"
-        time.sleep(0.2)
 
 
 def test_two_replicas_elect_one_and_the_standby_takes_over_when_it_is_killed(kube: Kube, namespace, operator_release):
@@ -65,26 +55,26 @@ def test_two_replicas_elect_one_and_the_standby_takes_over_when_it_is_killed(kub
 def _replicas(kube: Kube, release, namespace: str, holder, create_run, pytorchjob, mark: int) -> None:
     supervisor = kube.cluster.supervisor
     first = start_operator(kube, release, f"{namespace}-a", {"POD_NAME": "replica-a"})
-    _eventually("replica-a leads", lambda: holder() == "replica-a")
+    eventually("replica-a leads", lambda: holder() == "replica-a")
     start_operator(kube, release, f"{namespace}-b", {"POD_NAME": "replica-b"})
     standby_log = supervisor.log(f"{namespace}-b")
-    _eventually("replica-b standing by", lambda: "standing by, replica-a leads" in standby_log.read_text())
+    eventually("replica-b standing by", lambda: "standing by, replica-a leads" in standby_log.read_text())
 
     create_run("before")
-    _eventually("the leader's PyTorchJob", lambda: pytorchjob("before"))
+    eventually("the leader's PyTorchJob", lambda: pytorchjob("before"))
     assert holder() == "replica-a"
     assert "Creation is processed" not in standby_log.read_text()  # the standby did nothing
 
     first.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
     create_run("between")  # while nobody may lead
-    _eventually("replica-b leads", lambda: holder() == "replica-b", timeout=30)
+    eventually("replica-b leads", lambda: holder() == "replica-b", timeout=30)
     takeover_s = time.monotonic() - killed_at
     print(f"takeover after SIGKILL of the leader: {takeover_s:.1f} s")
     assert takeover_s < TAKEOVER_LIMIT_S, takeover_s
-    _eventually("the new leader's PyTorchJob", lambda: pytorchjob("between"))
+    eventually("the new leader's PyTorchJob", lambda: pytorchjob("between"))
     create_run("after")
-    _eventually("the PyTorchJob of a run made after the takeover", lambda: pytorchjob("after"))
+    eventually("the PyTorchJob of a run made after the takeover", lambda: pytorchjob("after"))
 
     # Each run's job was created exactly once, though two operators saw the first run.
     created = [

@@ -22,6 +22,7 @@ generating), put first on the nodes' PATH.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -37,6 +38,7 @@ import yaml
 from atlas_cluster.node import ProcessNodes
 from atlas_contract import names, results
 from tests.kube.conftest import Kube, process_nodes, upstream_controllers
+from tests.kube.conftest import eventually as _eventually
 from tests.support import vllm_standin
 from tests.support.env import REPO
 from tests.support.manifests import tiny_training
@@ -46,6 +48,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 RUN_TIMEOUT = 420  # a few tiny-model steps on 2 loaded cores, plus the pods' start
 GROUP = ("atlas.arc.computer", "v1alpha1")
 PLURALS = {"AtlasTeacher": "atlasteachers", "AtlasTraining": "atlastrainings"}
+eventually = functools.partial(_eventually, timeout=RUN_TIMEOUT)  # a run's pace by default
 
 
 @pytest.fixture(scope="module")
@@ -167,16 +170,6 @@ class World:
 
     def volume(self, pod: dict, volume: str) -> Path:
         return self.nodes.pod_dir(self.ns, pod["metadata"]["name"]) / "volumes" / volume
-
-
-def eventually(what: str, probe: Callable[[], object], timeout: float = RUN_TIMEOUT, every: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"{what}: not in {timeout:.0f} s"
-        time.sleep(every)
 
 
 class ProgressRecorder:
