@@ -11,6 +11,7 @@ import pytest
 from atlas_operator import kube
 from atlas_operator.informer import Informer
 from atlas_operator.kopf_compat import Bookmark
+from atlas_operator.reconcile import relevance
 
 LISTED = Bookmark.LISTED
 
@@ -150,3 +151,36 @@ def test_one_label_selector_matcher_for_query_strings_and_label_selectors():
         assert label_selectors.matches(selector, labels) is expected, text
     with pytest.raises(ValueError, match="unable to parse"):
         label_selectors.parse("tier in web")
+
+
+def test_a_deployments_bookkeeping_is_held_but_only_what_its_run_reads_is_reported():
+    """atlas_operator/reconcile/relevance.py: the deployment controller's status writes and revision annotation are
+    not news to the run; its ready replicas, its spec and its labels are, and so is every change of a job."""
+    seen: list = []
+    held = Informer(
+        (kube.DEPLOYMENT, kube.PYTORCH_JOB),
+        on_change=lambda type_, res, obj: seen.append((type_, res.plural, obj["metadata"]["resourceVersion"])),
+        matters=relevance.matters,
+    )
+
+    def deployment(version: int, annotations=None, status=None, replicas=1, labels=None) -> dict:
+        meta = {"name": "r-rollout", "namespace": "team-a", "resourceVersion": str(version)}
+        meta.update({"annotations": annotations or {}, "labels": labels or {"app": "r"}})
+        return {"kind": "Deployment", "metadata": meta, "spec": {"replicas": replicas}, "status": status or {}}
+
+    def modified(resource: kube.Resource, obj: dict) -> None:
+        held.handle(resource, None, {"type": "MODIFIED", "object": obj})
+
+    listed(held, kube.DEPLOYMENT, deployment(1))
+    modified(kube.DEPLOYMENT, deployment(2, {"deployment.kubernetes.io/revision": "1"}))
+    modified(kube.DEPLOYMENT, deployment(3, status={"observedGeneration": 1, "replicas": 1, "unavailableReplicas": 1}))
+    assert seen == []
+    assert held.get(kube.DEPLOYMENT, "team-a", "r-rollout")["metadata"]["resourceVersion"] == "3"  # held all the same
+    modified(kube.DEPLOYMENT, deployment(4, status={"replicas": 1, "readyReplicas": 1}))
+    modified(kube.DEPLOYMENT, deployment(5, status={"replicas": 1, "readyReplicas": 1}, replicas=2))
+    modified(kube.DEPLOYMENT, deployment(6, status={"replicas": 1, "readyReplicas": 1}, replicas=2, labels={"app": "x"}))
+    assert [version for _, _, version in seen] == ["4", "5", "6"]
+    job = {"kind": "PyTorchJob", "metadata": {"name": "r", "namespace": "team-a", "resourceVersion": "7"}}
+    listed(held, kube.PYTORCH_JOB, job)
+    modified(kube.PYTORCH_JOB, {**job, "metadata": {**job["metadata"], "resourceVersion": "8"}, "status": {"x": 1}})
+    assert seen[-1] == ("MODIFIED", "pytorchjobs", "8")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import gc
+import itertools
 import logging
 import random
 import threading
@@ -22,7 +23,8 @@ from atlas_operator import config, kube, metrics, validation_rules
 from atlas_operator.informer import Informer
 from atlas_operator.kube import ApiError, Kube, Resource
 from atlas_operator.ownership import NAME_TAKEN
-from atlas_operator.reconcile import Reconciler, RetryLater
+from atlas_operator.reconcile import Reconciler, RetryLater, relevance
+from atlas_operator.reconcile.patching import merge_patch
 from atlas_operator.run_status import ConditionType
 from atlas_operator.status import now, progress_patch, status_update
 
@@ -57,6 +59,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = CONFIG.workers
     settings.watching.connect_timeout = 30
+    # kopf retries a failed request (refused, 5xx, 403, 429) over 54 s, then raises; a timer whose status patch raises
+    # is never run again (kopf 1.45's daemons.py: forever_stopped), so an API server down for longer left every running
+    # run's progress unwritten until the operator restarted. Never given up, and retried once per progress interval
+    # at least: the patch the outage held lands within an interval of its return, the next tick's an interval later.
+    settings.networking.error_backoffs = RetryForever(min(10.0, CONFIG.progress_interval))
     # Named namespaces (the chart's watchNamespaces, `atlas operator -n`): kopf serves exactly those, as the informer
     # does. Left on, its scanning lists and watches every Namespace of the cluster to follow them (which neither RBAC
     # scope grants): nine 403s with back-off, almost a minute, before it falls back to the names and watches the
@@ -75,18 +82,30 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 20, 20)
     memo.refreshing = set()  # runs whose refresh for a child's change is queued, not started yet
+    memo.unwritten = {}  # run → (its resourceVersion, the status its handler returned): _with_unwritten_status
     memo.tasks = set()
     memo.informer = Informer(
         CHILD_RESOURCES,
         followed=(kube.POD,),
         namespaces=CONFIG.watch_namespaces,
         on_change=lambda type_, resource, obj: child_changed(type_, resource, obj, memo),
+        matters=relevance.matters,
     )
     memo.reconciler = Reconciler(Kube(watched=memo.informer.get, synced=memo.informer.synced), CONFIG)
     memo.informer.start(settings)
     metrics.initialize_series()
     memo.phases = metrics.RunPhases()
     memo.metrics_server = await metrics.serve(CONFIG.metrics_host, CONFIG.metrics_port) if CONFIG.metrics_port else None
+
+
+class RetryForever:
+    """kopf's API error back-offs (seconds: 1, 1, 2, 3, 5, 8), then ``cap`` each, never exhausted."""
+
+    def __init__(self, cap: float):
+        self.cap = cap
+
+    def __iter__(self):
+        return itertools.chain((s for s in (1, 1, 2, 3, 5, 8) if s < self.cap), itertools.repeat(self.cap))
 
 
 @kopf.on.cleanup()
@@ -149,9 +168,24 @@ def reconcile_into_patch(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) ->
     if body.metadata.get("deletionTimestamp"):
         return  # being deleted: recreating children now would race the delete handler
     try:
-        patch.status.update(reconcile_and_post(body, memo))
+        status = reconcile_and_post(body, memo)
     except (ApiError, RetryLater) as exc:
         raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
+    patch.status.update(status)
+    key = (body["kind"], body.metadata.namespace, body.metadata.name)
+    memo.unwritten[key] = (body.metadata.get("resourceVersion"), copy.deepcopy(status))
+
+
+def _with_unwritten_status(key: tuple[str, str, str], body: dict, memo: kopf.Memo) -> dict:
+    """``body`` as it will be once kopf writes the status its handler returned for this very version of the run.
+    kopf writes it only after the handler (and the run's lock) is done: a child's change in between (a new run's
+    Deployment, its status written by the deployment controller at once) read the run without it, and posted the
+    phase's Event and wrote the status a second time."""
+    version, status = memo.unwritten.pop(key, (None, None))
+    if status is None or body["metadata"].get("resourceVersion") != version:
+        return body  # written by now (or the run changed since): the API server's copy has it
+    memo.unwritten[key] = (version, status)  # until a read shows it written
+    return {**body, "status": merge_patch(dict(body.get("status") or {}), status)}
 
 
 def _first_tick(**_) -> float:
@@ -192,6 +226,7 @@ for _plural in KINDS.values():
         except ApiError as exc:
             raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
         memo.reconciler.forget(dict(body))
+        memo.unwritten.pop((body["kind"], body.metadata.namespace, body.metadata.name), None)
         with _locks_lock:
             _run_locks.pop((body["kind"], body.metadata.namespace, body.metadata.name), None)
         memo.phases.set(body["kind"], body.metadata.namespace, body.metadata.name, None)
@@ -275,7 +310,7 @@ def reconcile_after_change(run: tuple[str, str, str], cause: str | None, memo: k
         body = reconciler.kube.get_fresh(RUN_RESOURCES[kind], namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
-        patch = reconcile_and_post(body, memo)
+        patch = reconcile_and_post(_with_unwritten_status(run, body, memo), memo)
         if patch:
             reconciler.kube.patch(RUN_RESOURCES[kind], namespace, name, {"status": patch}, subresource="status")
     except (ApiError, RetryLater) as exc:  # the run's timer catches up

@@ -26,6 +26,9 @@ log = logging.getLogger("atlas_operator")
 Key = tuple[str, str, str]  # (plural, namespace, name)
 # Called on the event loop for each change after the first listing: (ADDED, MODIFIED or DELETED, resource, object).
 OnChange = Callable[[str, Resource, dict[str, Any]], None]
+# Whether a held object's change is news (resource, the copy held before, the new one): one that is not updates the
+# copy and calls no on_change.
+Matters = Callable[[Resource, dict[str, Any] | None, dict[str, Any]], bool]
 # Seconds between tries to list a resource the API server does not serve (its CRD not installed: a cluster without
 # JobSet; none of its objects exist meanwhile) or does not let the operator list (its RBAC; reads ask the API server).
 UNSERVED_RETRY_S = 30.0
@@ -42,11 +45,13 @@ class Informer:
         followed: Iterable[Resource] = (),
         namespaces: tuple[str, ...] = (),
         on_change: OnChange | None = None,
+        matters: Matters | None = None,
     ):
         self.held = tuple(held)
         self.followed = tuple(followed)
         self.namespaces: tuple[str | None, ...] = namespaces or (None,)  # None: cluster-wide
         self.on_change = on_change
+        self.matters = matters or (lambda resource, before, after: True)
         self._objects: dict[Key, dict[str, Any]] = {}
         self._listed: set[tuple[str, str | None]] = set()  # (plural, namespace) whose first listing is over
         self._listing: dict[tuple[str, str | None], dict[Key, dict[str, Any]]] = {}  # listings in progress
@@ -120,7 +125,10 @@ class Informer:
             if event["type"] == "DELETED":
                 self._objects.pop(key, None)
             else:
+                before = self._objects.get(key)
                 self._objects[key] = obj
+                if event["type"] == "MODIFIED" and not self.matters(resource, before, obj):
+                    return
         self._notify(event["type"], resource, obj)
 
     def _relisted(self, resource: Resource, namespace: str | None, listing: dict[Key, dict]) -> None:
@@ -144,7 +152,7 @@ class Informer:
         for key, obj in listing.items():
             before = self._objects.get(key)
             self._objects[key] = obj
-            if not first and _version(before) != _version(obj):
+            if not first and _version(before) != _version(obj) and self.matters(resource, before, obj):
                 self._notify("MODIFIED" if before is not None else "ADDED", resource, obj)
 
     def _notify(self, type_: str, resource: Resource, obj: dict[str, Any]) -> None:

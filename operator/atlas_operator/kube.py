@@ -9,10 +9,13 @@ import datetime
 import json
 import logging
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import urllib3
 
 from atlas_operator import __version__
 
@@ -66,7 +69,8 @@ def resource_of(obj: dict[str, Any]) -> Resource:
 
 
 class ApiError(Exception):
-    """A failed API call: ``status`` is the HTTP status, ``reason`` the Status reason (NotFound, …)."""
+    """A failed API call: ``status`` is the HTTP status (0: no answer, the API server unreachable), ``reason`` the
+    Status reason (NotFound, …)."""
 
     def __init__(self, status: int, reason: str, message: str, method: str, path: str):
         super().__init__(f"{method} {path}: {status} {reason}: {message}")
@@ -93,6 +97,7 @@ Lookup = Callable[[Resource, str, str], "dict[str, Any] | None"]
 
 
 CONNECTIONS = 32  # pooled API connections (at least the handler threads: OperatorConfig.workers defaults to 16)
+RETRY_AFTER_TRIES = 10  # client-go's: a request answered 429 is sent again after its Retry-After, 10 times at most
 PENDING = "pending"  # a write in flight (see Kube._writing)
 
 
@@ -186,8 +191,23 @@ class Kube:
         method, url, headers, body, _ = self.api.param_serialize(
             method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
         )
-        response = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=self.timeout)
-        data = response.read()
+        for tries in range(RETRY_AFTER_TRIES + 1):
+            try:
+                response = self.api.call_api(
+                    method, url, header_params=headers, body=body, _request_timeout=self.timeout
+                )
+                data = response.read()
+            except urllib3.exceptions.HTTPError as exc:
+                # No answer (refused, reset, timed out): an ApiError too, retried as one — not an exception kopf
+                # retries after a minute, nor one that ends the leader's renewals (atlas_operator/leader.py).
+                raise ApiError(0, "Unreachable", str(exc), method, path) from exc
+            wait = _retry_after(response)
+            if wait is None or tries == RETRY_AFTER_TRIES:
+                break
+            # 429 (API Priority and Fairness rejected it, unserved): sent again after the server's Retry-After, for
+            # every verb, as client-go does. Before, only GET and DELETE waited it (urllib3); a POST or PATCH failed
+            # its reconciliation, retried after ATLAS_RETRY_DELAY whatever the server asked.
+            time.sleep(wait)
         payload = _json(data)
         if not 200 <= response.status < 300:
             reason = payload.get("reason") if isinstance(payload, dict) else None
@@ -196,10 +216,16 @@ class Kube:
         return payload
 
     def get(
-        self, resource: Resource, namespace: str, name: str, absent_unless_watched: bool = False
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        absent_unless_watched: bool = False,
+        cached: bool = False,
     ) -> dict[str, Any] | None:
         """The object, from the watch's copy when it is current; ``absent_unless_watched``: an object the watch does
-        not show and this client never wrote is taken as absent without asking (for a create that handles a 409)."""
+        not show and this client never wrote is taken as absent without asking (for a create that handles a 409);
+        ``cached``: asked of the API server's cache (``get_fresh``)."""
         held = self._from_watch(resource, namespace, name)
         if held is not None:
             return held
@@ -207,12 +233,15 @@ class Kube:
             with self._lock:
                 if (resource.plural, namespace, name) not in self._written:
                     return None
-        return self.get_fresh(resource, namespace, name)
+        return self.get_fresh(resource, namespace, name, cached=cached)
 
-    def get_fresh(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
-        """The object as the API server has it now (not the watch's copy)."""
+    def get_fresh(self, resource: Resource, namespace: str, name: str, cached: bool = False) -> dict[str, Any] | None:
+        """The object as the API server has it now (not the watch's copy). ``cached``: as the API server's watch
+        cache has it (``resourceVersion=0``, client-go's reads for informers): no etcd read, and a write of the last
+        moments may not show — for a look whose answer a later write checks anyway (a create's 409)."""
+        path = resource.path(namespace, name) + ("?resourceVersion=0" if cached else "")
         try:
-            return self._call("GET", resource.path(namespace, name))
+            return self._call("GET", path)
         except ApiError as exc:
             if exc.not_found:
                 return None
@@ -309,6 +338,17 @@ def _not_older(held: str, written: str) -> bool:
     return held == written
 
 
+def _retry_after(response) -> float | None:
+    """The seconds an answer asks to wait before the request is sent again (client-go's ``checkWait``: a 429 or a
+    5xx with a Retry-After in seconds), else None."""
+    if response.status != 429 and not 500 <= response.status < 600:
+        return None
+    try:
+        return max(0.0, float(response.headers.get("Retry-After", "")))
+    except ValueError:
+        return None
+
+
 def _json(data: bytes) -> Any:
     try:
         return json.loads(data) if data else {}
@@ -328,4 +368,6 @@ def default_api_client():
     # One pooled connection per handler thread (the default, 5 per CPU, is fewer than the threads: a busy operator
     # would drop and reopen connections).
     configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, CONNECTIONS)
+    # urllib3's default retries, but not of answers with a Retry-After: Kube._call waits those, for every verb.
+    configuration.retries = urllib3.Retry(3, respect_retry_after_header=False)
     return client.ApiClient(configuration)

@@ -6,17 +6,19 @@ watches, and resourceVersion preconditions. Each case is checked on the server i
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from atlas_operator import kube as k8s
 from atlas_operator.kube import ApiError
 
-from tests.kube.test_ownership import TIMEOUT, Cluster, shared_namespace
+from tests.kube.test_ownership import TIMEOUT, Cluster, deployment_settled, shared_namespace
 from tests.support.kube_emulator import wait_for
 from tests.support.manifests import GROUP, VERSION, training
 
 pytestmark = pytest.mark.timeout(300)
 MANAGED_BY = "app.kubernetes.io/managed-by"
+KIND = "AtlasTraining"
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +77,51 @@ def test_status_is_a_subresource_and_the_operator_writes_it_there(cluster):
         "patch atlastrainings/sub",  # the finalizer
         "patch atlastrainings/sub/status",
     }, writes
+
+
+def quiet(cluster: Cluster, mark: int, seconds: float) -> list[dict]:
+    """The operator's requests since ``mark``, once none has come in the namespace for ``seconds``."""
+    seen, since = -1, time.monotonic()
+    while True:
+        requests = cluster.operator_requests(mark)
+        count = sum(  # the leader's Lease, renewed every 2 s in this namespace too, aside
+            (ref := e.get("objectRef") or {}).get("namespace") == cluster.namespace and ref.get("resource") != "leases"
+            for e in requests
+        )
+        if count != seen:
+            seen, since = count, time.monotonic()
+        elif time.monotonic() - since >= seconds:
+            return requests
+        time.sleep(0.2)
+
+
+def test_a_new_run_is_written_once_though_the_deployment_controller_keeps_writing_its_server(cluster):
+    """The deployment controller writes a new server Deployment's status (and its revision annotation) two or three
+    times in its first second, none of it what the run's status reads (atlas_operator/reconcile/relevance.py); and
+    those writes race the run's first status write, which kopf makes after the handler. A new run costs its children,
+    its finalizer, one status write, its Events once each, and no read of the run again."""
+    names = [f"new-{i}" for i in range(3)]
+    mark = cluster.audit_mark()
+    for name in names:
+        cluster.create_run(training(name))
+    for name in names:
+        reconciled(cluster, training(name))
+    for name in names:  # the controller's writes are over (its Progressing condition says the ReplicaSet is made)
+        wait_for(lambda n=name: deployment_settled(cluster, f"{n}-rollout", replicas=1), timeout=TIMEOUT, what=name)
+    # Then the operator's own reaction to the last of them, if it had one: nothing of its in the namespace for 2 s
+    # (waiting longer only gives an extra request time to show).
+    requests = quiet(cluster, mark, 2.0)
+    for name in names:
+        run_requests = [
+            f"{e['verb']} {ref.get('subresource') or ''}".strip()
+            for e in requests
+            if (ref := e.get("objectRef") or {}).get("resource") == "atlastrainings" and ref.get("name") == name
+        ]
+        assert sorted(run_requests) == ["patch", "patch status"], (name, run_requests)  # the finalizer, the status
+        listed = cluster.client._call("GET", k8s.EVENT.path(cluster.namespace))["items"]
+        events = [e for e in listed if e["involvedObject"] == {**e["involvedObject"], "name": name, "kind": KIND}]
+        # Each once: the phase's, and the warning that the run's two nodes keep no shared checkpoints.
+        assert sorted(e["reason"] for e in events) == ["CheckpointsNotShared", "Pending"], events
 
 
 def test_generation_moves_with_the_spec_only_and_observed_generation_follows(cluster):

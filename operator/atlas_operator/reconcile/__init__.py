@@ -9,7 +9,8 @@ comes back.
 Each module holds one concern: ``reconciler`` (the pass, step by step), ``children`` (observe, apply, prune and
 delete the children; who may be touched is atlas_operator/ownership.py), ``job_policies`` (recreate on a spec
 change, a queued run's suspend, a backend change), ``prerequisites``, ``observe`` (servers, pods, the result),
-``scrape`` (the trainers' metrics) and ``patching`` (merge patches).
+``scrape`` (the trainers' metrics), ``patching`` (merge patches) and ``relevance`` (which changes of a child its
+run's status depends on).
 """
 
 from atlas_operator.reconcile.children import reward_yaml

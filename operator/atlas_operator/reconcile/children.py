@@ -50,13 +50,17 @@ class Children:
         self, run: Run, body: dict[str, Any], desired: list[dict[str, Any]]
     ) -> tuple[dict[tuple[str, str], dict[str, Any] | None], list[Foreign]]:
         """Each child as it stands now (None: absent), and the objects under a child's name this run does not control.
-        A run that has made its children finds them in the watch; a new run asks the API server for each name,
-        since an object someone else made there carries none of the labels the watch selects."""
+        A run that has made its children finds them in the watch; a new run asks the API server's cache for each
+        name, since an object someone else made there carries none of the labels the watch selects (one made a
+        moment ago and not cached yet is found by the create's 409: ``apply``)."""
         established = bool((body.get("status") or {}).get("children"))
         existing, foreign = {}, []
         for child in desired:
             resource = kube.resource_of(child)
-            obj = self.kube.get(resource, run.namespace, child["metadata"]["name"], absent_unless_watched=established)
+            name = child["metadata"]["name"]
+            obj = self.kube.get(
+                resource, run.namespace, name, absent_unless_watched=established, cached=not established
+            )
             existing[_key(child)] = obj
             if obj is not None and not is_controlled_by(obj, body):
                 foreign.append(Foreign.of({**obj, "kind": resource.kind}))

@@ -49,3 +49,17 @@ def _contains(actual: Any, wanted: Any) -> bool:
             and all(_contains(a, w) for a, w in zip(actual, wanted, strict=True))
         )
     return actual == wanted or (actual is not None and str(actual) == str(wanted))
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """``target`` with the JSON merge patch ``patch`` applied (RFC 7386: null deletes a key), as the API server
+    applies it; neither argument is changed."""
+    if not isinstance(patch, dict):
+        return patch
+    merged = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = merge_patch(merged.get(key), value)
+    return merged
