@@ -176,9 +176,10 @@ def test_a_deployments_bookkeeping_is_held_but_only_what_its_run_reads_is_report
     modified(kube.DEPLOYMENT, deployment(3, status={"observedGeneration": 1, "replicas": 1, "unavailableReplicas": 1}))
     assert seen == []
     assert held.get(kube.DEPLOYMENT, "team-a", "r-rollout")["metadata"]["resourceVersion"] == "3"  # held all the same
-    modified(kube.DEPLOYMENT, deployment(4, status={"replicas": 1, "readyReplicas": 1}))
-    modified(kube.DEPLOYMENT, deployment(5, status={"replicas": 1, "readyReplicas": 1}, replicas=2))
-    modified(kube.DEPLOYMENT, deployment(6, status={"replicas": 1, "readyReplicas": 1}, replicas=2, labels={"app": "x"}))
+    ready = {"replicas": 1, "readyReplicas": 1}
+    modified(kube.DEPLOYMENT, deployment(4, status=ready))
+    modified(kube.DEPLOYMENT, deployment(5, status=ready, replicas=2))
+    modified(kube.DEPLOYMENT, deployment(6, status=ready, replicas=2, labels={"app": "x"}))
     assert [version for _, _, version in seen] == ["4", "5", "6"]
     job = {"kind": "PyTorchJob", "metadata": {"name": "r", "namespace": "team-a", "resourceVersion": "7"}}
     listed(held, kube.PYTORCH_JOB, job)
