@@ -37,7 +37,7 @@ import yaml
 
 from atlas_cluster import versions
 from atlas_cluster.build import controller_binary, module_dir
-from atlas_cluster.controlplane import free_port
+from atlas_cluster.controlplane import GO_GC_PERCENT, free_port
 from atlas_cluster.pki import make_ca, sign_serving_cert
 
 if TYPE_CHECKING:
@@ -439,7 +439,7 @@ def start_controller(cluster: LocalCluster, name: str, binary: Path | None = Non
 
     launch.prepare()
     env = {key: os.environ[key] for key in ("PATH", "HOME", "LANG") if key in os.environ}
-    env.update(KUBECONFIG=str(kubeconfig), TMPDIR=str(launch.tmp), **launch.env())
+    env.update(GOGC=GO_GC_PERCENT, KUBECONFIG=str(kubeconfig), TMPDIR=str(launch.tmp), **launch.env())
     cluster.supervisor.start(name, [str(binary), *launch.argv()], env=env, cwd=launch.directory)
     _wait_ready(cluster, launch)
 

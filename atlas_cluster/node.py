@@ -90,7 +90,7 @@ import kubernetes
 import yaml
 
 from atlas_cluster import podnet
-from atlas_cluster.controlplane import free_port, kubeconfig, write_kubeconfig
+from atlas_cluster.controlplane import free_port, go_env, kubeconfig, write_kubeconfig
 from atlas_cluster.pki import CLIENT, _signed
 from atlas_cluster.processes import Supervisor
 
@@ -264,6 +264,7 @@ class Scheduler:
                 f"--secure-port={self.port}",
                 "--v=1",
             ],
+            env=go_env(),
         )
         context = ssl._create_unverified_context()  # its serving certificate is self-signed
 

@@ -374,7 +374,7 @@ def profiler(pid: int, folder: Path | None, name: str) -> subprocess.Popen | Non
     if folder is None:
         return None
     folder.mkdir(parents=True, exist_ok=True)
-    command = ["py-spy", "record", "--pid", str(pid), "--rate", "100", "--format", "raw"]
+    command = ["py-spy", "record", "--pid", str(pid), "--rate", "100", "--format", "raw", "--gil"]
     return subprocess.Popen([*command, "-o", str(folder / name)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
