@@ -105,10 +105,11 @@ class LocalCluster:
     # pods stay Pending. Each node offers gpus_per_node fake nvidia.com/gpu (scheduling only: pods run on CPU).
     nodes: int = 0
     gpus_per_node: int = 8
+    apiserver_args: tuple[str, ...] = ()  # extra kube-apiserver flags (e.g. --watch-cache=false)
 
     def __post_init__(self) -> None:
         self.supervisor = Supervisor(self.directory)
-        self.control_plane = ControlPlane(self.directory, self.bin_dir, self.supervisor)
+        self.control_plane = ControlPlane(self.directory, self.bin_dir, self.supervisor, self.apiserver_args)
 
     @property
     def kubeconfig(self) -> Path:

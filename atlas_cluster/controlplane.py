@@ -10,10 +10,12 @@ chart grants, judged by the real authorizer.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import ssl
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,8 +41,18 @@ AUDIT_POLICY = {
         {"level": "None"},
     ],
 }
+# The Go runtime's collector at a quarter of its default pace for the local cluster's Go processes (etcd,
+# kube-apiserver, kube-controller-manager, kube-scheduler, the backends' controllers):
+# on 2 cores shared with the operator and the trainers, the API server's collection was a third of its CPU in a burst
+# of runs (bench/operator_throughput.py: 10.3-11.1 -> 7.5-7.6 CPU-s for 100 runs), for a few hundred MB more heap.
+GO_GC_PERCENT = "400"
 # Stopped in this order: what depends on the API server first, etcd last.
 STOP_ORDER = ("kube-controller-manager", "kube-apiserver", "etcd")
+
+
+def go_env() -> dict[str, str]:
+    """Our environment for a control-plane process, with GO_GC_PERCENT (a GOGC already set is kept)."""
+    return {"GOGC": GO_GC_PERCENT, **os.environ}
 
 
 def free_port() -> int:
@@ -86,10 +98,17 @@ def write_kubeconfig(path: Path, config: dict) -> Path:
 class ControlPlane:
     """One control plane in ``directory`` (``pki/``, ``etcd/``, ``logs/``, ``admin.kubeconfig``)."""
 
-    def __init__(self, directory: Path, bin_dir: Path, supervisor: Supervisor | None = None):
+    def __init__(
+        self,
+        directory: Path,
+        bin_dir: Path,
+        supervisor: Supervisor | None = None,
+        apiserver_args: Sequence[str] = (),
+    ):
         self.directory = directory
         self.bin_dir = bin_dir
         self.supervisor = supervisor or Supervisor(directory)
+        self.apiserver_args = tuple(apiserver_args)  # extra kube-apiserver flags, after ours (the last one wins)
         self.pki = directory / "pki"
         self.endpoints: Endpoints | None = None
         self.ready_after: dict[str, float] = {}  # process → seconds from its start to ready
@@ -158,6 +177,39 @@ class ControlPlane:
     def stop(self) -> None:
         self.supervisor.stop_all(STOP_ORDER)
 
+    # ------------------------------------------------------------------ faults
+
+    def kill_apiserver(self) -> None:
+        """SIGKILL kube-apiserver, as a crash: every client's connection reset, no graceful shutdown."""
+        self.supervisor.kill("kube-apiserver")
+
+    def start_apiserver(self, apiserver_args: Sequence[str] | None = None) -> None:
+        """kube-apiserver (again, after ``kill_apiserver``) on the same ports, certificates, etcd and audit log;
+        ``apiserver_args`` replaces the extra flags when given. Returns once it is ready."""
+        if apiserver_args is not None:
+            self.apiserver_args = tuple(apiserver_args)
+        assert self.endpoints is not None, "not started"
+        self._timed("kube-apiserver", self._start_apiserver, self.endpoints)
+
+    def etcd(self, path: str, body: dict) -> dict:
+        """One call to etcd's JSON gateway (``/v3/kv/range``, ``/v3/kv/compaction``…): keys are base64."""
+        assert self.endpoints is not None, "not started"
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.endpoints.etcd_port}{path}", data=json.dumps(body).encode(), method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
+    def etcd_revision(self) -> int:
+        return int(self.etcd("/v3/kv/range", {"key": "AA=="})["header"]["revision"])
+
+    def compact_etcd(self) -> int:
+        """etcd's history compacted up to its current revision (physical: done when this returns): a watch from an
+        older resourceVersion that etcd serves gets 410 Gone. Returns the revision."""
+        revision = self.etcd_revision()
+        self.etcd("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+        return revision
+
     # ------------------------------------------------------------------ the processes
 
     def _start_etcd(self, ep: Endpoints) -> None:
@@ -176,6 +228,7 @@ class ControlPlane:
                 "--quota-backend-bytes=4294967296",
                 "--log-level=warn",
             ],
+            env=go_env(),
         )
         self.supervisor.wait_until("etcd", lambda: _http_ok(f"{client}/health"), READY_TIMEOUT, "etcd")
 
@@ -207,7 +260,9 @@ class ControlPlane:
                 "--audit-log-format=json",
                 "--audit-log-mode=blocking",  # a request's line is written before its response: tests read it at once
                 "--v=1",
+                *self.apiserver_args,
             ],
+            env=go_env(),
         )
         self.supervisor.wait_until(
             "kube-apiserver", lambda: self._get("/readyz") == b"ok", READY_TIMEOUT, "kube-apiserver"
@@ -246,6 +301,7 @@ class ControlPlane:
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
                 "--v=1",
             ],
+            env=go_env(),
         )
         self.supervisor.wait_until(
             "kube-controller-manager",

@@ -97,10 +97,10 @@ class Supervisor:
             if _start_time(entry["pid"]) == entry["started"] and entry["started"] is not None
         }
 
-    def stop(self, name: str, grace: float = STOP_GRACE) -> None:
+    def stop(self, name: str, grace: float = STOP_GRACE, first: int = signal.SIGTERM) -> None:
         entry = self.recorded().get(name)
         if entry and _start_time(entry["pid"]) == entry["started"]:
-            _stop_group(entry["pid"], grace)
+            _stop_group(entry["pid"], grace, first)
         proc = self.children.pop(name, None)
         if proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -111,6 +111,10 @@ class Supervisor:
             self.pid_file.write_text(json.dumps(entries, indent=1))
         else:
             self.pid_file.unlink(missing_ok=True)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL ``name``'s process group at once, as a crash: no graceful shutdown, its connections reset."""
+        self.stop(name, grace=0.0, first=signal.SIGKILL)
 
     def stop_all(self, order: Sequence[str] = ()) -> None:
         """Stop every recorded process: ``order`` first (dependents before what they depend on), then the rest."""
@@ -131,9 +135,9 @@ def _start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
-def _stop_group(pid: int, grace: float) -> None:
-    """SIGTERM the process group, SIGKILL what is left after ``grace`` seconds."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+def _stop_group(pid: int, grace: float, first: int = signal.SIGTERM) -> None:
+    """``first`` (SIGTERM) to the process group, SIGKILL to what is left after ``grace`` seconds."""
+    for sig, wait in ((first, grace), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:
