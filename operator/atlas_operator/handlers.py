@@ -61,9 +61,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.execution.max_workers = CONFIG.workers
     settings.watching.connect_timeout = 30
     # kopf retries a failed request (refused, 5xx, 403, 429) over 54 s, then raises; a timer whose status patch raises
-    # is never run again (kopf 1.45's daemons.py: forever_stopped), so an API server down for longer left every running
-    # run's progress unwritten until the operator restarted. Never given up, and retried once per progress interval
-    # at least: the patch the outage held lands within an interval of its return, the next tick's an interval later.
+    # is never run again (kopf 1.45 marks it stopped for good), so an API server down for longer left every running
+    # run's progress unwritten until the operator restarted (tests/kube/test_outage.py). Never given up, and retried
+    # once per progress interval at least: the patch the outage held lands within an interval of its return, the next
+    # tick's an interval later.
     settings.networking.error_backoffs = RetryForever(min(10.0, CONFIG.progress_interval))
     # Named namespaces (the chart's watchNamespaces, `atlas operator -n`): kopf serves exactly those, as the informer
     # does. Left on, its scanning lists and watches every Namespace of the cluster to follow them (which neither RBAC

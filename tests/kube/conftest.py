@@ -218,8 +218,8 @@ def start_operator(kube: Kube, release: Release, process: str, env: dict[str, st
         ATLAS_RETRY_DELAY="0.5",
         ATLAS_PROGRESS_INTERVAL="1",
         ATLAS_LOG_FORMAT="plain",
-        **(env or {}),
     )
+    environment.update(env or {})  # the test's own last: it may set other timers
     command = cluster.operator_command([*args, "--verbose"])  # resolving the run's Services when nodes run pods
     return cluster.supervisor.start(process, command, env=environment)
 
