@@ -117,6 +117,9 @@ class Informer:
             return
         obj = event["object"]
         meta = obj.get("metadata") or {}
+        # Who wrote which field (the API server's record, a good part of each object): nothing here reads it, and a
+        # thousand runs' children are held (client-go's informers strip it too: TransformStripManagedFields).
+        meta.pop("managedFields", None)
         key = (resource.plural, meta.get("namespace", ""), meta.get("name", ""))
         if event["type"] is None:
             self._listing.setdefault((resource.plural, namespace), {})[key] = obj
