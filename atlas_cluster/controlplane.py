@@ -43,8 +43,9 @@ AUDIT_POLICY = {
 }
 # The Go runtime's collector at a quarter of its default pace for the local cluster's Go processes (etcd,
 # kube-apiserver, kube-controller-manager, kube-scheduler, the backends' controllers):
-# on 2 cores shared with the operator and the trainers, the API server's collection was a third of its CPU in a burst
-# of runs (bench/operator_throughput.py: 10.3-11.1 -> 7.5-7.6 CPU-s for 100 runs), for a few hundred MB more heap.
+# on 2 cores shared with the operator and the trainers, a burst of runs spent half the API server's CPU in the Go
+# runtime, allocating and collecting (bench/operator_throughput.py --api real: the API server's CPU for 100 runs,
+# 10.3-11.1 s at the default 100, 7.5-7.6 s at 400), for more heap between collections.
 GO_GC_PERCENT = "400"
 # Stopped in this order: what depends on the API server first, etcd last.
 STOP_ORDER = ("kube-controller-manager", "kube-apiserver", "etcd")
