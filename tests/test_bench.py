@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import ast
 import importlib
-import subprocess
+import runpy
+import sys
 from pathlib import Path
 
 import pytest
-
-from tests.support.env import PYTHON, python_env
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 SCRIPTS = sorted(path for path in BENCH.glob("*.py") if path.name != "__init__.py")
@@ -42,7 +41,12 @@ def test_every_name_a_bench_script_imports_exists(script):
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
-def test_every_bench_script_answers_help(script):
-    command = [PYTHON, "-m", f"bench.{script.stem}", "--help"]  # from the repository root, as the Makefile runs them
-    done = subprocess.run(command, cwd=BENCH.parent, env=python_env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
+def test_every_bench_script_answers_help(script, monkeypatch, capsys):
+    """``python -m bench.<script> --help`` from the repository root, as the Makefile runs them, in this process
+    (runpy, as ``-m`` does): a process each cost a Python start and, for most, the training library's imports."""
+    monkeypatch.chdir(BENCH.parent)
+    monkeypatch.setattr(sys, "argv", [str(script), "--help"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module(f"bench.{script.stem}", run_name="__main__", alter_sys=True)
+    captured = capsys.readouterr()
+    assert done.value.code == 0 and "usage:" in captured.out, captured.err[-2000:]

@@ -18,14 +18,44 @@ def run(args, cwd, timeout=300):
     return subprocess.run(args, cwd=cwd, env=python_env(), capture_output=True, text=True, timeout=timeout)
 
 
-def error_lines(proc) -> list[str]:
-    return [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error: ")]
 
 
-def test_recipe_runs_and_leaves_model_checkpoint_and_metrics(tmp_path, atlas_cache):
+def main_here(args, capfd) -> tuple[int, str, str]:
+    """``python -m atlas_core.cli.train ARGS``'s main() called in this process: its exit status, stdout and stderr.
+    For what ends before anything trains (input refused, --print-config): a process each cost a Python start and
+    the training library's imports, most of these tests' time. The tests that train here, and
+    test_input_hardening.py's refused settings, run the command itself."""
+    from atlas_core.cli.train import main
+
+    code = main(list(args))
+    captured = capfd.readouterr()
+    return code, captured.out, captured.err
+
+
+def refused(args, capfd) -> tuple[int, str]:
+    """``main_here``'s exit status and stderr."""
+    code, _, stderr = main_here(args, capfd)
+    return code, stderr
+
+
+def test_recipe_runs_and_leaves_model_checkpoint_and_metrics_even_with_its_metrics_port_busy(tmp_path, atlas_cache):
+    """One run for both: what a run leaves, and that a metrics port another process holds does not stop it."""
+    import socket
+
     out = tmp_path / "out"
-    proc = run([*TRAIN, "recipe=tiny_grpo", f"output_dir={out}", *QUICK], tmp_path)
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run(
+            [*TRAIN, "recipe=tiny_grpo", f"output_dir={out}", "trainer.max_steps=2", f"trainer.metrics_port={port}",
+             "trainer.save_steps=2"],
+            tmp_path,
+        )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "metrics_port: cannot serve /metrics" in proc.stderr
     assert (out / "config.json").exists() and (out / "tokenizer.json").exists()
     assert (out / "checkpoint-2" / "trainer_state.json").exists()
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -51,10 +81,11 @@ def test_sft_recipe_and_file_recipe(tmp_path, atlas_cache):
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
 
 
-def test_print_config_shows_the_composed_recipe(tmp_path):
-    proc = run([*TRAIN, "recipe@_global_=grpo", "dataset.source=hf://org/data", "--print-config"], tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    cfg = yaml.safe_load(proc.stdout)
+def test_print_config_shows_the_composed_recipe(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    code, stdout, stderr = main_here(["recipe@_global_=grpo", "dataset.source=hf://org/data", "--print-config"], capfd)
+    assert code == 0, stderr
+    cfg = yaml.safe_load(stdout)
     assert cfg["model"] == "Arc-Intelligence/ATLAS-8B-Thinking"
     assert cfg["trainer"]["learning_rate"] == 5e-6 and cfg["trainer"]["num_generations"] == 8
 
@@ -81,34 +112,39 @@ def test_print_config_shows_the_composed_recipe(tmp_path):
         ),
     ],
 )
-def test_bad_input_one_line_per_problem(tmp_path, args, expected):
-    proc = run([*TRAIN, *args, f"output_dir={tmp_path / 'o'}"], tmp_path)
-    assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr
-    lines = error_lines(proc)
-    assert len(lines) == len(expected), proc.stderr
+def test_bad_input_one_line_per_problem(tmp_path, monkeypatch, capfd, args, expected):
+    monkeypatch.chdir(tmp_path)
+    code, stderr = refused([*args, f"output_dir={tmp_path / 'o'}"], capfd)
+    assert code == 2
+    assert "Traceback" not in stderr
+    lines = error_lines(stderr)
+    assert len(lines) == len(expected), stderr
     for line, fragment in zip(lines, expected, strict=True):
         assert fragment in line
 
 
-def test_dataset_without_prompt_column(tmp_path, atlas_cache):
+def test_dataset_without_prompt_column(tmp_path, atlas_cache, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
     data = tmp_path / "data.jsonl"
     data.write_text('{"question": "1+1", "answer": "2"}\n' * 4)
-    proc = run([*TRAIN, f"dataset.source={data}", f"output_dir={tmp_path / 'o'}", *QUICK], tmp_path)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert error_lines(proc) == [f"error: dataset.source: '{data}' has no 'prompt' column (columns: question, answer)"]
+    code, stderr = refused([f"dataset.source={data}", f"output_dir={tmp_path / 'o'}", *QUICK], capfd)
+    assert code == 2 and "Traceback" not in stderr
+    assert error_lines(stderr) == [
+        f"error: dataset.source: '{data}' has no 'prompt' column (columns: question, answer)"
+    ]
 
 
-def test_file_model_and_unreadable_hub_id(tmp_path, atlas_cache):
+def test_file_model_and_unreadable_hub_id(tmp_path, atlas_cache, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
     weights = tmp_path / "model.bin"
     weights.write_bytes(b"\0")
-    proc = run([*TRAIN, f"model={weights}", f"output_dir={tmp_path / 'o'}", *QUICK], tmp_path)
-    assert proc.returncode == 2 and "is a file" in proc.stderr
+    code, stderr = refused([f"model={weights}", f"output_dir={tmp_path / 'o'}", *QUICK], capfd)
+    assert code == 2 and "is a file" in stderr
 
     # A hub id cannot load offline: reported against `model`, no traceback.
-    proc = run([*TRAIN, "model=some-org/not-cached", f"output_dir={tmp_path / 'o'}", *QUICK], tmp_path)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert error_lines(proc)[0].startswith("error: model: cannot load 'some-org/not-cached'")
+    code, stderr = refused(["model=some-org/not-cached", f"output_dir={tmp_path / 'o'}", *QUICK], capfd)
+    assert code == 2 and "Traceback" not in stderr
+    assert error_lines(stderr)[0].startswith("error: model: cannot load 'some-org/not-cached'")
 
 
 def test_invalid_manifest_lists_every_problem(tmp_path):
@@ -122,43 +158,29 @@ def test_invalid_manifest_lists_every_problem(tmp_path):
     ]
 
 
-def test_file_recipe_named_like_a_bundled_one_is_used(tmp_path):
+def test_file_recipe_named_like_a_bundled_one_is_used(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
     own = tmp_path / "grpo.yaml"
     own.write_text("run_name: mine\nmodel: builtin://tiny-llama\ndataset:\n  source: builtin://arithmetic\n")
-    proc = run([*TRAIN, f"recipe={own}", "--print-config"], tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    cfg = yaml.safe_load(proc.stdout)
+    code, stdout, stderr = main_here([f"recipe={own}", "--print-config"], capfd)
+    assert code == 0, stderr
+    cfg = yaml.safe_load(stdout)
     assert cfg["run_name"] == "mine" and cfg["model"] == "builtin://tiny-llama"
 
 
-def test_data_without_ground_truth_for_exact_match(tmp_path, atlas_cache):
+def test_data_without_ground_truth_for_exact_match(tmp_path, atlas_cache, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "Say hi."}\n' * 8)
     for recipe in ("tiny_grpo", "tiny_teacher"):
-        proc = run(
-            [*TRAIN, f"recipe={recipe}", f"dataset.source={data}", f"output_dir={tmp_path / 'o'}", *QUICK], tmp_path
+        code, stderr = refused(
+            [f"recipe={recipe}", f"dataset.source={data}", f"output_dir={tmp_path / 'o'}", *QUICK], capfd
         )
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-        assert error_lines(proc) == [
+        assert code == 2 and "Traceback" not in stderr, stderr[-2000:]
+        assert error_lines(stderr) == [
             f"error: dataset.source: '{data}' has no 'ground_truth' column, which exact-match scoring needs "
             "(columns: prompt)"
         ]
-
-
-def test_busy_metrics_port_does_not_stop_training(tmp_path, atlas_cache):
-    import socket
-
-    with socket.socket() as busy:
-        busy.bind(("0.0.0.0", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        proc = run(
-            [*TRAIN, "recipe=tiny_grpo", f"output_dir={tmp_path / 'o'}", "trainer.max_steps=1",
-             f"trainer.metrics_port={port}", "trainer.save_strategy=no"],
-            tmp_path,
-        )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "metrics_port: cannot serve /metrics" in proc.stderr
 
 
 def test_run_files_any_name_and_unknown_keys_refused_as_on_the_command_line(tmp_path):

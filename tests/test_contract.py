@@ -22,12 +22,9 @@ from atlas_operator.validation import parse_run
 from atlas_contract import metrics as contract_metrics
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import RUN_CONFIG_FILE
+from tests.support.cel_admission import crd_schema
 
 REPO = Path(__file__).resolve().parents[1]
-CRD_FILES = {
-    "AtlasTraining": REPO / "crds" / "atlas.arc.computer_atlastrainings.yaml",
-    "AtlasTeacher": REPO / "crds" / "atlas.arc.computer_atlasteachers.yaml",
-}
 SPEC_TYPES = {"AtlasTraining": AtlasTrainingSpec, "AtlasTeacher": AtlasTeacherSpec}
 
 # A minimal valid manifest of each kind (and algorithm): the base every field is varied on.
@@ -72,7 +69,7 @@ def leaf_fields(cls, prefix="spec."):
 
 def crd_description(kind: str, path: str) -> str:
     """What ``kubectl explain <kind>.<path>`` shows: the description in the generated CRD file."""
-    schema = yaml.safe_load(CRD_FILES[kind].read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema = crd_schema(kind)  # parsed once per kind: this runs for every field, many times per test
     for part in path.split("."):
         if part.endswith("[]"):
             schema = schema["properties"][part[:-2]]["items"]

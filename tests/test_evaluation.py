@@ -157,7 +157,7 @@ def test_result_message_round_trip_and_foreign_messages():
 # ------------------------------------------------------------------ evaluation after training (real run)
 
 
-def test_teacher_run_evaluates_after_training_and_writes_its_result(tmp_path, atlas_cache):
+def test_teacher_run_evaluates_after_training_and_writes_its_result(tmp_path, atlas_cache, monkeypatch, capfd):
     result_file = tmp_path / "termination-log"
     out = tmp_path / "run"
     overrides = [
@@ -186,37 +186,34 @@ def test_teacher_run_evaluates_after_training_and_writes_its_result(tmp_path, at
     assert result["evaluation"] == results.parse_result_message(results.result_message(2, None, report))["evaluation"]
     assert "evaluation: 5 problems" in proc.stderr
 
-    # a re-run of the finished run trains nothing, resumes the finished evaluation and reports it again
+    # a re-run of the finished run trains nothing, resumes the finished evaluation and reports it again (the
+    # command's main() in this process: it decides before any step; the run above is the command itself)
+    from atlas_core.cli.train import main
+
     result_file.unlink()
-    again = subprocess.run(
-        [PYTHON, "-m", "atlas_core.cli.train", *overrides],
-        env=python_env(ATLAS_RESULT_FILE=str(result_file)),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "already finished" in again.stderr
+    monkeypatch.setenv("ATLAS_RESULT_FILE", str(result_file))
+    code = main(overrides)
+    stderr = capfd.readouterr().err
+    assert code == 0, stderr[-3000:]
+    assert "already finished" in stderr
     assert results.parse_result_message(result_file.read_text()) == result
 
 
-def test_evaluation_section_is_checked(tmp_path):
-    proc = subprocess.run(
+def test_evaluation_section_is_checked(tmp_path, capfd):
+    """The command's main() in this process: the checks run before any training (tests/test_cli.py runs the
+    command itself to its exit status 2)."""
+    from atlas_core.cli.train import main
+
+    code = main(
         [
-            PYTHON,
-            "-m",
-            "atlas_core.cli.train",
             "recipe=tiny_grpo",
             f"output_dir={tmp_path / 'x'}",
             "+evaluation={samples: 0, limit: -1, dataset: {source: '', bogus: 1}, extra: 2}",
-        ],
-        env=python_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+        ]
     )
-    assert proc.returncode == 2
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: evaluation")]
+    stderr = capfd.readouterr().err
+    assert code == 2
+    errors = [line for line in stderr.splitlines() if line.startswith("error: evaluation")]
     text = "\n".join(errors)
     for expected in (
         "evaluation: only a teacher run",
@@ -226,7 +223,7 @@ def test_evaluation_section_is_checked(tmp_path):
         "evaluation.samples: expected a number >= 1, got 0",
         "evaluation.limit: expected a number >= 1, got -1",
     ):
-        assert expected in text, proc.stderr
+        assert expected in text, stderr
 
 
 def test_an_evaluation_that_fails_after_training_never_fails_the_run(tmp_path, monkeypatch, capsys):

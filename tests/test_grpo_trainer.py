@@ -34,14 +34,14 @@ def test_reward_rises_on_the_bundled_task(tmp_path, warm_model_dir):
         per_device_train_batch_size=32,
         num_generations=4,
         max_completion_length=20,
-        max_steps=120,
+        max_steps=80,  # the rise is in by step 50; 120 steps gave the same means at each end (0.39, then 0.57-0.58)
         learning_rate=1e-3,
         temperature=1.0,
     )
     trainer = GRPOTrainer(reward_funcs=exact_match_reward, args=args, train_dataset=arithmetic(8192, seed=5))
     trainer.train()
     rewards = [r["reward"] for r in trainer.state.log_history if "reward" in r]
-    assert len(rewards) == 120
+    assert len(rewards) == 80
     first, last = statistics.mean(rewards[:25]), statistics.mean(rewards[-25:])
     assert last > first + 0.05, (first, last)
 

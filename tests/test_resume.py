@@ -126,7 +126,20 @@ def run(out, max_steps, *extra, env=None, cwd=None):
     )
 
 
-def test_finished_run_rerun_is_a_no_op_and_other_runs_or_settings_are_refused(tmp_path, atlas_cache):
+def run_here(out, max_steps, *extra, capfd) -> tuple[int, str]:
+    """The same command's main() in this process (``$ATLAS_RUN_UID`` as the test set it): its exit status and
+    stderr. For the re-runs that train nothing (a finished run's no-op, a refused resume), which decide before any
+    step; a process each cost a Python start and the training library's imports, most of their time. The runs
+    that train, and the ones killed, are processes (``run``)."""
+    from atlas_core.cli.train import main
+
+    code = main([*command(out, max_steps)[3:], *extra])
+    return code, capfd.readouterr().err
+
+
+def test_finished_run_rerun_is_a_no_op_and_other_runs_or_settings_are_refused(
+    tmp_path, atlas_cache, monkeypatch, capfd
+):
     out = tmp_path / "run"
     first = run(out, 6, env={"ATLAS_RUN_UID": "uid-1"})
     assert first.returncode == 0, first.stderr[-2000:]
@@ -135,22 +148,25 @@ def test_finished_run_rerun_is_a_no_op_and_other_runs_or_settings_are_refused(tm
     steps = logged_steps(out)
 
     # Twice more, as a restarted finished job would be: nothing is trained, and it says so.
+    monkeypatch.setenv("ATLAS_RUN_UID", "uid-1")
     for _ in range(2):
-        again = run(out, 6, env={"ATLAS_RUN_UID": "uid-1"})
-        assert again.returncode == 0, again.stderr[-2000:]
-        assert "already finished" in again.stderr and "nothing trained" in again.stderr
+        code, stderr = run_here(out, 6, capfd=capfd)
+        assert code == 0, stderr[-2000:]
+        assert "already finished" in stderr and "nothing trained" in stderr
     assert logged_steps(out) == steps and not (out / "checkpoint-7").exists()
 
     # More steps with other settings: refused, naming the setting (the checkpoint's optimizer keeps the old one).
-    changed = run(out, 9, "trainer.learning_rate=0.123", env={"ATLAS_RUN_UID": "uid-1"})
-    assert changed.returncode == 2
-    assert "trainer.learning_rate" in changed.stderr and "0.123 now" in changed.stderr
-    assert "Traceback" not in changed.stderr
+    code, stderr = run_here(out, 9, "trainer.learning_rate=0.123", capfd=capfd)
+    assert code == 2
+    assert "trainer.learning_rate" in stderr and "0.123 now" in stderr
+    assert "Traceback" not in stderr
     # A different run (the same name re-created on the cluster: another uid; or another name): refused.
-    other_uid = run(out, 9, env={"ATLAS_RUN_UID": "uid-2"})
-    assert other_uid.returncode == 2 and "another run" in other_uid.stderr and "uid-1" in other_uid.stderr
-    other_name = run(out, 9, "run_name=someone-else", env={"ATLAS_RUN_UID": "uid-1"})
-    assert other_name.returncode == 2 and "another run" in other_name.stderr
+    monkeypatch.setenv("ATLAS_RUN_UID", "uid-2")
+    code, stderr = run_here(out, 9, capfd=capfd)
+    assert code == 2 and "another run" in stderr and "uid-1" in stderr
+    monkeypatch.setenv("ATLAS_RUN_UID", "uid-1")
+    code, stderr = run_here(out, 9, "run_name=someone-else", capfd=capfd)
+    assert code == 2 and "another run" in stderr
     assert logged_steps(out) == steps
     # The same run with more steps continues from its last checkpoint.
     more = run(out, 9, env={"ATLAS_RUN_UID": "uid-1"})
@@ -166,7 +182,7 @@ def test_finished_run_rerun_is_a_no_op_and_other_runs_or_settings_are_refused(tm
     assert logged_steps(out) == [*steps, 7, 8, 9, 7, 8, 9, 10]
 
 
-def test_one_run_per_output_folder(tmp_path, atlas_cache):
+def test_one_run_per_output_folder(tmp_path, atlas_cache, capfd):
     out = tmp_path / "run"
     holder = subprocess.Popen(command(out, 500), env=python_env(), stderr=subprocess.PIPE, text=True)
     try:
@@ -176,9 +192,9 @@ def test_one_run_per_output_folder(tmp_path, atlas_cache):
             assert holder.poll() is None, holder.stderr.read()[-2000:]
             assert time.monotonic() < deadline, "the first run never took the output folder"
             time.sleep(0.05)
-        second = run(out, 2)
-        assert second.returncode == 2
-        assert f"is in use by another run (pid {holder.pid} on" in second.stderr
+        code, stderr = run_here(out, 2, capfd=capfd)  # another process than the holder: this one
+        assert code == 2
+        assert f"is in use by another run (pid {holder.pid} on" in stderr
     finally:
         holder.kill()
         holder.wait(timeout=30)
