@@ -156,6 +156,18 @@ class FakeTrainers:
         await asyncio.Event().wait()
 
 
+def mark_jobs_running(api, names: list[str]) -> None:
+    """Every run's PyTorchJob Running: its status conditions, as Kubeflow's training-operator writes them."""
+    conditions = [
+        {"type": "Created", "status": "False", "reason": "PyTorchJobCreated", "message": "created"},
+        {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "message": "running"},
+    ]
+    for name in names:
+        api.patch_namespaced_custom_object_status(
+            "kubeflow.org", "v1", NS, "pytorchjobs", name, {"status": {"conditions": conditions}}
+        )
+
+
 def wait(condition, timeout: float, step: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -283,14 +295,7 @@ def bench_emulator(runs: int, interval: float, settle: float, window: float) -> 
             figures["writes"], figures["sample"] = writes_per_run(emu, names)
 
             # Idle: every job Running, every trainer answering, nothing changing.
-            conditions = [
-                {"type": "Created", "status": "False", "reason": "PyTorchJobCreated", "message": "created"},
-                {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "message": "running"},
-            ]
-            for name in names:
-                api.patch_namespaced_custom_object_status(
-                    "kubeflow.org", "v1", NS, "pytorchjobs", name, {"status": {"conditions": conditions}}
-                )
+            mark_jobs_running(api, names)
 
             def phase(name: str) -> str | None:
                 obj = emu.objects[(kmock.resource(RUNS), NS, name)]
@@ -488,15 +493,8 @@ def bench_real(runs: int, interval: float, settle: float, window: float, profile
         requests = audit_requests_per_run(audit.events, core, names, owner)
         figures["writes"], figures["reads"], figures["sample"] = requests
 
-        # Idle: every job Running (its status, as Kubeflow writes it), every trainer answering, nothing changing.
-        conditions = [
-            {"type": "Created", "status": "False", "reason": "PyTorchJobCreated", "message": "created"},
-            {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "message": "running"},
-        ]
-        for name in names:
-            api.patch_namespaced_custom_object_status(
-                "kubeflow.org", "v1", NS, "pytorchjobs", name, {"status": {"conditions": conditions}}
-            )
+        # Idle: every job Running, every trainer answering, nothing changing.
+        mark_jobs_running(api, names)
 
         def all_running() -> bool:
             items = api.list_namespaced_custom_object("atlas.arc.computer", "v1alpha1", NS, "atlastrainings")["items"]
