@@ -1159,7 +1159,7 @@ class PodWorker(threading.Thread):
             status["podIP"], status["podIPs"] = self.ip, [{"ip": self.ip}]
         if self.init:
             status["initContainerStatuses"] = [self._container_status(c) for c in self.init]
-        if status == self.reported:
+        if status == self.reported and _says_the_same((self.pod.get("status") or {}), status):
             return
         try:
             code, data = self.node.api.call(
@@ -1561,6 +1561,16 @@ class ProcessNodes:
             status, data = self.admin.call("POST", "/api/v1/persistentvolumes", volume)
             if status not in (201, 409):
                 self.log(f"process node: volume for claim {meta['namespace']}/{meta['name']}: HTTP {status} {data}")
+
+
+def _says_the_same(posted: dict, ours: dict) -> bool:
+    """Whether the API's copy of a pod's status says what its node would post: the phase and each condition's status.
+    The node lifecycle controller marks the pods of a node it has not heard from NotReady (the API server was away,
+    so were the heartbeats); as the kubelet's status manager does, the node puts back what it knows once it is heard
+    from again (else the pod's Service had no DNS record for the rest of its life)."""
+    conditions = {c.get("type"): c.get("status") for c in posted.get("conditions") or []}
+    agree = all(conditions.get(c["type"]) == c["status"] for c in ours["conditions"])
+    return agree and posted.get("phase") == ours["phase"]
 
 
 def dns_records(pods: list[dict], services: list[dict]) -> list[tuple[str, str, list[str], list[str]]]:
