@@ -187,10 +187,12 @@ def _with_unwritten_status(key: tuple[str, str, str], body: dict, memo: kopf.Mem
     kopf writes it only after the handler (and the run's lock) is done: a child's change in between (a new run's
     Deployment, its status written by the deployment controller at once) read the run without it, and posted the
     phase's Event and wrote the status a second time."""
-    version, status = memo.unwritten.pop(key, (None, None))
-    if status is None or body["metadata"].get("resourceVersion") != version:
-        return body  # written by now (or the run changed since): the API server's copy has it
-    memo.unwritten[key] = (version, status)  # until a read shows it written
+    version, status = memo.unwritten.get(key, (None, None))
+    if status is None:
+        return body
+    if body["metadata"].get("resourceVersion") != version:
+        memo.unwritten.pop(key, None)  # written by now (or the run changed since): the API server's copy has it
+        return body
     return {**body, "status": merge_patch(dict(body.get("status") or {}), status)}
 
 

@@ -8,7 +8,6 @@ skips without them (fails under ``ATLAS_REQUIRE_KUBE=1``).
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 
@@ -16,7 +15,7 @@ import pytest
 
 from atlas_cluster import podnet
 from atlas_cluster.node import Api, ProcessNodes
-from tests.kube.conftest import Kube, process_nodes
+from tests.kube.conftest import Kube, eventually, process_nodes
 
 GPUS = 2  # per node
 
@@ -33,15 +32,9 @@ def admin(kube: Kube) -> Api:
     return Api(kube.kubeconfig)
 
 
-def wait_for(what: str, check: Callable[[], object], timeout: float = 30.0, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
+def wait_for(what: str, check: Callable[[], object], timeout: float = 30.0):
+    """The tier's ``eventually``, at this module's pace."""
+    return eventually(what, check, timeout, every=0.2)
 
 
 def apply(kube: Kube, namespace: str, *objects: dict) -> None:
