@@ -4,7 +4,11 @@
   modules: atlas_cluster/), the CRDs and the chart installed, the operator cluster-wide under the chart's
   ServiceAccount token, as on a cluster; what it did is read from the API server's audit log (every request of a
   ServiceAccount, atlas_cluster/controlplane.py), its CPU and the API server's and etcd's from /proc;
-* ``emulator``: the Kubernetes API emulator of the tests (kmock, tests/support/kube_emulator.py) in this process.
+* ``emulator``: the Kubernetes API emulator of the tests (kmock, tests/support/kube_emulator.py) in this process;
+* ``floor`` (not in the default): the real control plane with bench/ideal_operator.py in the operator's place, under
+  the same token: each new run's children rendered and created, nothing else (no read, finalizer, status or Event).
+  Its create -> children is what the control plane alone takes for the children's writes on this machine: the
+  floor under the operator's figure. Busy burst only (it writes no status, so no run is ever Running).
 
 For each size (``--runs 100,1000``: each with a fresh API and operator) the bench measures
 
@@ -53,7 +57,7 @@ operator CPU < 0.3 core, RSS < 250 MB.
 Targets are checked on the real API's figures (the emulator's are printed beside them: what the emulator tells
 and what it does not).
 
-    .venv/bin/python -m bench.operator_throughput [--api real,emulator] [--runs 100,1000] [--interval 15]
+    .venv/bin/python -m bench.operator_throughput [--api real,floor,emulator] [--runs 100,1000] [--interval 15]
         [--settle 3] [--window 30]
 """
 
@@ -81,7 +85,7 @@ import kubernetes
 from atlas_cluster.build import default_bin_dir, ensure_built
 from atlas_cluster.cluster import RELEASE_NAMESPACE, LocalCluster
 from atlas_contract.names import ChildNames
-from tests.support.env import free_port, python_env
+from tests.support.env import REPO, free_port, python_env
 from tests.support.kube_emulator import PYTORCHJOBS, EmulatorThread, write_kubeconfig
 from tests.support.manifests import training
 from tests.support.operator_cluster import NETWORK_POLICIES
@@ -389,8 +393,16 @@ def stop_profiler(recording: subprocess.Popen | None) -> None:
         recording.wait(60)
 
 
-def bench_real(runs: int, interval: float, settle: float, window: float, profile: Path | None = None) -> dict:
-    """The same burst and idle window on the real control plane (module docstring)."""
+def bench_floor(runs: int, interval: float, settle: float, window: float, profile: Path | None = None) -> dict:
+    """The burst on the real control plane with bench/ideal_operator.py in the operator's place: the floor."""
+    return bench_real(runs, interval, settle, window, profile, ideal=True)
+
+
+def bench_real(
+    runs: int, interval: float, settle: float, window: float, profile: Path | None = None, ideal: bool = False
+) -> dict:
+    """The same burst and idle window on the real control plane (module docstring); ``ideal``: the burst only, with
+    bench/ideal_operator.py (nothing but the children's creates) in the operator's place."""
     bin_dir = default_bin_dir()
     ensure_built(bin_dir)  # cached after the first time (make kube)
     trainers = FakeTrainers()
@@ -406,7 +418,7 @@ def bench_real(runs: int, interval: float, settle: float, window: float, profile
             "ATLAS_METRICS_URL_TEMPLATE": f"http://127.0.0.1:{trainers.port}/{{namespace}}/{{name}}/metrics",
         },
     )
-    figures: dict = {"runs": runs, "api": "real"}
+    figures: dict = {"runs": runs, "api": "floor" if ideal else "real"}
     try:
         cluster.up()
         api_client = kubernetes.config.new_client_from_config(str(cluster.kubeconfig))
@@ -422,7 +434,13 @@ def bench_real(runs: int, interval: float, settle: float, window: float, profile
         )
         account = cluster.operator_deployment()["spec"]["template"]["spec"]["serviceAccountName"]
         audit = Audit(cluster.control_plane.audit_log, f"system:serviceaccount:{RELEASE_NAMESPACE}:{account}")
-        operator = cluster.start_operator_process()
+        if ideal:
+            cluster.service_account_kubeconfig(cluster.operator_kubeconfig, RELEASE_NAMESPACE, account)
+            ideal_env = {**python_env(), "KUBECONFIG": str(cluster.operator_kubeconfig)}
+            argv = [sys.executable, "-m", "bench.ideal_operator"]
+            operator = cluster.supervisor.start("ideal-operator", argv, env=ideal_env, cwd=REPO)
+        else:
+            operator = cluster.start_operator_process()
         parts = {n: cluster.supervisor.children[n].pid for n in ("kube-apiserver", "etcd", "kube-controller-manager")}
         control_plane = [parts["kube-apiserver"], parts["etcd"]]  # "API" in the table
 
@@ -432,10 +450,12 @@ def bench_real(runs: int, interval: float, settle: float, window: float, profile
 
         # The operator's start-up (imports, leader election, login) is not what is measured: start once it has
         # listed the runs and their children (its watches follow each list at once).
-        if not wait(lambda: listed() >= {"atlastrainings", "atlasteachers", "pytorchjobs"} or operator.poll(), 120):
-            raise SystemExit(f"the operator never listed the runs: see {cluster.logs}/operator.log")
+        log = "ideal-operator.log" if ideal else "operator.log"
+        started_on = {"atlastrainings"} if ideal else {"atlastrainings", "atlasteachers", "pytorchjobs"}
+        if not wait(lambda: listed() >= started_on or operator.poll(), 120):
+            raise SystemExit(f"the operator never listed the runs: {log_tail(cluster.logs / log)}")
         if operator.poll() is not None:
-            raise SystemExit(f"the operator exited: see {cluster.logs}/operator.log")
+            raise SystemExit(f"the operator exited: {log_tail(cluster.logs / log)}")
         names = [f"run-{i:04d}" for i in range(runs)]
         owner = {getattr(ChildNames(n), a): n for n in names for _, a in CHILDREN} | {n: n for n in names}
         wanted = {n: {(plural, getattr(ChildNames(n), a)) for plural, a in CHILD_KEYS} for n in names}
@@ -495,6 +515,8 @@ def bench_real(runs: int, interval: float, settle: float, window: float, profile
         figures["busy_parts"] = {n: process_cpu(pid) - parts0[n] for n, pid in parts.items()}
         requests = audit_requests_per_run(audit.events, core, names, owner)
         figures["writes"], figures["reads"], figures["sample"] = requests
+        if ideal:
+            return figures  # it writes no status: no run is ever Running, and nothing is scraped
 
         # Idle: every job Running, every trainer answering, nothing changing.
         mark_jobs_running(api, names)
@@ -595,6 +617,20 @@ def writes_per_run(emu, names: list[str]) -> tuple[list[int], dict[str, int]]:
     return [counts[n] for n in names], sample
 
 
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The end of a process's log (the bench's folder is removed when it exits)."""
+    text = path.read_text(errors="replace").splitlines() if path.exists() else [f"({path} is missing)"]
+    return f"the end of {path.name}:\n" + "\n".join(text[-lines:])
+
+
+def shown(show, figures: dict) -> str:
+    """A cell of the table; "-" where that API has no such figure (the floor has no idle window)."""
+    try:
+        return show(figures)
+    except KeyError:
+        return "-"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--api", default="real,emulator", help="real, emulator or both (side by side)")
@@ -608,15 +644,15 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sizes = [int(n) for n in args.runs.split(",")]
     apis = [a.strip() for a in args.api.split(",")]
-    benches = {"real": bench_real, "emulator": bench_emulator}
+    benches = {"real": bench_real, "floor": bench_floor, "emulator": bench_emulator}
     if unknown := set(apis) - set(benches):
-        parser.error(f"--api: {', '.join(sorted(unknown))}: expected real and/or emulator")
+        parser.error(f"--api: {', '.join(sorted(unknown))}: expected real, floor and/or emulator")
     window = args.window or 2 * args.interval
     results = []
     for runs in sizes:
         for api in apis:
             print(f"... {runs} runs, {api} API", file=sys.stderr, flush=True)
-            options = {"profile": args.profile} if api == "real" else {}
+            options = {"profile": args.profile} if api != "emulator" else {}
             results.append(benches[api](runs, args.interval, args.settle, window, **options))
 
     children = len(CHILDREN)
@@ -668,7 +704,7 @@ def main() -> int:
         ("operator peak RSS", lambda f: f"{f['rss']:.0f} MB"),
     ]
     width = max(len(label) for label, _ in rows)
-    cells = [[show(f) for f in results] for _, show in rows]
+    cells = [[shown(show, f) for f in results] for _, show in rows]
     col = max(len(c) for row in cells for c in row)
     print(
         f"interval {args.interval:g} s, idle window {window:g} s, settle {args.settle:g} s; load {os.getloadavg()}; "
@@ -682,7 +718,10 @@ def main() -> int:
             print(f"requests of run-0000 ({f['runs']} runs, {f['api']} API): {sample}")
 
     # The targets are the real API's (the emulator's figures stand beside them for comparison).
-    judged = [f for f in results if f["api"] == "real"] or results
+    judged = [f for f in results if f["api"] == "real"]
+    if not judged:
+        print("targets not checked: they are the real API's with the operator (--api real)")
+        return 0
     checks = []
     for f in judged:
         n, api = f["runs"], f["api"]
