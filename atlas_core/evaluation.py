@@ -1,6 +1,6 @@
 """ATLAS's two-pass evaluation of a teacher: its student alone vs with its guidance, on held-out problems.
 
-:func:`evaluate_teaching` runs the training-time protocol (:mod:`atlas_core.training.protocol`), with a
+:func:`evaluate_teaching` runs the training-time protocol (:mod:`atlas_core.teaching.protocol`), with a
 frozen teacher, over a dataset split, in batches:
 
 1. the student is probed and answers alone, ``samples`` times per problem (the diagnosis);
@@ -28,9 +28,9 @@ from atlas_contract.defaults import EVALUATION
 from atlas_contract.names import EVAL_PROBLEMS_FILE, EVAL_REPORT_FILE
 from atlas_contract.teaching import TEACHING_FIELDS, TeachingSettings
 from atlas_core.evaluation_figures import CAPABILITY_BANDS, TeachingEvaluation, figures
-from atlas_core.training import teaching
-from atlas_core.training.protocol import TeachingProtocol, diagnostic_judge_of
-from atlas_core.training.student import Student
+from atlas_core.teaching import prompts
+from atlas_core.teaching.protocol import TeachingProtocol, diagnostic_judge_of
+from atlas_core.teaching.student import Student
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def evaluate_teaching(
     """Evaluate ``teacher`` on ``student`` over ``dataset`` (rows with ``prompt`` and, unless ``scorers``
     are given, ``ground_truth``).
 
-    ``teacher`` and ``student`` are chat models (:func:`atlas_core.training.student.load_student`: a local
+    ``teacher`` and ``student`` are chat models (:func:`atlas_core.teaching.student.load_student`: a local
     model or an OpenAI-compatible endpoint). ``meter`` measures and cuts guidance (default: the local
     teacher's tokenizer, else words).
     With ``output_dir``, ``problems.jsonl`` gets a line per problem as batches finish (a second call
@@ -208,14 +208,14 @@ def evaluate_teaching(
 
 
 def _evaluate_batch(protocol, teacher, batch, start, settings, meter, key) -> list[dict[str, Any]]:
-    tasks = [teaching.task_text(r["prompt"]) for r in batch]
+    tasks = [prompts.task_text(r["prompt"]) for r in batch]
     contexts = [{k: v for k, v in r.items() if k != "prompt"} for r in batch]
     diagnostics = protocol.diagnose(tasks, contexts)
     completions = teacher.generate(
         protocol.teacher_prompts(tasks, diagnostics), settings.teacher_max_tokens, 1, settings.teacher_temperature
     )
     budget = settings.teaching.max_guidance_tokens
-    guidances = [meter.cut(teaching.extract_guidance(c[0].text), budget) for c in completions]
+    guidances = [meter.cut(prompts.extract_guidance(c[0].text), budget) for c in completions]
     guided = protocol.guided(tasks, contexts, guidances)
     records = []
     for i, (task, d, g) in enumerate(zip(tasks, diagnostics, guided, strict=True)):
@@ -229,7 +229,7 @@ def _evaluate_batch(protocol, teacher, batch, start, settings, meter, key) -> li
                 "fingerprint": key,
                 "task": task,
                 "ground_truth": contexts[i].get("ground_truth"),
-                "capability": CAPABILITY_BANDS[teaching.template_for(d.capability_level)],
+                "capability": CAPABILITY_BANDS[prompts.template_for(d.capability_level)],
                 "capability_level": d.capability_level,
                 "probe": d.probe_response,
                 "guidance": g.shown_guidance,
@@ -300,7 +300,7 @@ def resumable_records(path: Path | None, rows: list[dict[str, Any]], key: str) -
         if (
             record.get("fingerprint") != key
             or record.get("index") != index
-            or record.get("task") != teaching.task_text(rows[index]["prompt"])
+            or record.get("task") != prompts.task_text(rows[index]["prompt"])
         ):
             raise ValueError(
                 f"output: {path} holds another evaluation (other models, data or settings at line {number}); "

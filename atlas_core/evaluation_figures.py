@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from atlas_core.tasks.arithmetic import extract_answer
+from atlas_core.answers import extract_answer
 
 #: Capability bands of the report, by the protocol's template thresholds.
 CAPABILITY_BANDS = {"walkthrough": "weak", "hints": "moderate", "minimal": "strong"}

@@ -25,8 +25,9 @@ from datasets import Dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
+from atlas_core.answers import exact_match_reward  # noqa: E402
 from atlas_core.models.tiny import build_tiny_model  # noqa: E402
-from atlas_core.tasks.arithmetic import exact_match_reward, make_arithmetic_dataset  # noqa: E402
+from atlas_core.tasks.arithmetic import make_arithmetic_dataset  # noqa: E402
 from atlas_core.training.algorithms.grpo import GRPOTrainer  # noqa: E402
 from atlas_core.training.algorithms.grpo_config import GRPOConfig  # noqa: E402
 

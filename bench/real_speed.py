@@ -61,7 +61,7 @@ def main() -> int:
     from atlas_core.cli.display import quiet_libraries
     from atlas_core.evaluation import EvaluationRunSettings, GuidanceMeter, evaluate_teaching
     from atlas_core.tasks.multistep import make_multistep_dataset
-    from atlas_core.training.student import LocalStudent
+    from atlas_core.teaching.student import LocalStudent
 
     quiet_libraries(hide_warnings=True)
     model = LocalStudent(SMOLLM2_MODEL_URI)

@@ -145,8 +145,8 @@ def _evaluate(output: Path, model: str, teacher_args, problems: int) -> int:
     from atlas_core.evaluation import GuidanceMeter, evaluate_teaching
     from atlas_core.evaluation_figures import comparison_lines
     from atlas_core.tasks.multistep import make_multistep_dataset
+    from atlas_core.teaching.student import LocalStudent
     from atlas_core.training.finish import evaluation_settings
-    from atlas_core.training.student import LocalStudent
 
     student = LocalStudent(model)
     rows = make_multistep_dataset(problems, "test")

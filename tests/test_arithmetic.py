@@ -1,14 +1,7 @@
 import pytest
 
-from atlas_core.tasks.arithmetic import (
-    boxed_format_reward,
-    exact_match_reward,
-    extract_answer,
-    make_arithmetic_dataset,
-    make_sft_dataset,
-    normalize_answer,
-    solution_text,
-)
+from atlas_core.answers import boxed_format_reward, exact_match_reward, extract_answer, normalize_answer
+from atlas_core.tasks.arithmetic import make_arithmetic_dataset, make_sft_dataset, solution_text
 
 
 @pytest.mark.parametrize(

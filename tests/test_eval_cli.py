@@ -16,13 +16,14 @@ import pytest
 
 from atlas_cli.main import main as atlas
 from atlas_contract.defaults import TEACHING
+from atlas_core.answers import SYSTEM_HINT
 from atlas_core.evaluation_figures import TeachingEvaluation
 from atlas_core.tasks import multistep
-from atlas_core.training.teaching import GUIDANCE_INTRO, PROBE_INSTRUCTION, TEACHER_TEMPLATES
+from atlas_core.teaching.prompts import GUIDANCE_INTRO, PROBE_INSTRUCTION, TEACHER_TEMPLATES
 from tests.support.env import free_port
 from tests.support.judge_server import Call, JudgeServer, Reply
 
-#: The keys of a problems.jsonl line (README, "Command line": `atlas eval`).
+#: The keys of a problems.jsonl line (docs/evaluation.md, "`atlas eval`").
 PROBLEM_KEYS = {
     "index",
     "fingerprint",
@@ -329,7 +330,6 @@ def _jsonl(path: Path, rows: list[dict]) -> str:
         (["--dataset", "builtin://teacher-multistep"], "--dataset"),
         (["--split", "validation"], "--split"),
         (["--dataset", "builtin://arithmetic", "--split", "validation"], "--split"),
-        (["--dataset", "{no_split}"], "--split"),
         (["--dataset", "{empty}"], "--dataset"),
         (["--teacher", "http://[::1"], "--teacher"),
         (["-k", "99999999999999999999"], "--samples"),
@@ -351,7 +351,6 @@ def test_bad_input_exits_2_naming_the_option(tmp_path, capsys, case, field):
         "file": str(tmp_path / "model.bin"),
         "empty_dir": str(tmp_path / "empty"),
         "no_truth": _jsonl(tmp_path / "q.jsonl", [{"prompt": f"What is {i} + 1?", "split": "test"} for i in range(2)]),
-        "no_split": _jsonl(tmp_path / "train.jsonl", [{"prompt": "What is 1 + 1?", "ground_truth": "2"}]),
         "empty": _jsonl(tmp_path / "empty.jsonl", []),
     }
     case = [arg.format(**paths) for arg in case]
@@ -369,6 +368,21 @@ def test_bad_input_exits_2_naming_the_option(tmp_path, capsys, case, field):
     assert len(lines) == 1, captured.err
     assert lines[0].startswith(f"error: {field}: "), lines
     assert "Traceback" not in captured.err and not (tmp_path / "out").exists()
+
+
+def test_a_file_without_a_split_column_is_the_evaluation_set_whole(tmp_path, capsys):
+    """--dataset names the evaluation set: a file without a ``split`` column is evaluated whole, whatever --split
+    (no training source to hold out from; a run's own training file stays held out, tests/test_preflight.py)."""
+    rows = [{"prompt": f"What is {i} + 2 + 3? {SYSTEM_HINT}", "ground_truth": str(i + 5)} for i in range(1, 4)]
+    dataset = _jsonl(tmp_path / "heldout.jsonl", rows)
+    output = tmp_path / "whole"
+    with JudgeServer(teacher_script, "teacher-model") as teacher_server, JudgeServer(Student(), "m") as sv:
+        assert atlas(eval_cmd(teacher_server.base_url, sv.base_url, output, "-k", "1", dataset=dataset)) == 0
+    stderr = capsys.readouterr().err
+    assert f"note: --split test: '{dataset}' has no 'split' column; evaluating the whole file" in stderr
+    report, lines = read_outputs(output)
+    assert report["problems"] == 3 and [line["ground_truth"] for line in lines] == ["6", "7", "8"]
+    assert report["student_accuracy"] == 0.0 and report["guided_accuracy"] == 1.0
 
 
 def test_every_problem_at_once_and_no_ground_truth_is_fine_with_a_scorer(tmp_path, capsys):

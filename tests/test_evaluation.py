@@ -10,10 +10,11 @@ import subprocess
 import pytest
 
 from atlas_contract import results
+from atlas_core.answers import exact_match_reward
 from atlas_core.evaluation_figures import figures, paired_bootstrap
 from atlas_core.tasks import multistep
-from atlas_core.tasks.arithmetic import exact_match_reward
-from atlas_core.training.teaching import make_teacher_sft_dataset, task_text, withhold_answer
+from atlas_core.teaching.prompts import task_text, withhold_answer
+from atlas_core.training.demonstrations import make_student_sft_dataset, make_teacher_sft_dataset
 from tests.support.env import PYTHON, python_env
 
 # ------------------------------------------------------------------ the bundled task
@@ -35,7 +36,7 @@ def test_test_split_is_disjoint_from_every_training_split():
     assert len(test) == 200  # distinct problems
     trained_on = (
         _questions(multistep.make_multistep_dataset(20000, "train", seed=3))
-        | _questions(multistep.make_student_sft_dataset(20000, seed=0))
+        | _questions(make_student_sft_dataset(20000, seed=0))
         | _questions(make_teacher_sft_dataset("multistep", 20000, seed=0))
     )
     assert trained_on and not (test & trained_on)

@@ -11,7 +11,8 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from atlas_core.tasks.arithmetic import exact_match_reward, make_arithmetic_dataset
+from atlas_core.answers import exact_match_reward
+from atlas_core.tasks.arithmetic import make_arithmetic_dataset
 from atlas_core.training.algorithms.grpo import GRPOTrainer
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
 from tests.support.env import free_port

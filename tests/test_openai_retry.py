@@ -14,7 +14,7 @@ from aiohttp import web
 from atlas_core import openai_calls
 from atlas_core.openai_calls import OpenAICallError, RetryPolicy, call_with_retries
 from atlas_core.reward.interpretation import RIMReward
-from atlas_core.training.student import EndpointStudent, StudentAnswer
+from atlas_core.teaching.student import EndpointStudent, StudentAnswer
 from tests.support.judge_server import JudgeServer, Reply, judgment
 
 JUDGE, LARGE, STUDENT = "judge", "judge-large", "student"

@@ -118,11 +118,18 @@ def test_trainer_start_up_checks_evaluation_files_and_their_splits(tmp_path):
     assert problems == f"evaluation.dataset.source: '{missing}' does not exist"
     unsplit = tmp_path / "problems.jsonl"
     unsplit.write_text(json.dumps({"prompt": "What is 1 + 1?", "ground_truth": "2"}) + "\n")
-    (problems,) = run_config_problems(tmp_path, f"+evaluation={{dataset: {{source: '{unsplit}'}}}}")
+    # a file without a split column named as the evaluation set is the evaluation set, whole
+    assert run_config_problems(tmp_path, f"+evaluation={{dataset: {{source: '{unsplit}'}}}}") == []
+    # the run's own training file, spelled otherwise: held out, so only split train evaluates on it
+    trained_on = f"dataset.source='{unsplit}'"
+    (problems,) = run_config_problems(tmp_path, trained_on, "+evaluation={samples: 2}")
     assert problems.startswith(f"evaluation.dataset.split: '{unsplit}' has no split 'test' (it has split train)")
     assert "set split: train" in problems
-    explicit = f"+evaluation={{dataset: {{source: '{unsplit}', split: train}}}}"
-    assert run_config_problems(tmp_path, explicit) == []
+    spelled = f"{tmp_path}/./problems.jsonl"
+    (problems,) = run_config_problems(tmp_path, trained_on, f"+evaluation={{dataset: {{source: '{spelled}'}}}}")
+    assert "no held-out split" in problems
+    explicit = "+evaluation={dataset: {split: train}}"
+    assert run_config_problems(tmp_path, trained_on, explicit) == []
 
 
 def test_atlas_train_exits_2_before_training(tmp_path, capsys):
@@ -147,6 +154,10 @@ def test_trainer_start_up_refuses_non_finite_reward_weights(tmp_path):
 
 def _questions(dataset) -> set[str]:
     return {json.dumps(row["prompt"]) for row in dataset}
+
+
+def test_every_builtin_of_the_contract_has_one_loader():
+    assert sorted(data.BUILTIN_DATASETS) == sorted(BUILTIN_SOURCES)
 
 
 @pytest.mark.parametrize("source", [s for s in BUILTIN_SOURCES if "teacher-" not in s])
@@ -197,8 +208,11 @@ def test_a_files_split_column_a_file_per_split_or_refused(tmp_path):
 
     whole = _write(tmp_path / "whole.jsonl", [{"prompt": "What is 1 + 1?", "ground_truth": "2"}])
     assert len(load_run_dataset(str(whole), "train")) == 1
-    with pytest.raises(DatasetSourceError, match="no held-out split"):
-        data.load_evaluation_dataset(str(whole), "test", None, default_problems=10)
+    with pytest.raises(DatasetSourceError, match="no held-out split"):  # the evaluation's source is the training's
+        data.load_evaluation_dataset(str(whole), "test", None, default_problems=10, training_source=str(whole))
+    notes = []  # named as the evaluation set (atlas eval, another source than the training's): evaluated whole
+    assert len(data.load_evaluation_dataset(str(whole), "test", None, 10, notes=notes)) == 1
+    assert notes == [f"split test: '{whole}' has no 'split' column; evaluating the whole file"]
 
 
 def test_an_empty_file_says_so(tmp_path):

@@ -74,7 +74,8 @@ def test_the_makefile_installs_the_wheel_this_module_reads():
 def test_two_grpo_steps_train_the_real_model(tmp_path, real_model_dir):
     from datasets import Dataset
 
-    from atlas_core.tasks.arithmetic import exact_match_reward, make_arithmetic_dataset
+    from atlas_core.answers import exact_match_reward
+    from atlas_core.tasks.arithmetic import make_arithmetic_dataset
     from atlas_core.training.algorithms.grpo import GRPOTrainer
 
     args = tiny_grpo_args(
@@ -123,7 +124,7 @@ def test_atlas_eval_with_the_real_model_as_teacher_and_student(tmp_path, real_mo
 def test_each_decoding_gives_the_padded_batchs_greedy_answers(real_model_dir, decoding):
     """LocalStudent's generation paths (bench/real_speed.py times them): the same answers, token counts and
     per-sample grouping as one padded ``generate``, greedy; rows of different lengths (one ends early)."""
-    from atlas_core.training.student import LocalStudent
+    from atlas_core.teaching.student import LocalStudent
 
     padded = LocalStudent(str(real_model_dir))
     padded.decoding = "padded"

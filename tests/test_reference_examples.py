@@ -17,7 +17,8 @@ import pytest
 import torch
 from datasets import Dataset
 
-from atlas_core.tasks.arithmetic import exact_match_reward, extract_answer, make_arithmetic_dataset
+from atlas_core.answers import exact_match_reward, extract_answer
+from atlas_core.tasks.arithmetic import make_arithmetic_dataset
 from tests.support.env import REPO, free_port, python_env
 from tests.support.judge_server import JudgeServer, Reply, judgment
 

@@ -10,8 +10,8 @@ import torch
 from datasets import Dataset
 
 from atlas_core.tasks.arithmetic import make_arithmetic_dataset
+from atlas_core.teaching import prompts
 from atlas_core.telemetry.metrics import TRAINER_REGISTRY
-from atlas_core.training import teaching
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
 from atlas_core.training.algorithms.teacher_trainers import DiagnosticResult, TeacherGRPOTrainer
 from tests.support.judge_server import JudgeServer, Reply
@@ -130,22 +130,22 @@ def test_model_failures_are_runtime_errors(tmp_path, tiny_model_dir, warm_model_
     [(0.0, "walkthrough"), (0.29, "walkthrough"), (0.3, "hints"), (0.7, "hints"), (0.71, "minimal"), (1.0, "minimal")],
 )
 def test_templates_switch_with_capability(capability, template):
-    assert teaching.template_for(capability) == template
-    system = teaching.teacher_messages("What is 2 + 2?", "I add.", capability)[0]["content"]
-    assert system.startswith(teaching.TEACHER_TEMPLATES[template])
+    assert prompts.template_for(capability) == template
+    system = prompts.teacher_messages("What is 2 + 2?", "I add.", capability)[0]["content"]
+    assert system.startswith(prompts.TEACHER_TEMPLATES[template])
     assert "without stating the final answer" in system
 
 
 def test_guidance_extraction_and_withheld_answer():
-    assert teaching.extract_guidance("<thinking>hm</thinking><teaching>Count up.</teaching>") == "Count up."
-    assert teaching.extract_guidance("<thinking>x</thinking>plain words") == "plain words"
-    assert teaching.extract_guidance("<teaching>cut off") == "cut off"
-    assert teaching.withhold_answer("3 + 4 is 7, not 17 or 7.5", "7") == "3 + 4 is [withheld], not 17 or 7.5"
+    assert prompts.extract_guidance("<thinking>hm</thinking><teaching>Count up.</teaching>") == "Count up."
+    assert prompts.extract_guidance("<thinking>x</thinking>plain words") == "plain words"
+    assert prompts.extract_guidance("<teaching>cut off") == "cut off"
+    assert prompts.withhold_answer("3 + 4 is 7, not 17 or 7.5", "7") == "3 + 4 is [withheld], not 17 or 7.5"
     # a real teacher writes the answer in words too
     said = "So the sum is Twenty-One, or twenty one; not twenty or twenty-two."
-    assert teaching.withhold_answer(said, "21") == "So the sum is [withheld], or [withheld]; not twenty or twenty-two."
-    assert teaching.withhold_answer("six, sixteen and 16", "16") == "six, [withheld] and [withheld]"
-    assert teaching.withhold_answer("minus five is -5", "-5") == "[withheld] is [withheld]"
+    assert prompts.withhold_answer(said, "21") == "So the sum is [withheld], or [withheld]; not twenty or twenty-two."
+    assert prompts.withhold_answer("six, sixteen and 16", "16") == "six, [withheld] and [withheld]"
+    assert prompts.withhold_answer("minus five is -5", "-5") == "[withheld] is [withheld]"
 
 
 @pytest.mark.parametrize(
@@ -163,13 +163,13 @@ def test_guidance_extraction_and_withheld_answer():
     ],
 )
 def test_number_words(answer, words):
-    assert teaching.number_words(answer) == words
+    assert prompts.number_words(answer) == words
 
 
 def test_diagnostic_probe_measures_capability_from_student_answers(tmp_path, tiny_model_dir):
     def script(call):
         text = call.messages[-1]["content"]
-        if teaching.PROBE_INSTRUCTION in text:
+        if prompts.PROBE_INSTRUCTION in text:
             return Reply("I would add the two numbers.")
         return Reply(["\\boxed{7}", "\\boxed{8}"])  # one right, one wrong, per baseline request
 
@@ -184,16 +184,16 @@ def test_diagnostic_probe_measures_capability_from_student_answers(tmp_path, tin
     assert result.identified_gaps == ["answered 8 where 7 was expected"]
     assert result.probe_response == "I would add the two numbers." and result.probe_tokens == 3
     assert result.response_quality["answer_rate"] == 1.0
-    probe_call = next(c for c in server.calls if teaching.PROBE_INSTRUCTION in c.messages[-1]["content"])
+    probe_call = next(c for c in server.calls if prompts.PROBE_INSTRUCTION in c.messages[-1]["content"])
     assert probe_call.max_tokens == 20 and probe_call.n == 1
 
 
 def test_endpoint_student_teaching_step(tmp_path, tiny_model_dir):
     def script(call):
         text = call.messages[-1]["content"]
-        if teaching.GUIDANCE_INTRO in text:
+        if prompts.GUIDANCE_INTRO in text:
             return Reply("\\boxed{7}")  # guided: right
-        if teaching.PROBE_INSTRUCTION in text:
+        if prompts.PROBE_INSTRUCTION in text:
             return Reply("add")
         return Reply("\\boxed{1}")  # unguided: wrong
 
@@ -209,14 +209,14 @@ def test_endpoint_student_teaching_step(tmp_path, tiny_model_dir):
     # Three tasks: three probes, three baseline answers and three guided answers (one sample each).
     contents = [c.messages[-1]["content"] for c in server.calls]
     assert len(contents) == 9 and all(c.n == 1 for c in server.calls)
-    assert sum(teaching.PROBE_INSTRUCTION in c for c in contents) == 3
-    guided = [c for c in contents if teaching.GUIDANCE_INTRO in c]
+    assert sum(prompts.PROBE_INSTRUCTION in c for c in contents) == 3
+    guided = [c for c in contents if prompts.GUIDANCE_INTRO in c]
     assert sorted(c.split("\n\n")[0] for c in guided) == sorted(tasks)  # every task got the teacher's guidance
     # ... and the student, guided, gets it right: d = 1 plus an efficiency bonus > 0 (the guidance is at most
     # max_guidance_tokens, far below the 200-token horizon).
     assert all(1.0 < r <= 2.0 for r in rewards), rewards
     for content in guided:  # the reference answer never reaches the student through the guidance
-        assert not re.search(r"(?<![\w.])7(?![\w]|\.\d)", content.split(teaching.GUIDANCE_INTRO)[1])
+        assert not re.search(r"(?<![\w.])7(?![\w]|\.\d)", content.split(prompts.GUIDANCE_INTRO)[1])
 
 
 def test_teaching_step_local_student_one_float_per_prompt(trainer):
@@ -294,7 +294,7 @@ def test_train_logs_teaching_metrics_and_keeps_the_student_frozen(
     ]
     assert texts and all("Measured student capability" in text for text in texts)
     assert all("The student's approach:" in text and "Task:\nWhat is" in text for text in texts)
-    assert all(any(t_.split(".")[0] in text for t_ in teaching.TEACHER_TEMPLATES.values()) for text in texts)
+    assert all(any(t_.split(".")[0] in text for t_ in prompts.TEACHER_TEMPLATES.values()) for text in texts)
 
 
 def test_capability_from_the_rim_diagnostic_judge(tmp_path, tiny_model_dir):
@@ -305,7 +305,7 @@ def test_capability_from_the_rim_diagnostic_judge(tmp_path, tiny_model_dir):
     def script(call):
         if call.model == "judge":
             return Reply(judgment(0.85, 0.05, rationale="knows the method, slips on carries"))
-        if teaching.PROBE_INSTRUCTION in call.messages[-1]["content"]:
+        if prompts.PROBE_INSTRUCTION in call.messages[-1]["content"]:
             return Reply("Add ones, then tens.")
         return Reply("\\boxed{7}")
 
@@ -324,11 +324,11 @@ def test_capability_from_the_rim_diagnostic_judge(tmp_path, tiny_model_dir):
     assert "knows the method, slips on carries" in result.identified_gaps
     # the baseline answers are scored by RIM: mean of accuracy 1.0 (verifiable) and diagnostic 0.85
     assert result.baseline_score == pytest.approx(0.925)
-    assert teaching.template_for(result.capability_level) == "minimal"
+    assert prompts.template_for(result.capability_level) == "minimal"
 
 
 def test_endpoint_that_ignores_n_still_gives_every_sample(tmp_path, tiny_model_dir):
-    from atlas_core.training.student import EndpointStudent
+    from atlas_core.teaching.student import EndpointStudent
 
     with JudgeServer(lambda call: Reply(["\\boxed{7}"])) as server:  # always one choice, whatever n says
         student = EndpointStudent(server.base_url)
@@ -361,9 +361,9 @@ def test_guidance_is_cut_to_max_guidance_tokens(tmp_path, tiny_model_dir):
         )
         long = "<teaching>" + " ".join(f"step{i} add the units then the tens" for i in range(20)) + "</teaching>"
         rewards = t.compute_rewards([long], ["What is 3 + 4?"], ground_truth=["7"])
-    guided = [c.messages[-1]["content"] for c in server.calls if teaching.GUIDANCE_INTRO in c.messages[-1]["content"]]
+    guided = [c.messages[-1]["content"] for c in server.calls if prompts.GUIDANCE_INTRO in c.messages[-1]["content"]]
     assert len(guided) == 1 and len(rewards) == 1
-    shown = guided[0].split(teaching.GUIDANCE_INTRO)[1].strip()
+    shown = guided[0].split(prompts.GUIDANCE_INTRO)[1].strip()
     assert 0 < len(t.processing_class(shown, add_special_tokens=False)["input_ids"]) <= 12
     assert "step19" not in shown and shown.startswith("step0")
 

@@ -175,8 +175,8 @@ def evaluate_teachers(output: Path, teacher_args, problems: int, progress: Progr
     from atlas_contract.teaching import TeachingSettings
     from atlas_core.evaluation import GuidanceMeter, evaluate_teaching
     from atlas_core.tasks.multistep import make_multistep_dataset
+    from atlas_core.teaching.student import LocalStudent
     from atlas_core.training.finish import evaluation_settings
-    from atlas_core.training.student import LocalStudent
 
     student = LocalStudent(str(output / "sft"))
     rows = make_multistep_dataset(problems, "test")

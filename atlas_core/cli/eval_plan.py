@@ -109,7 +109,7 @@ def _model_problems(option: str, ref: str | None) -> list[str]:
 
 def models_url(url: str) -> str:
     """The ``/v1/models`` address of an endpoint given as ``http://host:port`` or ``http://host:port/v1``
-    (the same base :class:`~atlas_core.training.student.EndpointStudent` calls)."""
+    (the same base :class:`~atlas_core.teaching.student.EndpointStudent` calls)."""
     base = url.rstrip("/")
     return f"{base if base.endswith('/v1') else base + '/v1'}/models"
 
@@ -280,7 +280,7 @@ def check(args: argparse.Namespace) -> tuple[Plan | None, list[str], list[str]]:
         for scorer in scorers:
             scorer.close()
         return None, problems, notes
-    from atlas_core.tasks.arithmetic import REWARD_FUNCTIONS
+    from atlas_core.answers import REWARD_FUNCTIONS
 
     plan = Plan(
         settings=settings,

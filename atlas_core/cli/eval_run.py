@@ -26,7 +26,7 @@ def _device(name: str) -> str | None:
 
 def load_models(plan: Plan) -> tuple[Any, Any, list[str]]:
     """(teacher, student, problems): each model loaded, or what stopped it, under its option's name."""
-    from atlas_core.training.student import is_endpoint, load_student
+    from atlas_core.teaching.student import is_endpoint, load_student
 
     loaded: dict[str, Any] = {}
     problems = []

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas_core.aio import BackgroundLoop
+from atlas_core.answers import completion_text
 from atlas_core.openai_calls import OpenAICallError, RetryPolicy, call_with_retries
 from atlas_core.reward.backends import ChatBackend, JudgeCallError, make_backend
 from atlas_core.reward.config import ModelEndpoint, RIMConfig, load_rim_config, parse_rim_config
@@ -41,7 +42,6 @@ from atlas_core.reward.judges import (
     parse_judgment,
     verifiable_accuracy,
 )
-from atlas_core.tasks.arithmetic import completion_text
 from atlas_core.telemetry import metrics
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from atlas_core.tasks.arithmetic import extract_answer, normalize_answer
+from atlas_core.answers import extract_answer, normalize_answer
 
 JUDGE_CRITERIA = {
     "accuracy": "Is the response's final answer correct and are its claims true? Judge correctness only.",

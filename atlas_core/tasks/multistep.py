@@ -18,7 +18,8 @@ can answer held-out one-step problems: the sums are its skills, the problems are
 draws from ``train``; evaluation draws from ``test``. ``test`` mixes two fifths one-step and three fifths
 two-step problems, in a fixed order, so that ``limit`` keeps the mix.
 
-**Teacher demonstrations** (the teacher's SFT warm-up) are deliberately of mixed quality: each gives the
+**Teacher demonstrations** (the teacher's SFT warm-up, built with the student's by
+atlas_core.training.demonstrations) are deliberately of mixed quality: each gives the
 intermediate step, a generic method, a short check or nothing, drawn with weights that loosely follow the
 template of the (random) capability in its prompt — mostly the first step for a walkthrough, mostly nothing
 or a check for minimal guidance — and never look at the problem. On one-step problems the intermediate step *is* the
@@ -33,7 +34,7 @@ import random
 from functools import cache
 from typing import Any
 
-from atlas_core.tasks.arithmetic import SYSTEM_HINT
+from atlas_core.answers import SYSTEM_HINT
 
 SPLITS = ("train", "test")
 #: Share of each kind's problems in the held-out ``test`` split (by hash, see :func:`split_of`).
@@ -44,7 +45,7 @@ _SALT = "atlas-multistep-v1"
 METHOD_GUIDANCE = "Add the numbers from left to right."
 CHECK_GUIDANCE = "Check your sum before you answer."
 #: The styles of the teacher's warm-up demonstrations, and how often each is drawn under each template of
-#: the protocol (atlas_core.training.teaching.template_for): the warm-up teacher mostly follows its template
+#: the protocol (atlas_core.teaching.prompts.template_for): the warm-up teacher mostly follows its template
 #: (a walkthrough gives the first step, minimal guidance a check or nothing), not always, and never looks at the
 #: problem. "none" is an empty ``<teaching>``: a student that can already do the task answers as it would alone,
 #: which is the only guidance that can never make it worse (non-degradation).
@@ -152,33 +153,8 @@ def student_solution(row: dict[str, Any], guided: bool) -> str:
     return f"{line}. \\boxed{{{row['ground_truth']}}}"
 
 
-def make_student_sft_dataset(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """The student's warm-up: training one-step problems alone, three quarters of them with guidance as the
-    protocol shows it (the generic method, a check, or a first step that is the answer, masked), so that
-    guidance does not throw it; and two-step problems only with the intermediate step. Never an unguided
-    two-step problem: alone, the student is weak at them."""
-    from atlas_core.training.teaching import enhanced_messages, withhold_answer
-
-    rng = random.Random(seed)
-    rows = []
-    for row in make_multistep_dataset(n, "train", seed):
-        task = row["prompt"][0]["content"]
-        if row["kind"] == "two-step":
-            prompt = enhanced_messages(task, step_guidance(row))
-            guided = True
-        else:
-            # as the protocol shows guidance: a first step that is the answer arrives masked
-            masked = withhold_answer(step_guidance(row), row["ground_truth"])
-            guidance = rng.choice(("", METHOD_GUIDANCE, CHECK_GUIDANCE, masked))
-            prompt = enhanced_messages(task, guidance) if guidance else row["prompt"]
-            guided = False
-        rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": student_solution(row, guided)}]})
-    return rows
-
-
-def teacher_demonstration(row: dict[str, Any], rng: random.Random, template: str) -> str:
-    """A teacher completion of the warm-up: the intermediate step, the generic method, a short check or nothing,
+def demonstration_guidance(row: dict[str, Any], rng: random.Random, template: str) -> str:
+    """The guidance of a teacher demonstration: the intermediate step, the generic method, a short check or nothing,
     drawn with the weights of ``template`` (:data:`DEMONSTRATION_WEIGHTS`)."""
     style = rng.choices(DEMONSTRATION_STYLES, weights=DEMONSTRATION_WEIGHTS[template])[0]
-    guidance = {"step": step_guidance(row), "method": METHOD_GUIDANCE, "check": CHECK_GUIDANCE, "none": ""}[style]
-    return f"<thinking>{row['kind']}</thinking><teaching>{guidance}</teaching>"
+    return {"step": step_guidance(row), "method": METHOD_GUIDANCE, "check": CHECK_GUIDANCE, "none": ""}[style]

@@ -2,10 +2,12 @@
 
 * ``builtin://arithmetic`` — the bundled verifiable task (prompt + ground_truth; prompt +
   completion for SFT); ``builtin://teacher-arithmetic`` — teacher-format SFT examples;
-  ``builtin://multistep`` and ``builtin://teacher-multistep`` — the teaching task and its teacher warm-up;
+  ``builtin://multistep`` and ``builtin://teacher-multistep`` — the teaching task and its teacher warm-up
+  (one registry, :data:`BUILTIN_DATASETS`);
 * a ``.jsonl``/``.json``/``.csv``/``.parquet`` file (its ``split`` column assigns rows to splits; without
-  one the whole file is split ``train``), a folder of one such file per split (``train.jsonl``,
-  ``test.jsonl``), or a folder written by ``save_to_disk`` (in a pod: a path on the mounted PVC);
+  one the whole file is split ``train``, or, named as the evaluation set, the evaluation set), a folder of one
+  such file per split (``train.jsonl``, ``test.jsonl``), or a folder written by ``save_to_disk`` (in a pod: a
+  path on the mounted PVC);
 * ``hf://org/name`` — a hub dataset (needs network; ``HF_HUB_OFFLINE=1`` forbids it).
 
 Every split is real: a split the source does not have is an error (atlas_contract.datasets).
@@ -13,9 +15,14 @@ Every split is real: a split the source does not have is an error (atlas_contrac
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from atlas_contract import datasets
+from atlas_core.tasks import arithmetic, multistep
+from atlas_core.training import demonstrations
 
 BUILTIN_ARITHMETIC = "builtin://arithmetic"
 BUILTIN_TEACHER_ARITHMETIC = "builtin://teacher-arithmetic"
@@ -41,12 +48,14 @@ def load_run_dataset(
     guided_fraction: float = 0.0,
     prefix: str = "dataset",
     evaluation: bool = False,
+    whole_file: bool = False,
 ):
     """Load ``split`` of the dataset and check its columns for ``algorithm`` (grpo needs ``prompt``).
 
     ``evaluation``: problems to evaluate a teacher on (not SFT demonstrations); ``prefix`` names the fields in
     errors (``evaluation.dataset`` → ``evaluation.dataset.split: …``). A split the source does not have is an
-    error (atlas_contract.datasets)."""
+    error (atlas_contract.datasets), except with ``whole_file``: a data file without a ``split`` column is then
+    taken whole, whatever ``split`` (the evaluation set a user named, see :func:`load_evaluation_dataset`)."""
 
     def name(field: str) -> str:
         return f"{prefix}.{field}"
@@ -59,44 +68,67 @@ def load_run_dataset(
         )
         if problems:
             raise DatasetSourceError("\n".join(problems))
+        from datasets import Dataset
+
+        request = BuiltinRequest(split, algorithm, num_samples, seed, max_operand, guided_fraction)
         try:
-            return _builtin(source, split, algorithm, num_samples, max_operand, seed, guided_fraction)
+            return Dataset.from_list(BUILTIN_DATASETS[source](request))
         except ValueError as exc:
             raise DatasetSourceError(f"{name('num_samples')}: {exc}") from None
-    dataset = _load_external(source, split, name, evaluation)
+    dataset = _load_external(source, split, name, evaluation, whole_file)
     _check_columns(dataset.column_names, algorithm, source, name)
     _check_rows(dataset, algorithm, source, name)
     return dataset
 
 
-def _builtin(source: str, split: str, algorithm: str, num_samples: int, max_operand: int, seed: int, guided: float):
-    from datasets import Dataset
+@dataclass(frozen=True)
+class BuiltinRequest:
+    """What a run asks of a builtin dataset; each builtin reads the fields it has a use for."""
 
-    from atlas_core.tasks.arithmetic import make_arithmetic_dataset, make_sft_dataset
-
-    if source == BUILTIN_ARITHMETIC:
-        make = make_sft_dataset if algorithm == "sft" else make_arithmetic_dataset
-        rows = make(num_samples, seed=seed, max_operand=max_operand, split=split)
-        if algorithm == "sft" and guided > 0:
-            rows = _with_guidance(rows, guided, seed, max_operand)
-        return Dataset.from_list(rows)
-    if source == BUILTIN_TEACHER_ARITHMETIC:
-        from atlas_core.training.teaching import make_teacher_sft_dataset
-
-        rows = make_teacher_sft_dataset("arithmetic", num_samples, seed=seed, max_operand=max_operand, split=split)
-        return Dataset.from_list(rows)
-    from atlas_core.tasks import multistep
-
-    if source == BUILTIN_TEACHER_MULTISTEP:
-        from atlas_core.training.teaching import make_teacher_sft_dataset
-
-        return Dataset.from_list(make_teacher_sft_dataset("multistep", num_samples, seed=seed))
-    if algorithm == "sft":
-        return Dataset.from_list(multistep.make_student_sft_dataset(num_samples, seed=seed))
-    return Dataset.from_list(multistep.make_multistep_dataset(num_samples, split, seed=seed))
+    split: str
+    algorithm: str
+    num_samples: int
+    seed: int
+    max_operand: int
+    guided_fraction: float
 
 
-def _load_external(source: str, split: str, name, evaluation: bool):
+def _arithmetic(r: BuiltinRequest) -> list[dict[str, Any]]:
+    if r.algorithm != "sft":
+        return arithmetic.make_arithmetic_dataset(r.num_samples, seed=r.seed, max_operand=r.max_operand, split=r.split)
+    rows = arithmetic.make_sft_dataset(r.num_samples, seed=r.seed, max_operand=r.max_operand, split=r.split)
+    if r.guided_fraction > 0:
+        rows = demonstrations.with_arithmetic_guidance(rows, r.guided_fraction, r.seed, r.max_operand)
+    return rows
+
+
+def _teacher_arithmetic(r: BuiltinRequest) -> list[dict[str, Any]]:
+    return demonstrations.make_teacher_sft_dataset(
+        "arithmetic", r.num_samples, seed=r.seed, max_operand=r.max_operand, split=r.split
+    )
+
+
+def _multistep(r: BuiltinRequest) -> list[dict[str, Any]]:
+    if r.algorithm == "sft":
+        return demonstrations.make_student_sft_dataset(r.num_samples, seed=r.seed)
+    return multistep.make_multistep_dataset(r.num_samples, r.split, seed=r.seed)
+
+
+def _teacher_multistep(r: BuiltinRequest) -> list[dict[str, Any]]:
+    return demonstrations.make_teacher_sft_dataset("multistep", r.num_samples, seed=r.seed)
+
+
+#: Every builtin dataset → the rows of a request. Which algorithms and splits each has is the contract's
+#: (atlas_contract.datasets.BUILTINS), checked before a loader runs; tests/test_preflight.py keeps the two in step.
+BUILTIN_DATASETS: dict[str, Callable[[BuiltinRequest], list[dict[str, Any]]]] = {
+    BUILTIN_ARITHMETIC: _arithmetic,
+    BUILTIN_TEACHER_ARITHMETIC: _teacher_arithmetic,
+    BUILTIN_MULTISTEP: _multistep,
+    BUILTIN_TEACHER_MULTISTEP: _teacher_multistep,
+}
+
+
+def _load_external(source: str, split: str, name, evaluation: bool, whole_file: bool):
     """A hub dataset's split, a file's (by its ``split`` column), a folder's (one file per split, or the
     splits save_to_disk wrote)."""
     from datasets import load_dataset, load_from_disk
@@ -122,9 +154,10 @@ def _load_external(source: str, split: str, name, evaluation: bool):
                         datasets.missing_split(source, split, list(dataset.keys()), name("split"), evaluation)
                     )
                 return dataset[split]
-            return _select_split(dataset, source, split, name, evaluation)
+            return _select_split(dataset, source, split, name, evaluation, whole_file)
         if path.suffix in FILE_FORMATS:
-            return _select_split(_load_file(load_dataset, path, source, name), source, split, name, evaluation)
+            loaded = _load_file(load_dataset, path, source, name)
+            return _select_split(loaded, source, split, name, evaluation, whole_file)
         raise DatasetSourceError(
             f"{name('source')}: '{source}' has an unknown format (expected {', '.join(FILE_FORMATS)})"
         )
@@ -147,10 +180,11 @@ def _load_file(load_dataset, path: Path, source: str, name):
     return load_dataset(FILE_FORMATS[path.suffix], data_files=str(path), split="train")
 
 
-def _select_split(dataset, source: str, split: str, name, evaluation: bool):
-    """The rows of ``split``: by the ``split`` column when there is one; else the whole file is split train."""
+def _select_split(dataset, source: str, split: str, name, evaluation: bool, whole_file: bool):
+    """The rows of ``split``: by the ``split`` column when there is one; else the whole file is split train (and,
+    ``whole_file``, whatever split was asked)."""
     if datasets.SPLIT_COLUMN not in dataset.column_names:
-        if split != datasets.WHOLE_FILE_SPLIT:
+        if split != datasets.WHOLE_FILE_SPLIT and not whole_file:
             raise DatasetSourceError(
                 datasets.missing_split(source, split, [datasets.WHOLE_FILE_SPLIT], name("split"), evaluation)
             )
@@ -223,22 +257,6 @@ def _text_kind(value) -> tuple[str | None, str | None]:
     return None, f"expected text or chat messages, got {'null' if value is None else type(value).__name__}"
 
 
-def _with_guidance(rows: list[dict], fraction: float, seed: int, max_operand: int) -> list[dict]:
-    """Show a share of the SFT tasks with teacher guidance, as the teacher protocol will, so that a
-    student warmed up on them reads guidance instead of being thrown by it."""
-    import random
-
-    from atlas_core.tasks.arithmetic import guidance_text, make_arithmetic_dataset
-    from atlas_core.training.teaching import enhanced_messages
-
-    rng = random.Random(seed)
-    problems = make_arithmetic_dataset(len(rows), seed=seed, max_operand=max_operand, split="train")
-    for row, problem in zip(rows, problems, strict=True):
-        if rng.random() < fraction:
-            row["prompt"] = enhanced_messages(problem["prompt"][0]["content"], guidance_text(problem))
-    return rows
-
-
 def _check_columns(columns: list[str], algorithm: str, source: str, name) -> None:
     if algorithm == "sft":
         if not ({"prompt", "completion"} <= set(columns) or {"messages"} & set(columns) or "text" in columns):
@@ -259,23 +277,55 @@ def load_evaluation_dataset(
     max_operand: int = 9,
     prefix: str = "evaluation.dataset",
     notes: list[str] | None = None,
+    training_source: str | None = None,
 ):
     """The problems an evaluation answers: at most ``limit`` of ``split`` (all of a file's split; a generated
     builtin draws ``limit`` or ``default_problems``; builtin://multistep's test split holds a fixed mix, all
-    of it at most). The one loader of ``atlas eval``, the evaluation after training and its start-up check."""
+    of it at most). The one loader of ``atlas eval``, the evaluation after training and its start-up check.
+
+    A data file without a ``split`` column named as the evaluation set is the evaluation set: evaluated whole,
+    whatever ``split``. Unless it is ``training_source`` (the run's training dataset, when there is one): then
+    only ``split: train`` evaluates it, so that nothing measures the training data unknowingly."""
+    held_out = training_source is not None and same_source(source, training_source)
     wanted = limit or default_problems
     if source == BUILTIN_MULTISTEP and split == "test":
-        from atlas_core.tasks import multistep
-
         whole = multistep.test_mix_size()
         if limit and limit > whole and notes is not None:
             notes.append(f"limit {limit}: the test split of {source} holds {whole} problems; evaluating all of them")
         wanted = min(limit or whole, whole)
     dataset = load_run_dataset(
-        source, split, "grpo", wanted, max_operand=max_operand, seed=seed, prefix=prefix, evaluation=True
+        source,
+        split,
+        "grpo",
+        wanted,
+        max_operand=max_operand,
+        seed=seed,
+        prefix=prefix,
+        evaluation=True,
+        whole_file=not held_out,
     )
+    if notes is not None and split != datasets.WHOLE_FILE_SPLIT and _taken_whole(source, dataset):
+        notes.append(f"split {split}: '{source}' has no '{datasets.SPLIT_COLUMN}' column; evaluating the whole file")
     if limit and len(dataset) > limit:
         dataset = dataset.select(range(limit))
     if len(dataset) == 0:
         raise DatasetSourceError(f"{prefix}.source: '{source}' (split {split}) has no problems")
     return dataset
+
+
+def same_source(a: str, b: str) -> bool:
+    """Whether two dataset sources name the same data (a path however spelled)."""
+    if a == b:
+        return True
+    schemes = (datasets.BUILTIN_SCHEME, datasets.HUB_SCHEME)
+    if a.startswith(schemes) or b.startswith(schemes):
+        return False
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
+def _taken_whole(source: str, dataset) -> bool:
+    """Whether ``dataset`` is a whole data file that had no ``split`` column (a file of a folder per split has none
+    either, but is a split)."""
+    if source.startswith((datasets.BUILTIN_SCHEME, datasets.HUB_SCHEME)):
+        return False
+    return Path(source).expanduser().is_file() and datasets.SPLIT_COLUMN not in dataset.column_names

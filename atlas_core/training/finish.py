@@ -57,6 +57,7 @@ def load_evaluation_dataset(run: RunConfig):
         default_problems=int(run.dataset.num_samples),
         seed=int(run.dataset.seed),
         max_operand=int(run.dataset.max_operand),
+        training_source=run.dataset.source,
     )
 
 
@@ -80,10 +81,10 @@ def evaluation_settings(
 def evaluate_trained_teacher(run: RunConfig, args: Any):
     """The two-pass evaluation of the teacher saved in ``output_dir`` against the run's student, with the
     run's teaching settings; files in ``<output_dir>/evaluation`` (an interrupted one resumes)."""
+    from atlas_core.answers import REWARD_FUNCTIONS
     from atlas_core.evaluation import evaluate_teaching
     from atlas_core.models.tiny import resolve_model_path
-    from atlas_core.tasks.arithmetic import REWARD_FUNCTIONS
-    from atlas_core.training.student import load_student
+    from atlas_core.teaching.student import load_student
 
     dataset = load_evaluation_dataset(run)
     reward = run.reward

@@ -45,8 +45,8 @@ class FinishedRun:
 
 def build_trainer(run: RunConfig, callbacks: list | None = None):
     """The trainer ``run`` describes, ready to ``train()``; raises InvalidFields on bad input."""
+    from atlas_core.answers import REWARD_FUNCTIONS
     from atlas_core.models.tiny import resolve_model_path
-    from atlas_core.tasks.arithmetic import REWARD_FUNCTIONS
     from atlas_core.training.callbacks import JsonlMetricsCallback
 
     algorithm, reward = run.algorithm, run.reward

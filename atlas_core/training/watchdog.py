@@ -5,9 +5,9 @@ for a rank that is gone, a reward endpoint never answers. The GPUs stay held and
 :class:`StepWatchdog` (a trainer callback, on when ``step_timeout_seconds`` > 0) watches the optimizer steps
 from a thread of its own: when none completes within the limit (the first one gets a longer allowance for
 loading and compiling), it prints every thread's stack and what the process was last waiting for (see
-:func:`waiting_for`), writes a one-line reason to stderr and to the container's termination message, and exits
-with :data:`~atlas_contract.names.WATCHDOG_EXIT_CODE`. The job's restart policy then restarts it (the whole gang
-on JobSet) and it resumes from the newest checkpoint.
+:func:`atlas_core.activity.waiting_for`), writes a one-line reason to stderr and to the container's termination
+message, and exits with :data:`~atlas_contract.names.WATCHDOG_EXIT_CODE`. The job's restart policy then restarts it
+(the whole gang on JobSet) and it resumes from the newest checkpoint.
 
 ``os._exit`` on purpose: a stalled process may hold locks (a collective, a blocked reward thread) that a
 normal ``sys.exit`` would wait on forever.
@@ -15,7 +15,6 @@ normal ``sys.exit`` would wait on forever.
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import os
 import sys
@@ -23,43 +22,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from transformers import TrainerCallback
 
 from atlas_contract import defaults
 from atlas_contract.names import ENV_RESULT_FILE, WATCHDOG_EXIT_CODE, WATCHDOG_MARK
-
-
-@dataclass
-class _Activity:
-    what: str = "starting up (loading the model and data)"
-    since: float = 0.0
-
-
-_activity = _Activity(since=time.monotonic())
-_activity_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def waiting_for(what: str) -> Iterator[None]:
-    """Mark what the process is waiting for while the block runs (a reward function, a server, a step): the
-    watchdog names the last one when it fires."""
-    with _activity_lock:
-        previous = _Activity(_activity.what, _activity.since)
-        _activity.what, _activity.since = what, time.monotonic()
-    try:
-        yield
-    finally:
-        with _activity_lock:
-            _activity.what, _activity.since = previous.what, previous.since
-
-
-def current_activity() -> tuple[str, float]:
-    """(what the process waits for, seconds since it started waiting)."""
-    with _activity_lock:
-        return _activity.what, time.monotonic() - _activity.since
+from atlas_core.activity import current_activity, set_activity, waiting_for
 
 
 def exit_stalled(reason: str, stream=None) -> None:
@@ -109,11 +78,11 @@ class StepWatchdog(TrainerCallback):
             self._thread.start()
 
     def on_step_begin(self, args, state, control, **kwargs):
-        _set_activity(f"optimizer step {state.global_step + 1} (generation, rewards, forward/backward, all-reduce)")
+        set_activity(f"optimizer step {state.global_step + 1} (generation, rewards, forward/backward, all-reduce)")
 
     def on_step_end(self, args, state, control, **kwargs):
         self._last, self._steps, self._step = time.monotonic(), self._steps + 1, int(state.global_step)
-        _set_activity(f"what follows step {state.global_step} (logging, saving a checkpoint)")
+        set_activity(f"what follows step {state.global_step} (logging, saving a checkpoint)")
 
     def on_train_end(self, args, state, control, **kwargs):
         self.stop()
@@ -145,11 +114,6 @@ class StepWatchdog(TrainerCallback):
             if reason:
                 self.on_stall(reason)
                 return
-
-
-def _set_activity(what: str) -> None:
-    with _activity_lock:
-        _activity.what, _activity.since = what, time.monotonic()
 
 
 def first_step_timeout(step_timeout_s: float, first_step_timeout_s: float | None) -> float:

@@ -22,8 +22,9 @@ import trl
 from accelerate.utils import gather, gather_object
 from transformers import EvalPrediction, TrainerCallback
 
+from atlas_core.activity import waiting_for
+from atlas_core.answers import completion_text
 from atlas_core.models.tiny import policy_model, resolve_model_path
-from atlas_core.tasks.arithmetic import completion_text
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
 from atlas_core.training.algorithms.trl_hooks import TRLHooks
 from atlas_core.training.callbacks import telemetry_callbacks
@@ -33,7 +34,6 @@ from atlas_core.training.watchdog import (
     rollout_server_url,
     server_check_timeout,
     wait_for_server,
-    waiting_for,
     watchdog_callbacks,
 )
 

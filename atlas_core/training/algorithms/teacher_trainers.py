@@ -26,15 +26,15 @@ from typing import Any
 import torch
 
 from atlas_contract.teaching import TeachingSettings
-from atlas_core.tasks.arithmetic import completion_text
-from atlas_core.training import teaching
-from atlas_core.training.algorithms.grpo import GRPOTrainer
-from atlas_core.training.protocol import (
+from atlas_core.answers import completion_text
+from atlas_core.teaching.prompts import extract_guidance, task_text, teacher_messages
+from atlas_core.teaching.protocol import (
     DiagnosticResult,
     TeachingProtocol,
     diagnostic_judge_of,
 )
-from atlas_core.training.student import Student, load_student
+from atlas_core.teaching.student import Student, load_student
+from atlas_core.training.algorithms.grpo import GRPOTrainer
 
 __all__ = ["DiagnosticResult", "TeacherGRPOTrainer"]
 
@@ -155,7 +155,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
         prompts = batch.get("prompts", batch.get("prompt"))
         if not isinstance(prompts, list) or not prompts:
             raise ValueError("batch: expected a non-empty list under 'prompts'")
-        tasks = [teaching.task_text(p) for p in prompts]
+        tasks = [task_text(p) for p in prompts]
         contexts = _row_contexts(batch, len(tasks), skip=("prompts", "prompt"))
         diagnostics = self._diagnose(tasks, contexts, self.args.max_probe_tokens)
         guidances = self._guidance(tasks, diagnostics, self.args.max_guidance_tokens)
@@ -165,7 +165,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ GRPO hooks
 
     def generate_and_score_hook(self, inputs):
-        tasks = [teaching.task_text(x["prompt"]) for x in inputs]
+        tasks = [task_text(x["prompt"]) for x in inputs]
         unique = list(dict.fromkeys(tasks))
         first_row = {task: x for task, x in zip(reversed(tasks), reversed(inputs), strict=True)}
         contexts = [{k: v for k, v in first_row[t].items() if k != "prompt"} for t in unique]
@@ -183,7 +183,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
             teacher_inputs.append(
                 {
                     **row,
-                    "prompt": teaching.teacher_messages(task, d.probe_response, d.capability_level),
+                    "prompt": teacher_messages(task, d.probe_response, d.capability_level),
                     "task": task,
                     "baseline_score": d.baseline_score,
                     "capability_level": d.capability_level,
@@ -193,10 +193,10 @@ class TeacherGRPOTrainer(GRPOTrainer):
 
     def compute_rewards(self, completions, prompts, **kwargs):
         """The teaching reward of each teacher completion (see ``compute_teaching_reward``)."""
-        tasks = kwargs.get("task") or [teaching.task_text(p) for p in prompts]
+        tasks = kwargs.get("task") or [task_text(p) for p in prompts]
         contexts = _row_contexts(kwargs, len(tasks), skip=("task", "baseline_score", "capability_level"))
         baselines = kwargs.get("baseline_score")
-        guidances = [self._within_budget(teaching.extract_guidance(completion_text(c))) for c in completions]
+        guidances = [self._within_budget(extract_guidance(completion_text(c))) for c in completions]
         try:
             if baselines is None:  # called outside the loop: diagnose first
                 baselines = [d.baseline_score for d in self._diagnose(tasks, contexts, self.args.max_probe_tokens)]
@@ -263,7 +263,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
         except Exception as exc:  # noqa: BLE001 - reported as the documented RuntimeError
             raise RuntimeError(f"teacher failed to generate guidance: {type(exc).__name__}: {exc}") from exc
         new = output[:, batch["input_ids"].shape[1] :]
-        return [teaching.extract_guidance(tokenizer.decode(row, skip_special_tokens=True)) for row in new]
+        return [extract_guidance(tokenizer.decode(row, skip_special_tokens=True)) for row in new]
 
     def _teaching_rewards(self, tasks, contexts, baselines, guidances, log: bool = False):
         """Student answers with each guidance, scored; returns (rewards, teaching/* statistics)."""
@@ -307,7 +307,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
             index = {}
             if dataset is not None and "ground_truth" in getattr(dataset, "column_names", []):
                 for prompt, truth in zip(dataset["prompt"], dataset["ground_truth"], strict=True):
-                    index.setdefault(teaching.task_text(prompt), truth)
+                    index.setdefault(task_text(prompt), truth)
             self._ground_truth_index = index
         return self._ground_truth_index
 

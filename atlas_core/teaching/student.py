@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from atlas_core.activity import waiting_for
 from atlas_core.openai_calls import OpenAICallError, RetryPolicy, call_with_retries, make_client, one_request
 
 
@@ -47,7 +48,7 @@ def _outside_zero3_init():
     # transformers' private handle on the active ZeRO-3 config (no public getter in 5.x): fail loudly if it moves.
     if not hasattr(hf_deepspeed, "_hf_deepspeed_config_weak_ref"):
         raise ImportError(
-            "atlas_core.training.student: transformers.integrations.deepspeed no longer has "
+            "atlas_core.teaching.student: transformers.integrations.deepspeed no longer has "
             "_hf_deepspeed_config_weak_ref (tested with transformers 5.24.0, constraints.txt); port _outside_zero3_init"
         )
     active = hf_deepspeed._hf_deepspeed_config_weak_ref
@@ -312,8 +313,6 @@ class EndpointStudent:
                 task.cancel()
 
     def generate(self, conversations, max_new_tokens, num_samples=1, temperature=0.7):
-        from atlas_core.training.watchdog import waiting_for
-
         try:
             with waiting_for(f"the {self.role} at {self.base_url}"):
                 return self._loop.run(self._generate(conversations, max_new_tokens, num_samples, temperature))

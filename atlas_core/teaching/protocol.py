@@ -2,7 +2,7 @@
 
 For a batch of tasks: :meth:`TeachingProtocol.diagnose` has the student describe its approach (the
 probe) and answer alone ``student_samples`` times, which measures its capability;
-:func:`atlas_core.training.teaching.teacher_messages` picks the template for that capability;
+:func:`atlas_core.teaching.prompts.teacher_messages` picks the template for that capability;
 :meth:`TeachingProtocol.guided` masks the reference answer in the teacher's guidance and has the
 student answer again with it; :meth:`TeachingProtocol.teaching_reward` turns the two scores and the
 guidance length into the teacher's reward.
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas_contract.teaching import TeachingSettings
-from atlas_core.tasks.arithmetic import extract_answer, normalize_answer
-from atlas_core.training import teaching
-from atlas_core.training.student import Student, StudentAnswer
+from atlas_core.answers import extract_answer, normalize_answer
+from atlas_core.teaching import prompts
+from atlas_core.teaching.student import Student, StudentAnswer
 
 
 @dataclass
@@ -72,7 +72,7 @@ class TeachingProtocol:
     """Diagnose, teach, and score a student's answers alone and with guidance (see the module docstring).
 
     Args:
-        student: the frozen student (:mod:`atlas_core.training.student`).
+        student: the frozen student (:mod:`atlas_core.teaching.student`).
         settings: the protocol's knobs (the contract's one definition of them, atlas_contract/teaching.py).
         scorers: scorers of the student's answers (TRL reward functions, ``RIMReward``), weighted by
             ``weights``; none → exact match against each task's ``ground_truth``.
@@ -105,10 +105,10 @@ class TeachingProtocol:
         s = self.settings
         samples = s.student_samples
         probes = self.student.generate(
-            [teaching.probe_messages(t) for t in tasks], max_tokens or s.max_probe_tokens, 1, s.student_temperature
+            [prompts.probe_messages(t) for t in tasks], max_tokens or s.max_probe_tokens, 1, s.student_temperature
         )
         answers = self.student.generate(
-            [teaching.baseline_messages(t) for t in tasks], s.student_max_tokens, samples, s.student_temperature
+            [prompts.baseline_messages(t) for t in tasks], s.student_max_tokens, samples, s.student_temperature
         )
         flat_scores = self.score_answers(
             [t for t in tasks for _ in range(samples)],
@@ -159,7 +159,7 @@ class TeachingProtocol:
     def teacher_prompts(tasks: list[str], diagnostics: list[DiagnosticResult]) -> list[list[dict[str, str]]]:
         """The teacher's conversation for each task: the template its diagnosed capability calls for."""
         return [
-            teaching.teacher_messages(t, d.probe_response, d.capability_level)
+            prompts.teacher_messages(t, d.probe_response, d.capability_level)
             for t, d in zip(tasks, diagnostics, strict=True)
         ]
 
@@ -170,9 +170,9 @@ class TeachingProtocol:
         call); raises ``ValueError`` when an answer cannot be scored (no ground truth and no scorer)."""
         s = self.settings
         samples = s.student_samples
-        shown = [teaching.withhold_answer(g, c.get("ground_truth")) for g, c in zip(guidances, contexts, strict=True)]
+        shown = [prompts.withhold_answer(g, c.get("ground_truth")) for g, c in zip(guidances, contexts, strict=True)]
         answers = self.student.generate(
-            [teaching.enhanced_messages(t, g) for t, g in zip(tasks, shown, strict=True)],
+            [prompts.enhanced_messages(t, g) for t, g in zip(tasks, shown, strict=True)],
             s.student_max_tokens,
             samples,
             s.student_temperature,
