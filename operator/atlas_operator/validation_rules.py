@@ -7,7 +7,7 @@ server's. Kubernetes evaluates a rule with ``self`` bound to the object at the r
 the operator binds ``self`` to the same level of the parsed spec (:func:`atlas_operator.schema.to_object`),
 whose defaults are the CRD's.
 
-What CEL cannot see stays in :func:`atlas_operator.validation.validate_run` (and the README lists it, "Validation"):
+What CEL cannot see stays in :func:`atlas_operator.validation.validate_run` (docs/validation.md lists it):
 ``spec.training.extra`` (preserve-unknown-fields are invisible to CEL: the generation batch of a run that sets extra
 is checked there, of one that does not here) and cluster state (the PVC, the reward ConfigMap, the backend's CRD).
 The bundled reward config names and the builtin datasets are the operator's, and so the CRDs' too: the CRDs are
