@@ -58,7 +58,7 @@ Targets are checked on the real API's figures (the emulator's are printed beside
 and what it does not).
 
     .venv/bin/python -m bench.operator_throughput [--api real,floor,emulator] [--runs 100,1000] [--interval 15]
-        [--settle 3] [--window 30]
+        [--settle 3] [--window 30] [--pace RUNS_PER_S] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -179,6 +179,27 @@ def wait(condition, timeout: float, step: float = 0.05) -> bool:
             return False
         time.sleep(step)
     return True
+
+
+# A new run's way to its children, from the audit log (its first request of each kind): kopf's finalizer patch, the
+# name checks of its children (gets), their creates.
+STEPS = {("patch", True): "finalizer", ("get", False): "name checks", ("create", False): "creates"}
+
+
+def step_figures(names: list[str], created_at: dict, steps: dict[str, dict[str, float]], ready_at: dict) -> dict:
+    """The median seconds of each step of a new run's way to its children: from its create to kopf's finalizer, to
+    the first name check, to the first create, to the last child made (a step the operator skips is left out)."""
+    order = [("created", created_at), *((step, None) for step in STEPS.values()), ("children", ready_at)]
+    spans: dict[str, list[float]] = {}
+    for name in names:
+        times = []
+        for step, source in order:
+            at = source.get(name) if source is not None else steps[name].get(step)
+            if at is not None:
+                times.append((step, at))
+        for (_, start), (step, end) in zip(times, times[1:], strict=False):
+            spans.setdefault(step, []).append(end - start)
+    return {step: statistics.median(values) for step, values in spans.items()}
 
 
 def latency_figures(names: list[str], created_at: dict[str, float], ready_at: dict[str, float]) -> dict:
@@ -393,16 +414,23 @@ def stop_profiler(recording: subprocess.Popen | None) -> None:
         recording.wait(60)
 
 
-def bench_floor(runs: int, interval: float, settle: float, window: float, profile: Path | None = None) -> dict:
+def bench_floor(runs: int, interval: float, settle: float, window: float, **options) -> dict:
     """The burst on the real control plane with bench/ideal_operator.py in the operator's place: the floor."""
-    return bench_real(runs, interval, settle, window, profile, ideal=True)
+    return bench_real(runs, interval, settle, window, ideal=True, **options)
 
 
 def bench_real(
-    runs: int, interval: float, settle: float, window: float, profile: Path | None = None, ideal: bool = False
+    runs: int,
+    interval: float,
+    settle: float,
+    window: float,
+    profile: Path | None = None,
+    ideal: bool = False,
+    pace: float = 0.0,
 ) -> dict:
     """The same burst and idle window on the real control plane (module docstring); ``ideal``: the burst only, with
-    bench/ideal_operator.py (nothing but the children's creates) in the operator's place."""
+    bench/ideal_operator.py (nothing but the children's creates) in the operator's place; ``pace``: runs created
+    per second (0: as fast as the client goes)."""
     bin_dir = default_bin_dir()
     ensure_built(bin_dir)  # cached after the first time (make kube)
     trainers = FakeTrainers()
@@ -462,19 +490,24 @@ def bench_real(
         created_at: dict[str, float] = {}
         ready_at: dict[str, float] = {}
         seen: dict[str, dict[tuple[str, str], float]] = {n: {} for n in names}
+        steps: dict[str, dict[str, float]] = {n: {} for n in names}  # the first request of each step, per run
         last_write = [time.time()]
 
         def follow() -> None:
             """Each child's first successful write by the operator, from the audit log; a run is ready when all
             its children are."""
             for e in audit.poll():
+                ref = e.get("objectRef", {})
+                run = owner.get(ref.get("name", ""))
+                if run is not None and ref.get("namespace") == NS and not ref.get("subresource"):
+                    step = STEPS.get((e["verb"], ref.get("resource") == "atlastrainings"))
+                    if step:
+                        steps[run].setdefault(step, audit_time(e))
                 if e["verb"] not in WRITES or e.get("responseStatus", {}).get("code", 500) >= 400:
                     continue
-                ref = e.get("objectRef", {})
                 if ref.get("namespace") != NS:
                     continue  # the Lease the operator renews every 2 s (leader election) is not a run's write
                 last_write[0] = max(last_write[0], audit_time(e))
-                run = owner.get(ref.get("name", ""))
                 key = (ref.get("resource"), ref.get("name"))
                 if run is None or ref.get("subresource") or key not in wanted[run] or key in seen[run]:
                     continue
@@ -491,7 +524,9 @@ def bench_real(
         }
         parts0 = {n: process_cpu(pid) for n, pid in parts.items()}
         started = time.time()
-        for name in names:
+        for index, name in enumerate(names):
+            if pace:  # the next run's turn: index / pace seconds after the first
+                time.sleep(max(0.0, started + index / pace - time.time()))
             created_at[name] = time.time()
             api.create_namespaced_custom_object(
                 "atlas.arc.computer", "v1alpha1", NS, "atlastrainings", training(name, checkpoint={"pvc": "ckpt"})
@@ -502,6 +537,7 @@ def bench_real(
         wait(lambda: follow() or len(ready_at) == len(names), 300, 0.1)
         figures["all_ready_s"] = time.time() - started
         figures.update(latency_figures(names, created_at, ready_at))
+        figures["steps"] = step_figures(names, created_at, steps, ready_at)
         while time.time() - last_write[0] < settle:  # settled: no write of the operator's for `settle` seconds
             time.sleep(0.25)
             follow()
@@ -638,6 +674,9 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=15.0, help="the operator's ATLAS_PROGRESS_INTERVAL")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds without a write = settled")
     parser.add_argument("--window", type=float, default=None, help="idle seconds measured (default 2 intervals)")
+    parser.add_argument(
+        "--pace", type=float, default=0.0, help="real and floor: runs created per second (default: as fast as it goes)"
+    )
     parser.add_argument("--profile", type=Path, help="a folder for py-spy stacks of the busy operator (real API)")
     args = parser.parse_args()
     # A timeout's SIGTERM unwinds like Ctrl-C: the real API's processes are stopped (bench_real's finally).
@@ -652,7 +691,7 @@ def main() -> int:
     for runs in sizes:
         for api in apis:
             print(f"... {runs} runs, {api} API", file=sys.stderr, flush=True)
-            options = {"profile": args.profile} if api != "emulator" else {}
+            options = {"profile": args.profile, "pace": args.pace} if api != "emulator" else {}
             results.append(benches[api](runs, args.interval, args.settle, window, **options))
 
     children = len(CHILDREN)
@@ -667,6 +706,12 @@ def main() -> int:
         (
             "median by creation tenth (1st/5th/10th)",
             lambda f: " / ".join(f"{f['deciles'][i]:.2f}" for i in (0, len(f["deciles"]) // 2 - 1, -1)),
+        ),
+        (
+            "median s to: finalizer / name checks / creates / children",
+            lambda f: " / ".join(
+                f"{f['steps'][step]:.2f}" if step in f["steps"] else "-" for step in (*STEPS.values(), "children")
+            ),
         ),
         (
             "busy CPU s: operator / API",
@@ -707,7 +752,8 @@ def main() -> int:
     cells = [[shown(show, f) for f in results] for _, show in rows]
     col = max(len(c) for row in cells for c in row)
     print(
-        f"interval {args.interval:g} s, idle window {window:g} s, settle {args.settle:g} s; load {os.getloadavg()}; "
+        f"interval {args.interval:g} s, idle window {window:g} s, settle {args.settle:g} s, "
+        f"pace {f'{args.pace:g} runs/s' if args.pace else 'unpaced'}; load {os.getloadavg()}; "
         "API real: kube-apiserver + etcd (audit log), emulator: kmock in this process"
     )
     for (label, _), row in zip(rows, cells, strict=True):

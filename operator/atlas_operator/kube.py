@@ -96,7 +96,9 @@ class ApiError(Exception):
 Lookup = Callable[[Resource, str, str], "dict[str, Any] | None"]
 
 
-CONNECTIONS = 32  # pooled API connections (at least the handler threads: OperatorConfig.workers defaults to 16)
+# Pooled API connections: at least the requests in flight at once (the handler threads, OperatorConfig.workers, 16 by
+# default, each waiting on one, or on a wave of its run's sent together: reconcile/concurrency.py).
+CONNECTIONS = 64
 RETRY_AFTER_TRIES = 10  # client-go's: a request answered 429 is sent again after its Retry-After, 10 times at most
 PENDING = "pending"  # a write in flight (see Kube._writing)
 

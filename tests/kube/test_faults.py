@@ -286,15 +286,22 @@ def test_api_priority_and_fairness_throttles_the_operator_which_honours_retry_af
         for e in events
         if e["userAgent"].startswith("atlas-operator/") and e.get("objectRef", {}).get("resource") != "events"
     ]
+
+    def request(e: dict) -> tuple:  # the same request sent again: a create's URI is its collection's, so its name too
+        return e["verb"], e["requestURI"], e.get("objectRef", {}).get("name")
+
+    # A run's children of one kind are created together (atlas_operator/reconcile/concurrency.py), and a create the
+    # API server rejects before reading its body has no name in the log: up to its siblings' number of same-URI
+    # creates may follow it at once without being its retries.
+    made = Counter(e["requestURI"] for e in own if e["verb"] == "create" and e["responseStatus"].get("code", 500) < 300)
     early = []
     for i, event in enumerate(own):
         if event["responseStatus"].get("code") != 429:
             continue
-        again = next(
-            (e for e in own[i + 1 :] if (e["verb"], e["requestURI"]) == (event["verb"], event["requestURI"])), None
-        )
-        if again is not None and audit_time(again) - audit_time(event) < 1.0:
-            early.append((event["verb"], event["requestURI"], round(audit_time(again) - audit_time(event), 3)))
+        soon = [e for e in own[i + 1 :] if request(e) == request(event) and audit_time(e) - audit_time(event) < 1.0]
+        siblings = made[event["requestURI"]] - 1 if request(event)[2] is None and event["verb"] == "create" else 0
+        if len(soon) > siblings:
+            early.append((event["verb"], event["requestURI"], round(audit_time(soon[0]) - audit_time(event), 3)))
     assert early == [], early
     # No hot loop: rejections never outnumber the requests served; a run costs a bounded number of requests; and a run
     # has three senders at most — kopf's worker with its handler, its timer, a refresh for a child's change — each

@@ -18,6 +18,7 @@ from atlas_operator.ownership import (
     rival_run,
 )
 from atlas_operator.reconcile.common import NameConflict, RetryLater, condition
+from atlas_operator.reconcile.concurrency import at_once
 from atlas_operator.reconcile.patching import _managed_patch
 from atlas_operator.render import (
     on_jobset,
@@ -54,16 +55,22 @@ class Children:
         name, since an object someone else made there carries none of the labels the watch selects (one made a
         moment ago and not cached yet is found by the create's 409: ``apply``)."""
         established = bool((body.get("status") or {}).get("children"))
-        existing, foreign = {}, []
-        for child in desired:
-            resource = kube.resource_of(child)
-            name = child["metadata"]["name"]
-            obj = self.kube.get(
+
+        def look_up(child: dict[str, Any]) -> dict[str, Any] | None:
+            resource, name = kube.resource_of(child), child["metadata"]["name"]
+            return self.kube.get(
                 resource, run.namespace, name, absent_unless_watched=established, cached=not established
             )
+
+        # A new run's checks go to the API server, all at once; an established run's are answered by the watch.
+        found = at_once(self.requests, look_up, desired) if not established else [(look_up(c), None) for c in desired]
+        existing, foreign = {}, []
+        for child, (obj, error) in zip(desired, found, strict=True):
+            if error is not None:
+                raise error
             existing[_key(child)] = obj
             if obj is not None and not is_controlled_by(obj, body):
-                foreign.append(Foreign.of({**obj, "kind": resource.kind}))
+                foreign.append(Foreign.of({**obj, "kind": kube.resource_of(child).kind}))
         return existing, foreign
 
     def name_conflict(

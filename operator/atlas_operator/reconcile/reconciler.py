@@ -19,6 +19,7 @@ from atlas_operator.ownership import (
 )
 from atlas_operator.reconcile.children import Children, reward_yaml
 from atlas_operator.reconcile.common import NameConflict, condition, log
+from atlas_operator.reconcile.concurrency import at_once, pool, waves
 from atlas_operator.reconcile.job_policies import JobPolicies, _backend_of
 from atlas_operator.reconcile.observe import Observation
 from atlas_operator.reconcile.prerequisites import Prerequisites
@@ -53,6 +54,7 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
     def __init__(self, client: Kube, settings: OperatorConfig | None = None):
         self.kube = client
         self.settings = settings or OperatorConfig()
+        self.requests = pool()  # a run's requests that do not wait on each other (concurrency.py)
         self._crd_seen_at: dict[str, float] = {}  # job kind → when its CRD was last seen served
         self._runtime_seen: dict[str, tuple[float, dict]] = {}  # ClusterTrainingRuntime → when read, as read
         # Trainer scrapes: their own small pool (each run's timer awaits its own, so one in flight per run).
@@ -146,26 +148,32 @@ class Reconciler(Prerequisites, Children, JobPolicies, Observation, Scraping):
         Deployments as applied (name → object)."""
         job, rejected = None, []
         servers: dict[str, dict[str, Any] | None] = {}
-        for child in desired:
-            try:
-                observed, action = self.apply(
-                    run, child, existing[(child["kind"], child["metadata"]["name"])], revision, result
-                )
-            except ApiError as exc:
-                if not exc.rejected:
-                    raise  # transient: kopf retries the reconciliation
-                # The API server refuses this object as rendered: retrying at once changes nothing, so say
-                # why and try again at the next status refresh (the timer), not in a hot loop.
-                rejected.append(
-                    f"{child['kind']} {child['metadata']['name']}: {exc.status} {exc.reason}: {exc.message}"
-                )
-                continue
-            if action:
-                result.actions[f"{child['kind']}/{child['metadata']['name']}"] = action
-            if child["kind"] in kube.JOBS:
-                job = observed
-            elif child["kind"] == "Deployment":
-                servers[child["metadata"]["name"]] = observed
+
+        def apply(child: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+            return self.apply(run, child, existing[(child["kind"], child["metadata"]["name"])], revision, result)
+
+        for wave in waves(desired):  # each wave at once, in order (concurrency.py)
+            failed = None
+            for child, (applied, error) in zip(wave, at_once(self.requests, apply, wave), strict=True):
+                if isinstance(error, ApiError) and error.rejected:
+                    # The API server refuses this object as rendered: retrying at once changes nothing, so say
+                    # why and try again at the next status refresh (the timer), not in a hot loop.
+                    rejected.append(
+                        f"{child['kind']} {child['metadata']['name']}: {error.status} {error.reason}: {error.message}"
+                    )
+                    continue
+                if error is not None:
+                    failed = failed or error  # transient, or a name taken: no later wave (kopf retries the pass)
+                    continue
+                observed, action = applied
+                if action:
+                    result.actions[f"{child['kind']}/{child['metadata']['name']}"] = action
+                if child["kind"] in kube.JOBS:
+                    job = observed
+                elif child["kind"] == "Deployment":
+                    servers[child["metadata"]["name"]] = observed
+            if failed is not None:
+                raise failed
         if result.actions:  # the log says what changed; the condition stays put (no status write per pass)
             changes = ", ".join(f"{action} {child}" for child, action in result.actions.items())
             log.info("%s %s/%s: %s", run.kind, run.namespace, run.name, changes)
