@@ -28,13 +28,14 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/atlas demo
 
-# One process: the end-to-end, watchdog and Prometheus tests time real trainers, and a second worker on the same
-# 2 cores slowed them into false stalls and restarts (pytest-xdist is installed for local use: -n 2 --dist loadfile).
-# The slowest 15 tests are printed at the end. tests/test_docs.py fails when docs/reference/ is stale: make reference.
+# Two pytest-xdist workers: the tests that time real trainers or wait on the control plane run one after another on
+# one of them (tests/conftest.py: SERIAL_MODULES and tests/kube/), every other module beside them on the other; a
+# worker per core, since the serial ones leave a core idle most of their time. The slowest 15 tests are printed.
+# tests/test_docs.py fails when docs/reference/ is stale: make reference.
 test: $(STAMP) prometheus kube-controllers
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=15
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=15 -n 2
 
 # Debian's Prometheus server and promtool (2.42) for tests/test_prometheus.py and tests/test_alerts.py: installed
 # when missing on Debian as root; elsewhere those tests skip and say what to install.

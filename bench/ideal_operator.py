@@ -12,6 +12,7 @@ itself takes on this machine for these writes.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -48,6 +49,7 @@ def children_of(body: dict, settings: config.OperatorConfig) -> list[dict]:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     settings = config.current()
     kube = Kube(default_api_client())
     api = kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(kube.api.configuration))

@@ -70,3 +70,36 @@ def fresh_trainer_metrics():
         if isinstance(value, MetricWrapperBase):
             value.clear()
     return metrics
+
+
+# make test runs two pytest-xdist workers (-n 2): the tests that time real trainers or wait on a control plane (a
+# watchdog's stall, a Prometheus scrape, a SIGTERM's save, the real-Kubernetes tier, whose one control plane is
+# package-scoped) are one unit of work, run one after another on one worker as before; every other module is a unit
+# of its own (its module-scoped fixtures start once), run on the other worker beside them, a worker per core: the
+# serial ones leave a core idle most of their time. Without -n this changes nothing.
+SERIAL_MODULES = {
+    "test_demo.py",
+    "test_distributed.py",
+    "test_prometheus.py",
+    "test_stop_on_signal.py",
+    "test_watchdog.py",
+}
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: "serial", or its module's path."""
+    path = Path(nodeid.split("::", 1)[0])
+    return "serial" if path.parts[1:2] == ("kube",) or path.name in SERIAL_MODULES else path.as_posix()
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        """xdist's scope scheduling (largest unit first, a unit whole to one worker) over work_unit's units (xdist's
+        own LoadFileScheduling overrides the same method for files)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
