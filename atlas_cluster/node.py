@@ -91,7 +91,7 @@ import yaml
 
 from atlas_cluster import podnet
 from atlas_cluster.controlplane import free_port, go_env, kubeconfig, write_kubeconfig
-from atlas_cluster.pki import CLIENT, _signed
+from atlas_cluster.pki import CLIENT, sign_certificate
 from atlas_cluster.processes import Supervisor
 
 HOST_ENV = (
@@ -150,7 +150,7 @@ def client_certificate(pki: Path, stem: str, subject: str) -> tuple[Path, Path]:
     """A client certificate ``<stem>.crt``/``.key`` in the cluster's ``pki`` folder, signed by its CA (made once)."""
     crt, key = pki / f"{stem}.crt", pki / f"{stem}.key"
     if not (crt.exists() and key.exists()):
-        _signed(stem, subject, CLIENT, pki)
+        sign_certificate(stem, subject, CLIENT, pki)
     return crt, key
 
 
@@ -1399,13 +1399,17 @@ class ProcessNodes:
                                        "(is kube-controller-manager running?)")  # fmt: skip
                 time.sleep(0.2)
 
+    def current_workers(self) -> list[PodWorker]:
+        """The pods' workers now (a copy: the nodes' thread adds and removes them)."""
+        with self._lock:
+            return list(self.workers.values())
+
     def stop(self) -> None:
         self._stop.set()
         self.wake.set()
         if self._thread.is_alive():
             self._thread.join(30)
-        with self._lock:
-            workers = list(self.workers.values())
+        workers = self.current_workers()
         for worker in workers:
             worker.halt = True
         for worker in workers:
@@ -1516,8 +1520,7 @@ class ProcessNodes:
                     worker.pod["metadata"].get("resourceVersion", 0)
                 ):
                     worker.pod = pod
-        with self._lock:
-            workers = list(self.workers.values())
+        workers = self.current_workers()
         for worker in workers:
             if worker.uid not in seen:
                 worker.gone = True

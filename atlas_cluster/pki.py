@@ -29,7 +29,7 @@ def _ec_key(name: str, cwd: Path) -> None:
     _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", f"{name}.key", cwd=cwd)
 
 
-def _signed(name: str, subject: str, extensions: str, cwd: Path, ca: Path | None = None) -> None:
+def sign_certificate(name: str, subject: str, extensions: str, cwd: Path, ca: Path | None = None) -> None:
     """``name.crt``/``name.key`` in ``cwd``, signed by ``ca`` (``ca.crt`` beside ``ca.key``; default cwd's)."""
     ca_crt, ca_key = (str(ca), str(ca.with_suffix(".key"))) if ca else ("ca.crt", "ca.key")
     _ec_key(name, cwd)
@@ -92,7 +92,7 @@ def sign_serving_cert(directory: Path, ca: Path, dns_names: tuple[str, ...] = ()
         "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
         f"subjectAltName=IP:127.0.0.1,{names}\n"
     )
-    _signed(name, f"/CN={dns_names[0] if dns_names else 'localhost'}", extensions, directory, ca)
+    sign_certificate(name, f"/CN={dns_names[0] if dns_names else 'localhost'}", extensions, directory, ca)
     return directory / f"{name}.crt"
 
 
@@ -102,9 +102,9 @@ def make_pki(directory: Path) -> Path:
     if (directory / "complete").exists():
         return directory
     make_ca(directory)
-    _signed("apiserver", "/CN=kube-apiserver", SERVER, directory)
+    sign_certificate("apiserver", "/CN=kube-apiserver", SERVER, directory)
     for stem, subject in CLIENTS.items():
-        _signed(stem, subject, CLIENT, directory)
+        sign_certificate(stem, subject, CLIENT, directory)
     _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "sa.key", cwd=directory)
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
     (directory / "complete").write_text("")

@@ -72,7 +72,7 @@ def dataset_problems(source: str, split: str, algorithm: str, prefix: str = "dat
             return [f"{name('source')}: '{source}' is an SFT dataset (use algorithm sft)"]
         splits = builtin.sft_splits if algorithm == "sft" else builtin.splits
         if split not in splits:
-            return [f"{name('split')}: '{source}' has {_listed(splits)} for algorithm {algorithm}, got '{split}'"]
+            return [f"{name('split')}: '{source}' has {splits_text(splits)} for algorithm {algorithm}, got '{split}'"]
         return []
     return _path_problems(source, name) if local else []
 
@@ -95,14 +95,14 @@ def evaluation_problems(
                 f"a dataset of problems ({evaluable}, a file, hf://…)"
             ]
         if split not in builtin.splits:
-            return [f"{name('split')}: '{source}' has {_listed(builtin.splits)}, got '{split}'"]
+            return [f"{name('split')}: '{source}' has {splits_text(builtin.splits)}, got '{split}'"]
         return []
     return _path_problems(source, name) if local else []
 
 
 def missing_split(source: str, split: str, splits: list[str], field: str, evaluation: bool) -> str:
     """The message for a split a loaded source does not have; for an evaluation, how to evaluate anyway."""
-    message = f"{field}: '{source}' has no split '{split}' (it has {_listed(splits)})"
+    message = f"{field}: '{source}' has no split '{split}' (it has {splits_text(splits)})"
     if evaluation and splits == [WHOLE_FILE_SPLIT]:
         message += (
             f": no held-out split; give held-out problems (a '{SPLIT_COLUMN}' column, a file per split, another "
@@ -122,6 +122,7 @@ def _path_problems(source: str, name: Callable[[str], str]) -> list[str]:
     return []
 
 
-def _listed(splits) -> str:
+def splits_text(splits) -> str:
+    """How a message names ``splits`` ("split train", "splits train, test", "splits none"); the CRD's rules too."""
     splits = list(splits)
     return f"split{'s' if len(splits) != 1 else ''} {', '.join(splits) or 'none'}"

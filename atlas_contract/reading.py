@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from atlas_contract import rules
+from atlas_contract import checks
 from atlas_contract.text import bounded_repr
 
 UNKNOWN_KEY = "unknown configuration key"
@@ -35,7 +35,7 @@ class FieldReader:
         value = self.raw.get(key)
         if value is None:
             return default
-        problem = rules.setting_problem(limit or key, value, kinds)
+        problem = checks.setting_problem(limit or key, value, kinds)
         if problem:
             self.problems.append(f"{self.path(key)}: {problem}")
             return default

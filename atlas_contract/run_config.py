@@ -1,8 +1,8 @@
 """run.yaml, typed: what the operator writes into a run's ConfigMap and the trainer reads.
 
 The operator builds a :class:`RunConfig` from a run's spec and writes its :meth:`RunConfig.to_dict`
-(``operator/atlas_operator/render/run_config.py``); the trainer composes its Hydra config (recipes, overrides) and
-parses the result with :meth:`RunConfig.from_dict` (``atlas_core/training/run_config.py``), which raises
+(``operator/atlas_operator/render/config_map.py``); the trainer composes its Hydra config (recipes, overrides) and
+parses the result with :meth:`RunConfig.from_dict` (``atlas_core/training/load_config.py``), which raises
 :class:`~atlas_contract.errors.InvalidFields` listing every problem under its full path (``trainer.student_temperature:
 expected …``). The teaching fields stay under ``trainer`` in the file (they are GRPOConfig fields there) and are read
 as :attr:`RunConfig.teaching`. What the contract cannot judge without the training libraries (which trainer fields
@@ -136,7 +136,7 @@ class RewardConfig:
     """run.yaml's ``reward``: what scores the completions (the policy's for grpo, the student's for teacher)."""
 
     funcs: tuple[str, ...] = ()
-    """Verifiable reward functions by name (atlas_contract.rules.REWARD_FUNCTIONS)."""
+    """Verifiable reward functions by name (atlas_contract.checks.REWARD_FUNCTIONS)."""
     config: str | None = None
     """RIM judges: a reward_system config name or a YAML path; None = none."""
     weights: tuple[float, ...] | None = None
@@ -167,7 +167,7 @@ def _text_list(reader: FieldReader, key: str) -> list[str] | None:
 
 
 def _number_list(reader: FieldReader, key: str) -> tuple[float, ...] | None:
-    """A list (each number's own check is atlas_contract.rules.weight_problems', which the trainer runs)."""
+    """A list (each number's own check is atlas_contract.checks.weight_problems', which the trainer runs)."""
     value = reader.raw.get(key)
     if value is None:
         return None

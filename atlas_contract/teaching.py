@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from atlas_contract import rules
+from atlas_contract import checks
 from atlas_contract.defaults import TEACHING
 from atlas_contract.errors import InvalidFields
 from atlas_contract.reading import FieldReader
@@ -86,7 +86,7 @@ class TeachingSettings:
         """Every value of the wrong kind or out of range, as ``<name(field)>: expected …, got …``."""
         found = []
         for f in fields(self):
-            problem = rules.setting_problem(f.name, getattr(self, f.name), _kinds(f.name))
+            problem = checks.setting_problem(f.name, getattr(self, f.name), _kinds(f.name))
             if problem:
                 found.append(f"{name(f.name)}: {problem}")
         return found

@@ -13,7 +13,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from atlas_contract import rules
+from atlas_contract import checks
 
 #: What a task's prompt asks for: the format :func:`extract_answer` reads first.
 SYSTEM_HINT = "Put the final answer in \\boxed{}."
@@ -99,5 +99,5 @@ def boxed_format_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     return [1.0 if _last_boxed(completion_text(c)) else 0.0 for c in completions]
 
 
-#: Reward functions a recipe may name (``reward.funcs``), under the names of ``atlas_contract.rules``.
-REWARD_FUNCTIONS = dict(zip(rules.REWARD_FUNCTIONS, (exact_match_reward, boxed_format_reward), strict=True))
+#: Reward functions a recipe may name (``reward.funcs``), under the names of ``atlas_contract.checks``.
+REWARD_FUNCTIONS = dict(zip(checks.REWARD_FUNCTIONS, (exact_match_reward, boxed_format_reward), strict=True))

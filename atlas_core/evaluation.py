@@ -58,7 +58,7 @@ class EvaluationRunSettings:
     def problems(self) -> list[str]:
         """Every out-of-range setting, named by its field (a teaching one by its own name): each range is the
         contract's (atlas_contract.defaults.LIMITS), the one the CRD's spec.teaching and spec.evaluation state."""
-        from atlas_contract.rules import setting_problem
+        from atlas_contract.checks import setting_problem
 
         found = []
         for name, limit in SETTING_LIMITS.items():

@@ -21,7 +21,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 # Replaced in tests to record the waits instead of sleeping.
-_sleep = asyncio.sleep
+retry_wait = asyncio.sleep
 
 
 class OpenAICallError(Exception):
@@ -115,7 +115,7 @@ async def call_with_retries(attempt: Callable[[], Awaitable[T]], policy: RetryPo
             exc.attempts = n + 1
             if not exc.retryable or n + 1 >= policy.attempts:
                 raise
-            await _sleep(policy.delay_s(n, exc.retry_after))
+            await retry_wait(policy.delay_s(n, exc.retry_after))
     raise AssertionError("unreachable: RetryPolicy.attempts >= 1")
 
 

@@ -56,7 +56,7 @@ def main() -> int:
     parser.add_argument("--skip-continuous", action="store_true", help="skip transformers' continuous batching")
     args = parser.parse_args()
 
-    from atlas_contract.rules import SMOLLM2_MODEL_URI
+    from atlas_contract.checks import SMOLLM2_MODEL_URI
     from atlas_contract.teaching import TeachingSettings
     from atlas_core.cli.display import quiet_libraries
     from atlas_core.evaluation import EvaluationRunSettings, GuidanceMeter, evaluate_teaching

@@ -85,7 +85,7 @@ def main() -> int:
     parser.add_argument("--reuse", action="store_true", help="evaluate the teacher already trained in --output")
     args = parser.parse_args()
 
-    from atlas_contract.rules import SMOLLM2_MODEL_URI
+    from atlas_contract.checks import SMOLLM2_MODEL_URI
     from atlas_core.cli.display import quiet_libraries
     from atlas_core.models.tiny import resolve_model_path
 
@@ -110,7 +110,7 @@ def _train(stage: str, recipe: str, extra: list[str], output: Path, model: str, 
     from transformers import TrainerCallback
 
     from atlas_contract.errors import InvalidFields
-    from atlas_core.training.run_config import load_run_config, parse_run_config, validate_run_config
+    from atlas_core.training.load_config import load_run_config, parse_run_config, validate_run_config
     from atlas_core.training.runner import run_training
 
     class TimeBudget(TrainerCallback):
@@ -140,7 +140,7 @@ def _saved_args(stage: Path):
 
 
 def _evaluate(output: Path, model: str, teacher_args, problems: int) -> int:
-    from atlas_contract.rules import SMOLLM2_MODEL_URI
+    from atlas_contract.checks import SMOLLM2_MODEL_URI
     from atlas_contract.teaching import TeachingSettings
     from atlas_core.evaluation import GuidanceMeter, evaluate_teaching
     from atlas_core.evaluation_figures import comparison_lines

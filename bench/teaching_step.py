@@ -42,7 +42,7 @@ def per_prompt_loop(trainer: TeacherGRPOTrainer, batch: dict) -> list[float]:
     ]
     rewards = []
     for p, gt, d, g in zip(batch["prompts"], batch["ground_truth"], diagnostics, guidances, strict=True):
-        reward, _ = trainer._teaching_rewards([p], [{"ground_truth": gt}], [d.baseline_score], [g])
+        reward, _ = trainer.teaching_rewards([p], [{"ground_truth": gt}], [d.baseline_score], [g])
         rewards.extend(reward)
     return rewards
 

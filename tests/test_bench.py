@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -26,9 +27,18 @@ def imported_names(script: Path) -> list[tuple[int, str, str]]:
     ]
 
 
+def test_the_scripts_make_bench_runs_are_the_ones_checked():
+    """The scripts below are found by a glob: an empty or wrong glob would make the parametrized tests check
+    nothing. Every script the Makefile's bench target runs (bench/x.py or -m bench.x) is among them."""
+    makefile = (BENCH.parent / "Makefile").read_text()
+    target = makefile.split("\nbench:", 1)[1].split("\n\n", 1)[0]
+    run = set(re.findall(r"bench[/.](\w+)", target))
+    assert run, "the Makefile's bench target runs no bench script"
+    assert run <= {script.stem for script in SCRIPTS}, f"make bench runs scripts not found: {run}"
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
 def test_every_name_a_bench_script_imports_exists(script):
-    assert SCRIPTS, "no bench scripts found"
     missing = []
     for line, module, name in imported_names(script):
         found = importlib.import_module(module)

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
+from atlas_operator.cel_rules import CHECKPOINT_FIXED, FIXED, rules_for
 from atlas_operator.crd import custom_resource_definition
 from atlas_operator.validation import parse_run
-from atlas_operator.validation_rules import CHECKPOINT_FIXED, FIXED, rules_for
 from cel_expr_python import cel
 
 from atlas_contract.errors import InvalidFields
@@ -147,7 +147,7 @@ def variants(count: int, seed: int = 33) -> list[dict[str, Any]]:
 CORPUS = [*EXAMPLES, *STORED, *BUILT, *variants(700)]
 
 
-def _cel_visible(manifest: dict[str, Any], problems: list[str]) -> list[str]:
+def cel_visible(manifest: dict[str, Any], problems: list[str]) -> list[str]:
     """The operator's problems that the CRD's rules can see: not spec.training.extra's, nor the generation batch of a
     run that sets extra (which enters the batch), both the operator's alone (validation.validate_run)."""
     extra_set = (manifest["spec"].get("training") or {}).get("extra") is not None
@@ -165,7 +165,7 @@ def _jsonschema(kind: str) -> dict[str, Any]:
     return crd_jsonschema(custom_resource_definition(kind))
 
 
-def _schema_valid(manifest: dict[str, Any]) -> bool:
+def schema_valid(manifest: dict[str, Any]) -> bool:
     try:
         openapi_validate(manifest, _jsonschema(manifest["kind"]))
     except Exception:  # noqa: BLE001 - the API server refuses it before any rule: not a parity case
@@ -178,7 +178,7 @@ def disagreements(corpus: list[dict[str, Any]], schemas: dict[str, dict] | None 
     schemas = schemas or {kind: crd_schema(kind) for kind in KINDS}
     found = []
     for manifest in corpus:
-        if not _schema_valid(manifest):
+        if not schema_valid(manifest):
             continue
         schema = schemas[manifest["kind"]]
         by_cel = sorted(r.as_problem() for r in admission_refusals(manifest, schema=schema))
@@ -187,7 +187,7 @@ def disagreements(corpus: list[dict[str, Any]], schemas: dict[str, dict] | None 
             problems = []
         except InvalidFields as invalid:
             problems = invalid.problems
-        by_operator = sorted(_cel_visible(manifest, problems))
+        by_operator = sorted(cel_visible(manifest, problems))
         if by_cel != by_operator:
             found.append(
                 f"{manifest['metadata']['name']} {manifest['spec']}:\n  CEL {by_cel}\n  operator {by_operator}"
@@ -196,14 +196,14 @@ def disagreements(corpus: list[dict[str, Any]], schemas: dict[str, dict] | None 
 
 
 def test_the_crd_rules_and_the_operator_agree_on_every_manifest():
-    assert len([m for m in CORPUS if _schema_valid(m)]) > 400
+    assert len([m for m in CORPUS if schema_valid(m)]) > 400
     assert disagreements(CORPUS) == []
 
 
 def test_every_rule_is_met_and_broken_by_some_manifest():
     """Each rule is exercised both ways by the parity corpus (a rule never broken proves nothing)."""
     for kind in KINDS:
-        runs = [m for m in CORPUS if m["kind"] == kind and _schema_valid(m)]
+        runs = [m for m in CORPUS if m["kind"] == kind and schema_valid(m)]
         broken = {r.rule for m in runs for r in admission_refusals(m)}
         rules = [v["rule"] for v in _validations(crd_schema(kind)) if not is_transition(v["rule"])]
         assert sorted(set(rules) - broken) == [], f"{kind}: rules no manifest breaks {sorted(set(rules) - broken)}"
@@ -483,9 +483,9 @@ def test_the_operators_handler_threads_compile_the_rules_once():
     once per thread (each compilation held the others back; see bench/operator_throughput.py)."""
     import threading
 
-    from atlas_operator import validation_rules
+    from atlas_operator import cel_rules
 
-    validation_rules._compile.cache_clear()
+    cel_rules.compile_kind.cache_clear()
     start = threading.Barrier(16)
 
     def first_run(index: int) -> None:
@@ -497,6 +497,6 @@ def test_the_operators_handler_threads_compile_the_rules_once():
         thread.start()
     for thread in threads:
         thread.join()
-    assert validation_rules._compile.cache_info().misses == 1  # AtlasTraining's, once
-    validation_rules.compile_rules()  # what the operator's start-up does: every kind, each once
-    assert validation_rules._compile.cache_info().misses == 2
+    assert cel_rules.compile_kind.cache_info().misses == 1  # AtlasTraining's, once
+    cel_rules.compile_rules()  # what the operator's start-up does: every kind, each once
+    assert cel_rules.compile_kind.cache_info().misses == 2

@@ -186,7 +186,7 @@ def test_data_without_ground_truth_for_exact_match(tmp_path, atlas_cache, monkey
 def test_run_files_any_name_and_unknown_keys_refused_as_on_the_command_line(tmp_path):
     """A run file is read as the command line is: its unknown keys are errors naming them, and any file
     name works (spaces, commas, quotes)."""
-    from atlas_core.training.run_config import load_run_config, validate_run_config
+    from atlas_core.training.load_config import load_run_config, validate_run_config
 
     odd = tmp_path / "my run, v2 'final'.yaml"
     odd.write_text(
@@ -208,7 +208,7 @@ def test_manifests_and_run_files_in_the_encodings_editors_write(tmp_path, capsys
 
     from atlas_operator.cli import render_main
 
-    from atlas_core.training.run_config import load_run_config
+    from atlas_core.training.load_config import load_run_config
 
     manifest = (REPO / "examples" / "grpo-run.yaml").read_text()
     for encoding, bom in (("utf-16-le", codecs.BOM_UTF16_LE), ("utf-8", codecs.BOM_UTF8)):

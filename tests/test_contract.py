@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from atlas_operator.render import render_children
-from atlas_operator.schema import _unwrap_optional, camel
+from atlas_operator.schema import camel, unwrap_optional
 from atlas_operator.spec import AtlasTeacherSpec, AtlasTrainingSpec
 from atlas_operator.validation import parse_run
 
@@ -57,7 +57,7 @@ def leaf_fields(cls, prefix="spec."):
     """(API path, dataclass field, Python type) of every leaf field, list items as ``[]``."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        annotation, path = _unwrap_optional(hints[f.name]), prefix + camel(f.name)
+        annotation, path = unwrap_optional(hints[f.name]), prefix + camel(f.name)
         item = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else None
         if dataclasses.is_dataclass(annotation):
             yield from leaf_fields(annotation, path + ".")
@@ -168,7 +168,7 @@ def test_documented_default_is_what_renders(kind, algorithm):
 def _trainer_config(kind: str, spec: dict, tmp_path: Path):
     """The trainer configuration object a pod builds from the rendered run.yaml (the real loader and the
     real GRPOConfig/SFTConfig), and the loaded run configuration."""
-    from atlas_core.training.run_config import load_run_config, trainer_config_class, trainer_kwargs
+    from atlas_core.training.load_config import load_run_config, trainer_config_class, trainer_kwargs
 
     children = render_children(parse_run(manifest(kind, spec)))
     config_map = next(c for c in children if c["kind"] == "ConfigMap")
@@ -265,7 +265,7 @@ def test_operator_loads_without_the_training_library():
 
 def test_one_error_type_for_wrong_fields():
     from atlas_contract.errors import InvalidFields
-    from atlas_core.training.run_config import load_run_config
+    from atlas_core.training.load_config import load_run_config
 
     with pytest.raises(InvalidFields) as operator_side:
         parse_run(manifest("AtlasTraining", {"model": 3}))

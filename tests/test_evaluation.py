@@ -230,8 +230,8 @@ def test_evaluation_section_is_checked(tmp_path, capfd):
 def test_an_evaluation_that_fails_after_training_never_fails_the_run(tmp_path, monkeypatch, capsys):
     """A hub dataset is only known when it loads (here: offline): the trained run still exits 0 and reports
     its step, its reward and the evaluation's error, in one line, naming the evaluation's field."""
-    from atlas_core.cli.train import _finish
-    from atlas_core.training.run_config import load_run_config, parse_run_config, validate_run_config
+    from atlas_core.cli.train import finish_run
+    from atlas_core.training.load_config import load_run_config, parse_run_config, validate_run_config
     from atlas_core.training.runner import FinishedRun
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -241,7 +241,7 @@ def test_an_evaluation_that_fails_after_training_never_fails_the_run(tmp_path, m
     )
     assert validate_run_config(cfg) == []  # not knowable before the run
     trained = FinishedRun(output_dir=tmp_path, global_step=3, resumed_from=None, log_history=[{"reward": 0.25}])
-    assert _finish(parse_run_config(cfg), trained) == 0
+    assert finish_run(parse_run_config(cfg), trained) == 0
     result = results.parse_result_message((tmp_path / "termination-log").read_text())
     assert (result["step"], result["reward"]) == (3, 0.25)
     assert result["evaluationError"].startswith("evaluation.dataset.source: cannot load 'hf://nobody/nothing'")

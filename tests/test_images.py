@@ -282,10 +282,10 @@ def test_entrypoint_unknown_command_fails(stub_path):
 
 def test_the_bundled_rim_configs_ship_in_the_wheel(tmp_path):
     """reward_system/ is package data: the wheel the images install carries every bundled config, where
-    atlas_contract.rules looks for it (the reward_system package, not a folder beside the source tree)."""
+    atlas_contract.checks looks for it (the reward_system package, not a folder beside the source tree)."""
     import zipfile
 
-    from atlas_contract.rules import bundled_reward_configs
+    from atlas_contract.checks import bundled_reward_configs
 
     built = subprocess.run(
         [
@@ -310,4 +310,4 @@ def test_the_bundled_rim_configs_ship_in_the_wheel(tmp_path):
     assert bundled_reward_configs()
     for config in bundled_reward_configs():
         assert f"reward_system/{config}.yaml" in names
-    assert "atlas_cli/main.py" in names and "atlas_contract/rules.py" in names
+    assert "atlas_cli/main.py" in names and "atlas_contract/checks.py" in names

@@ -11,7 +11,7 @@ from atlas_operator.spec import TrainingSpec
 
 from atlas_contract.defaults import LIMITS, TEACHING
 from atlas_core.training.data import DatasetSourceError, load_run_dataset
-from atlas_core.training.run_config import load_run_config, validate_run_config
+from atlas_core.training.load_config import load_run_config, validate_run_config
 from tests.support.env import PYTHON, python_env
 
 # The documented trainer settings: every spec.training field, the teaching protocol's, TRL's batch knobs.
@@ -110,7 +110,7 @@ def test_output_dir_problems_name_output_dir(tmp_path):
 
 def test_teacher_exact_match_without_ground_truth_names_the_dataset(tmp_path):
     from atlas_contract.errors import InvalidFields
-    from atlas_core.training.run_config import parse_run_config
+    from atlas_core.training.load_config import parse_run_config
     from atlas_core.training.runner import build_trainer
 
     data = tmp_path / "tasks.jsonl"

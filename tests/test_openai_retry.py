@@ -30,7 +30,7 @@ def waits(monkeypatch):
         recorded.append(seconds)
         await asyncio.sleep(0)
 
-    monkeypatch.setattr(openai_calls, "_sleep", record)
+    monkeypatch.setattr(openai_calls, "retry_wait", record)
     return recorded
 
 

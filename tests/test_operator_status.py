@@ -1,10 +1,10 @@
-"""The status logic (atlas_operator.status and the trainer scrape): phases from job conditions, conditions, progress
-from the trainer's metrics, absent fields removed."""
+"""The status logic (atlas_operator.status_update and the trainer scrape): phases from job conditions, conditions,
+progress from the trainer's metrics, absent fields removed."""
 
 from __future__ import annotations
 
 import pytest
-from atlas_operator.status import Outcome, job_phase, merge_conditions, parse_progress, status_update
+from atlas_operator.status_update import Outcome, job_phase, merge_conditions, parse_progress, status_update
 
 from tests.support.kube_emulator import wait_for
 
@@ -136,3 +136,51 @@ def test_trainer_scrape_is_bounded_in_time_and_size():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_every_event_the_operator_posts_has_a_declared_reason():
+    """Event reasons are EventReason members: a phase's transition, a stuck pod's kubelet reason, a missing
+    prerequisite are all declared; an undeclared reason raises where the Event is made; and no Event in the
+    operator's source spells its reason as a literal."""
+    import ast
+    from pathlib import Path
+
+    import atlas_operator
+    from atlas_operator.reconcile import JOB_CRDS
+    from atlas_operator.run_status import EventReason
+    from atlas_operator.status_update import STUCK_REASONS, Event
+
+    from atlas_contract.names import PHASES
+
+    assert set(PHASES) <= set(EventReason)
+    assert {str(r) for r in STUCK_REASONS} <= set(EventReason)
+    assert {reason for reason, _, _ in JOB_CRDS.values()} <= set(EventReason)
+    assert Event("Normal", "PreemptionSave", "m").reason == EventReason.PREEMPTION_SAVE
+    with pytest.raises(ValueError):
+        Event("Warning", "SomethingNew", "m")
+    literal = []
+    for path in Path(atlas_operator.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Event" and len(node.args) > 1:
+                if isinstance(node.args[1], ast.Constant):
+                    literal.append(f"{path.name}:{node.lineno}")
+    assert not literal, f"Event reasons spelt as literals (use EventReason): {literal}"
+
+
+def test_the_timer_retries_a_run_its_handler_never_reconciled_after_stuck_after_intervals():
+    """reconcile/retry.py: a run whose status is not at its generation is its handler's, until it has waited
+    STUCK_AFTER intervals (the memory keeps since when); a reconciled run is retried only for what no event brings."""
+    from atlas_operator.reconcile import RunMemory
+    from atlas_operator.reconcile.retry import STUCK_AFTER, needs_retry, stuck
+
+    memory, run = RunMemory(), ("AtlasTraining", "ns", "waiting")
+    new = {}
+    assert not stuck(memory, run, new, 1, interval_s=60.0)  # just started waiting
+    assert stuck(memory, run, new, 1, interval_s=0.0)  # waited 0 >= STUCK_AFTER x 0
+    assert STUCK_AFTER * 60.0 > 0 and not needs_retry(new, 1) and needs_retry(new, 1, stuck=True)
+    settled = {"phase": "Running", "observedGeneration": 1, "conditions": []}
+    assert not stuck(memory, run, settled, 1, interval_s=0.0)
+    assert not memory.holds("ns", "waiting")  # reconciled: nothing kept for the wait
+    taken = {**settled, "phase": "Invalid", "conditions": [{"type": "Valid", "status": "False", "reason": "NameTaken"}]}
+    assert needs_retry(taken, 1)
+    assert needs_retry({"phase": "Succeeded", "observedGeneration": 1}, 1)

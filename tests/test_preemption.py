@@ -12,7 +12,7 @@ import kopf
 import pytest
 from atlas_operator import metrics
 from atlas_operator.crd import custom_resource_definition
-from atlas_operator.status import job_ran, status_update, stop_report
+from atlas_operator.status_update import job_ran, status_update, stop_report
 
 from atlas_contract.names import STOP_EXIT_CODE, WATCHDOG_EXIT_CODE
 from atlas_contract.stops import StopReport
@@ -198,7 +198,7 @@ def _series(namespace: str, run: str, kind: str) -> float:
 def test_a_save_on_sigterm_is_counted_once_per_run_and_step(cluster):
     """Every node reports the same step, a pod is seen again (MODIFIED, then DELETED with its last status), an
     operator restarted sees the pods again: one save per step; a later step is another. Through the handlers' own
-    accounting (handlers._reconcile_counted is what increments the counter from each result)."""
+    accounting (handlers.reconcile_counted is what increments the counter from each result)."""
     manifest = teacher("pre-run", backend="JobSet")
     run = Run(cluster, manifest)
     run.reconcile()
@@ -267,7 +267,7 @@ def test_a_save_of_an_earlier_run_of_the_same_name_is_not_counted(cluster):
 
 
 def test_the_handlers_count_a_save_in_the_operator_metric(cluster):
-    """handlers._reconcile_counted increments atlas_training_preemption_saves_total{namespace,run,kind} from the
+    """handlers.reconcile_counted increments atlas_training_preemption_saves_total{namespace,run,kind} from the
     reconciliation's result, as for every run the operator reconciles."""
     from atlas_operator import handlers
 
@@ -282,8 +282,8 @@ def test_the_handlers_count_a_save_in_the_operator_metric(cluster):
     memo.reconciler = reconciler
     memo.phases = metrics.RunPhases()
     before = _series(NS, "metric-run", "AtlasTraining")
-    handlers._reconcile_counted(copy.deepcopy(body), memo, 0.0)
+    handlers.reconcile_counted(copy.deepcopy(body), memo, 0.0)
     reconciler.pod_changed(_stopped_pod("metric-run-trainer-0-0-a", "metric-run", StopReport(9, 1.0)))
-    patch, events = handlers._reconcile_counted(copy.deepcopy(body), memo, 0.0)
+    patch, events = handlers.reconcile_counted(copy.deepcopy(body), memo, 0.0)
     assert _series(NS, "metric-run", "AtlasTraining") == before + 1
     assert patch["preemption"]["step"] == 9 and "PreemptionSave" in [e.reason for e in events]

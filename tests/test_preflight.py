@@ -18,7 +18,7 @@ from atlas_cli.main import main as atlas
 from atlas_contract.errors import InvalidFields
 from atlas_core.training import data
 from atlas_core.training.data import BUILTIN_SOURCES, DatasetSourceError, load_run_dataset
-from atlas_core.training.run_config import load_run_config, validate_run_config
+from atlas_core.training.load_config import load_run_config, validate_run_config
 
 TEACHER = {
     "apiVersion": "atlas.arc.computer/v1alpha1",

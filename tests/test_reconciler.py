@@ -12,7 +12,7 @@ import kopf
 import pytest
 from atlas_operator.config import OperatorConfig
 from atlas_operator.crd import custom_resource_definition
-from atlas_operator.status import status_update
+from atlas_operator.status_update import status_update
 
 from tests.support.kube_emulator import JOBSETS, PYTORCHJOBS
 from tests.support.manifests import NS, teacher, training
@@ -251,8 +251,9 @@ def test_no_result_without_a_readable_message_and_no_loop(cluster, case):
     assert run.pod_reads() == MAX_RESULT_READS
     if case == "forbidden":
         assert {c.status for c in cluster.operator_calls("get", "pods")} == {403}
-    run.reconciler.forget(run.body)  # the run deleted: nothing kept for it
-    assert not run.reconciler._result_reads
+    assert run.reconciler.memory.holds(NS, run.name)
+    run.reconciler.memory.forget(NS, run.name)  # the run deleted: nothing kept for it
+    assert not run.reconciler.memory.holds(NS, run.name)
 
 
 def test_a_recreated_job_drops_the_result_of_the_one_before(cluster):
@@ -276,3 +277,30 @@ def test_a_recreated_job_drops_the_result_of_the_one_before(cluster):
     assert "result" not in run.reconcile() and run.pod_reads() == reads + 1
     run.put_master_pod(results.result_message(11, 0.75))
     assert run.reconcile()["result"] == {"step": 11, "reward": 0.75}
+
+
+def test_forgetting_a_deleted_run_drops_everything_remembered_about_it():
+    """RunMemory.forget (the delete handler's) drops what the reconciler and the handlers keep about the run, of
+    either kind and any uid; another run's memory stays."""
+    from atlas_operator.reconcile import RunMemory
+
+    from atlas_contract.stops import StopReport
+
+    memory = RunMemory()
+    for name in ("gone", "stays"):
+        run = ("AtlasTraining", NS, name)
+        memory.note_kind(NS, name, "AtlasTraining")
+        memory.note_pod(NS, name, f"{name}-pod", ("ErrImagePull", "pull"), (StopReport(3, 1.0), None))
+        assert memory.count_save(NS, name, "uid", 3, None)
+        memory.restarts_seen((NS, name, "uid", "jobset-uid"), 0, 1)
+        assert memory.take_result_read((NS, name, "uid", "job-uid"), 3)
+        memory.run_lock(run)
+        memory.keep_unwritten(run, "7", {"phase": "Pending"})
+        memory.unreconciled_for(run, True)
+        assert memory.queue_refresh(run)
+    memory.forget(NS, "gone")
+    assert not memory.holds(NS, "gone") and memory.holds(NS, "stays")
+    assert memory.kind_of(NS, "gone") is None and memory.stuck_pods(NS, "gone") == []
+    assert memory.stop_of(NS, "gone") is None and memory.unwritten(("AtlasTraining", NS, "gone"), "7") is None
+    assert memory.count_save(NS, "gone", "uid", 3, None)  # counted anew: a run made again under the name
+    assert memory.kind_of(NS, "stays") == "AtlasTraining" and not memory.queue_refresh(("AtlasTraining", NS, "stays"))

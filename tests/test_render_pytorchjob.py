@@ -21,7 +21,7 @@ from tests.support.render import children
     ids=["training", "teacher-cpu"],
 )
 def test_rendered_pytorchjob_matches_the_kubeflow_crd(manifest):
-    """Against the real Kubeflow Training Operator v1.9.0 CRD schema (third-party test data)."""
+    """Against the real Kubeflow Training Operator CRD schema (the one a local cluster installs)."""
     (job,) = [o for o in render_children(parse_run(manifest)) if o["kind"] == "PyTorchJob"]
     openapi_validate(job, pytorchjob_schema())
 

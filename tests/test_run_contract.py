@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from atlas_operator.render.run_config import _yaml_text, config_map, typed_run_config
+from atlas_operator.render.config_map import config_map, typed_run_config, yaml_text
 from atlas_operator.spec import TeachingSpec
 from atlas_operator.validation import parse_run
 
@@ -70,7 +70,7 @@ def test_rendered_run_yaml_parses_back_into_the_run_config_it_was_built_from(nam
     assert parsed.teaching == built.teaching and parsed.evaluation == built.evaluation
     assert parsed.to_dict() == yaml.safe_load(text)
     title = text.splitlines()[0][2:].split(" (rendered")[0]
-    assert _yaml_text(parsed.to_dict(), title) == text  # byte for byte, key order included
+    assert yaml_text(parsed.to_dict(), title) == text  # byte for byte, key order included
     assert (parsed.teaching is not None) == (run.kind == "AtlasTeacher")
 
 
@@ -86,7 +86,7 @@ def test_the_teaching_a_run_states_is_the_teaching_it_parses_to():
 def test_the_trainer_reads_the_examples_run_yaml_as_the_operator_wrote_it(name, tmp_path):
     """Through Hydra (train.yaml's defaults merged in) to the contract's RunConfig: the same teaching, evaluation,
     trainer fields, model and data."""
-    from atlas_core.training.run_config import load_run_config, parse_run_config
+    from atlas_core.training.load_config import load_run_config, parse_run_config
 
     run = parse_run(copy.deepcopy(RUNS[name]))
     path = tmp_path / "run.yaml"
@@ -163,7 +163,7 @@ def test_every_problem_of_a_run_yaml_is_listed_at_once():
 
 
 def test_the_trainer_names_a_wrong_teaching_value_by_its_run_yaml_path_once(tmp_path):
-    from atlas_core.training.run_config import load_run_config, validate_run_config
+    from atlas_core.training.load_config import load_run_config, validate_run_config
 
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(_set(_teacher_run_yaml(), "trainer.student_temperature", -1)))

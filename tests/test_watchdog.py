@@ -244,7 +244,7 @@ def test_a_step_timeout_of_0_is_off_and_a_first_step_allowance_of_0_is_no_limit(
     assert first_step_timeout(1800.0, None) == defaults.first_step_timeout(1800.0)
     assert first_step_timeout(1800.0, 0.0) == 0.0
     watchdog = StepWatchdog(10.0, first_step_timeout(10.0, 0.0), on_stall=lambda reason: None)
-    long_after = watchdog._last + 1e6
+    long_after = watchdog.last_progress + 1e6
     assert watchdog.stalled(long_after) is None  # the first step: no limit
     watchdog.on_step_end(None, SimpleNamespace(global_step=1), None)
-    assert "after step 1; limit 10 s" in watchdog.stalled(watchdog._last + 11)
+    assert "after step 1; limit 10 s" in watchdog.stalled(watchdog.last_progress + 11)

@@ -5,7 +5,7 @@ the code (as JobSet generates its API reference), so the reference cannot drift 
     python -m tools.reference --check   # exit 1 naming each stale page; write nothing
 
 Sources: the CRDs as :mod:`atlas_operator.crd` builds them (from atlas_operator/spec.py, run_status.py and
-validation_rules.py), the metric declarations of :mod:`atlas_contract.metrics`, and the argparse parsers of the
+cel_rules.py), the metric declarations of :mod:`atlas_contract.metrics`, and the argparse parsers of the
 ``atlas`` command. Nothing here imports torch or kopf: tests/test_docs.py runs :func:`stale_pages` in-process.
 """
 
@@ -100,8 +100,8 @@ def _field_table(schema: dict[str, Any], path: str) -> list[str]:
 
 
 def crd_page(kind: str) -> str:
+    from atlas_operator.cel_rules import rules_for
     from atlas_operator.crd import custom_resource_definition
-    from atlas_operator.validation_rules import rules_for
 
     crd = custom_resource_definition(kind)
     names, (version,) = crd["spec"]["names"], crd["spec"]["versions"]
@@ -110,7 +110,7 @@ def crd_page(kind: str) -> str:
     out = [
         f"# {kind} reference",
         "",
-        GENERATED.format(sources="operator/atlas_operator/spec.py, run_status.py and validation_rules.py"),
+        GENERATED.format(sources="operator/atlas_operator/spec.py, run_status.py and cel_rules.py"),
         "",
         f"{root['description']}",
         "",
@@ -146,7 +146,7 @@ def crd_page(kind: str) -> str:
         "## Validation rules",
         "",
         f"{len(rules)} CEL rules (`x-kubernetes-validations`, Kubernetes 1.29 or later), declared in "
-        "`operator/atlas_operator/validation_rules.py`. The API server evaluates each at its level, after "
+        "`operator/atlas_operator/cel_rules.py`. The API server evaluates each at its level, after "
         "defaulting, and refuses the object with the cause `<field>: Invalid value: <message>`; the operator "
         "evaluates the same expressions and reports `<field>: <message>` in the `Valid` condition. The message shown "
         "to users is the rule's `messageExpression`, which appends the values found; the static message below is "
@@ -269,7 +269,7 @@ def _parsers() -> list[tuple[str, argparse.ArgumentParser, str]]:
     return [
         *((f"atlas {name}", atlas[name], helps[name]) for name in ("demo", "train", "eval")),
         ("atlas render", _parser_built_in(atlas_operator.cli.render_main), helps["render"]),
-        ("atlas operator", atlas_operator.cli._operator_parser(), helps["operator"]),
+        ("atlas operator", atlas_operator.cli.operator_parser(), helps["operator"]),
         *((f"atlas cluster {name}", sub, cluster_helps[name]) for name, sub in cluster.items()),
     ]
 
@@ -297,7 +297,7 @@ def _option_rows(parser: argparse.ArgumentParser, actions: list[argparse.Action]
 
 def cli_page() -> str:
     from atlas_core.cli.train import USAGE
-    from atlas_core.training.run_config import available_recipes
+    from atlas_core.training.load_config import available_recipes
 
     with _without_atlas_environment():
         parsers = _parsers()

@@ -272,7 +272,7 @@ def run_demo(
     from atlas_core.models.tiny import build_tiny_model
     from atlas_core.telemetry.metrics import stop_metrics_servers
     from atlas_core.training.callbacks import JsonlMetricsCallback
-    from atlas_core.training.run_config import load_run_config, parse_run_config, validate_run_config
+    from atlas_core.training.load_config import load_run_config, parse_run_config, validate_run_config
     from atlas_core.training.runner import run_training
 
     quiet_libraries(hide_warnings=True)

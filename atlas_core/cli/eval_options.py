@@ -39,7 +39,7 @@ SETTING_OPTIONS = {
 
 def is_float_setting(name: str) -> bool:
     """Whether a setting takes any number (its default is a float), not a whole one."""
-    return isinstance(_setting_defaults()[name], float)
+    return isinstance(setting_defaults()[name], float)
 
 
 MODEL_KINDS = (
@@ -49,7 +49,7 @@ MODEL_KINDS = (
 )
 
 
-def _setting_defaults() -> dict[str, Any]:
+def setting_defaults() -> dict[str, Any]:
     from atlas_core.evaluation import EvaluationRunSettings
 
     return EvaluationRunSettings().flat()
@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     Numbers are read as text and checked together with everything else, so that every problem of a command
     line is reported at once, in the ``error: --option: …`` form."""
-    defaults, docs = _setting_defaults(), _setting_docs()
+    defaults, docs = setting_defaults(), _setting_docs()
 
     def setting_help(name: str, text: str | None = None) -> str:
         default = defaults[name]
@@ -178,7 +178,7 @@ def _default_split() -> str:
 
 
 def _reward_names() -> tuple[str, ...]:
-    from atlas_contract.rules import REWARD_FUNCTIONS
+    from atlas_contract.checks import REWARD_FUNCTIONS
 
     return REWARD_FUNCTIONS
 

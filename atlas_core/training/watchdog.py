@@ -92,6 +92,11 @@ class StepWatchdog(TrainerCallback):
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def last_progress(self) -> float:
+        """When (time.monotonic) the last step ended, or training began: what ``stalled`` measures from."""
+        return self._last
+
     def limit(self) -> float:
         """Seconds the step in flight may take; 0 = no limit (a first-step allowance of 0 is off)."""
         return self.first_step_timeout_s if self._steps == 0 else self.step_timeout_s

@@ -238,7 +238,7 @@ def _shown_default(defaults: Any, setting: str) -> Any:
     return f"{value:g}" if isinstance(value, float) else value
 
 
-def _operator_parser() -> argparse.ArgumentParser:
+def operator_parser() -> argparse.ArgumentParser:
     from atlas_operator.config import ENV, OperatorConfig
 
     defaults = OperatorConfig()
@@ -263,7 +263,7 @@ def _operator_parser() -> argparse.ArgumentParser:
 def operator_command(argv: list[str] | None = None):
     """The operator's settings (``OperatorConfig``: flags over ATLAS_* variables) and the ``kopf run`` command line
     for ``argv``: the namespaces kopf watches runs in are the ones the operator watches children in."""
-    args, kopf_args = _operator_parser().parse_known_args(argv)
+    args, kopf_args = operator_parser().parse_known_args(argv)
     from atlas_operator import config
 
     settings = config.OperatorConfig.from_env(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from atlas_operator.cel_rules import crd_validations
 from atlas_operator.run_status import RunStatus
 from atlas_operator.schema import openapi_schema
 from atlas_operator.spec import GROUP, KINDS, SHORT_NAMES, SPEC_TYPES, VERSION
-from atlas_operator.validation_rules import crd_validations
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -56,7 +56,7 @@ def custom_resource_definition(kind: str) -> dict[str, Any]:
             "status": status_schema,
         },
     }
-    for level, validations in crd_validations(kind).items():  # the cross-field rules (validation_rules.py)
+    for level, validations in crd_validations(kind).items():  # the cross-field rules (cel_rules.py)
         schema_at(root, level)["x-kubernetes-validations"] = validations
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -1,8 +1,10 @@
 """kopf handlers: parse → render → apply → report, for AtlasTraining and AtlasTeacher.
 
 Run with ``atlas operator`` (or ``kopf run -A --standalone -m atlas_operator.handlers``). Each handler
-delegates: :class:`~atlas_operator.reconcile.Reconciler` does the work, :func:`status.status_update`
-decides what to write, and settings come from one :class:`~atlas_operator.config.OperatorConfig`.
+delegates: :class:`~atlas_operator.reconcile.Reconciler` does the work, :func:`status_update.status_update`
+decides what to write, reconcile/retry.py when the timer reconciles again, the Reconciler's
+:class:`~atlas_operator.reconcile.RunMemory` keeps what is remembered per run, and settings come from one
+:class:`~atlas_operator.config.OperatorConfig`.
 """
 
 from __future__ import annotations
@@ -10,23 +12,21 @@ from __future__ import annotations
 import asyncio
 import copy
 import gc
-import itertools
 import logging
 import random
-import threading
 import time
 
 import kopf
 
 from atlas_contract.names import GROUP, KINDS, LABEL_MANAGED_BY, MANAGED_BY, VERSION
-from atlas_operator import config, kube, metrics, validation_rules
+from atlas_operator import cel_rules, config, kube, metrics
 from atlas_operator.informer import Informer
 from atlas_operator.kube import ApiError, Kube, Resource
-from atlas_operator.ownership import NAME_TAKEN
-from atlas_operator.reconcile import Reconciler, RetryLater, relevance
+from atlas_operator.reconcile import Reconciler, RetryLater, RunMemory, relevance
+from atlas_operator.reconcile.memory import RunKey
 from atlas_operator.reconcile.patching import merge_patch
-from atlas_operator.run_status import ConditionType
-from atlas_operator.status import now, progress_patch, status_update
+from atlas_operator.reconcile.retry import RetryForever, needs_retry, stuck
+from atlas_operator.status_update import now, progress_patch, status_update
 
 log = logging.getLogger("atlas_operator")
 CONFIG = config.current()
@@ -46,7 +46,6 @@ CHILD_RESOURCES = (
     kube.NETWORK_POLICY,
 )
 WATCHED_PLURALS = {resource.plural for resource in (*CHILD_RESOURCES, kube.POD)}
-STUCK_AFTER = 3  # timer intervals a run may wait for its create/update handler before its timer reconciles it
 BATCH_WINDOW_S = 0.01  # kopf's wait for more events of an object before it processes them (its default: 0.1 s)
 GC_THRESHOLD = 20_000  # allocations between young-generation collections (Python's default: 700)
 
@@ -84,11 +83,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.background.cancellation_polling = 1
     # Thousands of watched objects live in the informer: the collector's full passes over them, at its default pace,
     # were a good share of a busy operator's CPU. Objects made at start-up are left out of them; passes are rarer.
-    validation_rules.compile_rules()  # before the first runs arrive, not in each of their handler threads
+    cel_rules.compile_rules()  # before the first runs arrive, not in each of their handler threads
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 20, 20)
-    memo.refreshing = set()  # runs whose refresh for a child's change is queued, not started yet
-    memo.unwritten = {}  # run → (its resourceVersion, the status its handler returned): _with_unwritten_status
     memo.tasks = set()
     memo.informer = Informer(
         CHILD_RESOURCES,
@@ -97,21 +94,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
         on_change=lambda type_, resource, obj: child_changed(type_, resource, obj, memo),
         matters=relevance.matters,
     )
-    memo.reconciler = Reconciler(Kube(watched=memo.informer.get, synced=memo.informer.synced), CONFIG)
+    memo.memory = RunMemory()  # per run, for the Reconciler and the handlers alike (delete_run forgets it)
+    memo.reconciler = Reconciler(Kube(watched=memo.informer.get, synced=memo.informer.synced), CONFIG, memo.memory)
     memo.informer.start(settings)
     metrics.initialize_series()
     memo.phases = metrics.RunPhases()
     memo.metrics_server = await metrics.serve(CONFIG.metrics_host, CONFIG.metrics_port) if CONFIG.metrics_port else None
-
-
-class RetryForever:
-    """kopf's API error back-offs (seconds: 1, 1, 2, 3, 5, 8), then ``cap`` each, never exhausted."""
-
-    def __init__(self, cap: float):
-        self.cap = cap
-
-    def __iter__(self):
-        return itertools.chain((s for s in (1, 1, 2, 3, 5, 8) if s < self.cap), itertools.repeat(self.cap))
 
 
 @kopf.on.cleanup()
@@ -124,26 +112,20 @@ async def cleanup(memo: kopf.Memo, **_) -> None:
 
 # ---------------------------------------------------------------------------------------------- reconciling
 
-_locks_lock = threading.Lock()
-_run_locks: dict[tuple, threading.Lock] = {}
 
-
-def _run_lock(kind: str, namespace: str, name: str) -> threading.Lock:
-    """A run's reconciliations (its handlers, its timer, its children's events) one at a time: two at once would
-    both see a child missing and both create it."""
-    with _locks_lock:
-        return _run_locks.setdefault((kind, namespace, name), threading.Lock())
+def run_key(body: dict) -> RunKey:
+    meta = body["metadata"]
+    return body["kind"], meta.get("namespace"), meta["name"]
 
 
 def reconcile_status(body: dict, memo: kopf.Memo) -> tuple[dict, list]:
-    """One reconciliation of a run (counted and timed): the status patch and the Events to post."""
-    kind, meta = body["kind"], body["metadata"]
-    with _run_lock(kind, meta.get("namespace"), meta["name"]):  # one reconciliation of a run at a time
-        started = time.perf_counter()
-        return _reconcile_counted(body, memo, started)
+    """One reconciliation of a run (counted and timed): the status patch and the Events to post. A run's
+    reconciliations (its handlers, its timer, its children's events) go one at a time."""
+    with memo.memory.run_lock(run_key(body)):
+        return reconcile_counted(body, memo, time.perf_counter())
 
 
-def _reconcile_counted(body: dict, memo: kopf.Memo, started: float) -> tuple[dict, list]:
+def reconcile_counted(body: dict, memo: kopf.Memo, started: float) -> tuple[dict, list]:
     kind = body["kind"]
     try:
         result = memo.reconciler.reconcile(copy.deepcopy(dict(body)), kopf.adopt)
@@ -178,20 +160,16 @@ def reconcile_into_patch(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) ->
     except (ApiError, RetryLater) as exc:
         raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
     patch.status.update(status)
-    key = (body["kind"], body.metadata.namespace, body.metadata.name)
-    memo.unwritten[key] = (body.metadata.get("resourceVersion"), copy.deepcopy(status))
+    memo.memory.keep_unwritten(run_key(body), body.metadata.get("resourceVersion"), copy.deepcopy(status))
 
 
-def _with_unwritten_status(key: tuple[str, str, str], body: dict, memo: kopf.Memo) -> dict:
+def _with_unwritten_status(run: RunKey, body: dict, memo: kopf.Memo) -> dict:
     """``body`` as it will be once kopf writes the status its handler returned for this very version of the run.
     kopf writes it only after the handler (and the run's lock) is done: a child's change in between (a new run's
     Deployment, its status written by the deployment controller at once) read the run without it, and posted the
     phase's Event and wrote the status a second time."""
-    version, status = memo.unwritten.get(key, (None, None))
-    if status is None:
-        return body
-    if body["metadata"].get("resourceVersion") != version:
-        memo.unwritten.pop(key, None)  # written by now (or the run changed since): the API server's copy has it
+    status = memo.memory.unwritten(run, body["metadata"].get("resourceVersion"))
+    if status is None:  # none, or written by now (or the run changed since): the API server's copy has it
         return body
     return {**body, "status": merge_patch(dict(body.get("status") or {}), status)}
 
@@ -218,8 +196,9 @@ for _plural in KINDS.values():
         children and its job are watched."""
         if body.metadata.get("deletionTimestamp"):
             return
-        status = dict(body.get("status") or {})
-        if needs_retry(status, body.metadata.get("generation"), _stuck(status, body, memo)):
+        status, generation = dict(body.get("status") or {}), body.metadata.get("generation")
+        waited_long = stuck(memo.memory, run_key(body), status, generation, CONFIG.progress_interval)
+        if needs_retry(status, generation, waited_long):
             await asyncio.to_thread(reconcile_into_patch, body, patch, memo)
             status = {**status, **patch.get("status", {})}
         if status.get("phase") == "Running":
@@ -228,51 +207,14 @@ for _plural in KINDS.values():
 
     @kopf.on.delete(GROUP, VERSION, _plural)
     def delete_run(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_) -> None:
-        """Delete the children (owner references would let the garbage collector do it too)."""
+        """Delete the children (owner references would let the garbage collector do it too); forget the run."""
         try:
             deleted = memo.reconciler.delete_children(copy.deepcopy(dict(body)))
         except ApiError as exc:
             raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
-        memo.reconciler.forget(dict(body))
-        memo.unwritten.pop((body["kind"], body.metadata.namespace, body.metadata.name), None)
-        with _locks_lock:
-            _run_locks.pop((body["kind"], body.metadata.namespace, body.metadata.name), None)
+        memo.memory.forget(body.metadata.namespace, body.metadata.name)
         memo.phases.set(body["kind"], body.metadata.namespace, body.metadata.name, None)
         logger.info("deleted %s", ", ".join(deleted) or "nothing (no children left)")
-
-
-def _unreconciled(status: dict, generation: int | None) -> bool:
-    return not status.get("phase") or status.get("observedGeneration") != generation
-
-
-def _stuck(status: dict, body: kopf.Body, memo: kopf.Memo) -> bool:
-    """Whether the run has waited for its create/update handler for STUCK_AFTER intervals (the run's own memo
-    keeps since when): kopf's handling of it waits for an event that will not come."""
-    if not _unreconciled(status, body.metadata.get("generation")):
-        memo.pop("unreconciled_since", None)
-        return False
-    since = memo.setdefault("unreconciled_since", time.monotonic())
-    return time.monotonic() - since >= STUCK_AFTER * CONFIG.progress_interval
-
-
-def needs_retry(status: dict, generation: int | None, stuck: bool = False) -> bool:
-    """Whether a run's status leaves something that only a retry brings: a prerequisite missing (a PVC, a CRD created
-    later), a child the API server rejected or a name held by an object not the run's (NameConflict, NameTaken), or
-    a succeeded job whose result is not read yet (bounded by MAX_RESULT_READS). A run not reconciled at its
-    generation yet is its create/update handler's (kopf retries those; a timer reconciling it too would only race
-    them), unless that has not happened for a while (``stuck``): then the reconciliation's status write is the event
-    kopf waits for."""
-    if _unreconciled(status, generation):
-        return stuck
-    conditions = {c.get("type"): c for c in status.get("conditions") or []}
-    waiting = (ConditionType.PREREQUISITES_MET, ConditionType.CHILDREN_READY)
-    if any((conditions.get(t) or {}).get("status") == "False" for t in waiting):
-        return True
-    if (conditions.get(ConditionType.VALID) or {}).get(
-        "reason"
-    ) == NAME_TAKEN:  # the other run's names may be free by now
-        return True
-    return status["phase"] == "Succeeded" and not status.get("result")
 
 
 # ---------------------------------------------------------------------------------------------- child events
@@ -293,14 +235,13 @@ def child_changed(type_: str, resource: Resource, obj: dict, memo: kopf.Memo) ->
     else:
         if reconciler.kube.own_write(resource, obj, deleted=deleted):
             return  # the echo of our own create, patch or delete
-        owner = reconciler.owning_run(obj) or reconciler.run_of_trainjob_gang(obj)
+        owner = reconciler.run_of(obj)
         if owner is None:
             return
         kind, name = owner["kind"], owner["name"]
     run = (kind, obj["metadata"].get("namespace", ""), name)
-    if run in memo.refreshing:
+    if not memo.memory.queue_refresh(run):
         return  # a refresh is queued and has not started: it will see this change too
-    memo.refreshing.add(run)
     task = asyncio.get_running_loop().create_task(asyncio.to_thread(reconcile_after_change, run, obj.get("kind"), memo))
     memo.tasks.add(task)  # held until done (the loop keeps only weak references to tasks)
     task.add_done_callback(memo.tasks.discard)
@@ -311,7 +252,7 @@ def reconcile_after_change(run: tuple[str, str, str], cause: str | None, memo: k
     copy held from a watch can be behind a spec change, and reconciling it would write the old spec back to the
     children (a resumed run's job suspended again) until the run's own update handler undid it. Only events that
     are not the echo of the operator's own writes get here, so a settled run costs nothing."""
-    memo.refreshing.discard(run)  # from now on, a change needs a refresh of its own
+    memo.memory.refresh_started(run)
     reconciler = memo.reconciler
     kind, namespace, name = run
     try:

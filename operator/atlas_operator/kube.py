@@ -181,7 +181,7 @@ class Kube:
             return None  # the watch has not shown our last write yet
         return copy.deepcopy(held)
 
-    def _call(
+    def request(
         self,
         method: str,
         path: str,
@@ -189,6 +189,8 @@ class Kube:
         content_type: str = "application/json",
         accept: str = "application/json",
     ) -> Any:
+        """One API request, as every verb here sends it (a 429 sent again after its Retry-After): the decoded answer,
+        or ApiError."""
         headers = {"Accept": accept, "Content-Type": content_type}
         method, url, headers, body, _ = self.api.param_serialize(
             method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
@@ -243,7 +245,7 @@ class Kube:
         moments may not show — for a look whose answer a later write checks anyway (a create's 409)."""
         path = resource.path(namespace, name) + ("?resourceVersion=0" if cached else "")
         try:
-            return self._call("GET", path)
+            return self.request("GET", path)
         except ApiError as exc:
             if exc.not_found:
                 return None
@@ -251,14 +253,14 @@ class Kube:
 
     def list(self, resource: Resource, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         query = urllib.parse.urlencode({"labelSelector": label_selector})
-        return self._call("GET", f"{resource.path(namespace)}?{query}").get("items") or []
+        return self.request("GET", f"{resource.path(namespace)}?{query}").get("items") or []
 
     def create(self, obj: dict[str, Any], resource: Resource | None = None) -> dict[str, Any]:
         """Create ``obj`` (a child of a run, or an object of ``resource``)."""
         resource = resource or resource_of(obj)
         meta = obj["metadata"]
         with self._writing(resource, meta["namespace"], meta["name"]):
-            created = self._call("POST", resource.path(meta["namespace"]), obj)
+            created = self.request("POST", resource.path(meta["namespace"]), obj)
         self._remember(resource, created)
         return created
 
@@ -266,7 +268,7 @@ class Kube:
         self, resource: Resource, namespace: str, name: str, patch: dict[str, Any], subresource: str | None = None
     ) -> dict[str, Any]:
         with self._writing(resource, namespace, name):
-            patched = self._call(
+            patched = self.request(
                 "PATCH", resource.path(namespace, name, subresource), patch, content_type="application/merge-patch+json"
             )
         self._remember(resource, patched)
@@ -277,7 +279,7 @@ class Kube:
         with self._lock:  # until it is made again, the watch's copy may be the deleted object: read it
             self._written[(resource.plural, namespace, name)] = ""
         try:
-            self._call("DELETE", resource.path(namespace, name), {"propagationPolicy": "Background"})
+            self.request("DELETE", resource.path(namespace, name), {"propagationPolicy": "Background"})
             return True
         except ApiError as exc:
             if exc.not_found:
@@ -312,7 +314,7 @@ class Kube:
             "count": 1,
         }
         try:
-            self._call("POST", EVENT.path(meta["namespace"]), event)
+            self.request("POST", EVENT.path(meta["namespace"]), event)
         except (ApiError, OSError) as exc:
             log.warning(
                 "could not post the %s Event %s of %s %s: %s", type_, reason, involved.get("kind"), meta["name"], exc
@@ -324,7 +326,7 @@ class Kube:
     def serves(self, resource: Resource) -> bool:
         """Whether the API server serves ``resource`` (discovery: is its CRD installed?)."""
         try:
-            document = self._call("GET", f"/apis/{resource.group}/{resource.version}")
+            document = self.request("GET", f"/apis/{resource.group}/{resource.version}")
         except ApiError as exc:
             if exc.not_found:
                 return False
@@ -370,6 +372,6 @@ def default_api_client():
     # One pooled connection per handler thread (the default, 5 per CPU, is fewer than the threads: a busy operator
     # would drop and reopen connections).
     configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, CONNECTIONS)
-    # urllib3's default retries, but not of answers with a Retry-After: Kube._call waits those, for every verb.
+    # urllib3's default retries, but not of answers with a Retry-After: Kube.request waits those, for every verb.
     configuration.retries = urllib3.Retry(3, respect_retry_after_header=False)
     return client.ApiClient(configuration)

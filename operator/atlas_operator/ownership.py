@@ -16,9 +16,6 @@ from typing import Any
 
 from atlas_contract.names import KINDS
 
-NAME_CONFLICT = "NameConflict"
-NAME_TAKEN = "NameTaken"
-
 
 def controller_of(obj: dict[str, Any]) -> dict[str, Any] | None:
     """The owner reference with ``controller: true`` (an object has at most one), or None."""

@@ -1,8 +1,9 @@
 """The API types of a run's status (``AtlasTraining`` and ``AtlasTeacher``, atlas.arc.computer/v1alpha1).
 
 With :mod:`atlas_operator.spec`, the one source of truth of the CRDs (``python -m atlas_operator.generate``):
-the condition types the operator may set, the children it names, the progress and the result it mirrors.
-At run time :mod:`atlas_operator.status` refuses a condition type or a child key not declared here.
+the condition types the operator may set, the children it names, the progress and the result it mirrors; and the
+reasons of the Events it posts. At run time a condition type, a child key or an Event reason not declared here is
+refused (reconcile/common.py's ``condition``, :mod:`atlas_operator.status_update`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,51 @@ class ConditionType(enum.StrEnum):
     ROLLOUT_READY = "RolloutReady"  # the vLLM servers are Ready
     PODS_STARTED = "PodsStarted"  # no pod of the run is kept from starting (an image, a Secret)
     TRAINING = "Training"  # the trainer runs (the job's own words)
+
+
+class EventReason(enum.StrEnum):
+    """The reason of every Event the operator posts (status_update.Event refuses any other). Several are also the
+    reason of the condition that says the same."""
+
+    # A phase entered: the transition's Event has the phase's name (Warning for Failed and Invalid).
+    PENDING = "Pending"
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+    INVALID = "Invalid"
+    # Warnings: the spec, the names, the cluster.
+    INVALID_SPEC = "InvalidSpec"
+    NAME_TAKEN = "NameTaken"  # names held by a run of the other kind: this run is refused
+    NAME_CONFLICT = "NameConflict"  # an object the run does not control under one of its child names
+    CHECKPOINTS_NOT_SHARED = "CheckpointsNotShared"
+    CHILD_REJECTED = "ChildRejected"  # the API server refused a child as rendered
+    PYTORCHJOB_CRD_MISSING = "PyTorchJobCRDMissing"
+    JOBSET_CRD_MISSING = "JobSetCRDMissing"
+    TRAINJOB_CRD_MISSING = "TrainJobCRDMissing"
+    TRAINING_RUNTIME_MISSING = "TrainingRuntimeMissing"
+    MAX_RESTARTS_NOT_THE_RUNTIMES = "MaxRestartsNotTheRuntimes"
+    CHECKPOINT_PVC_MISSING = "CheckpointPVCMissing"
+    REWARD_CONFIG_MAP_MISSING = "RewardConfigMapMissing"
+    # A pod the kubelet keeps from starting: the kubelet's own reason, passed on (status_update.STUCK_REASONS).
+    ERR_IMAGE_PULL = "ErrImagePull"
+    IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
+    INVALID_IMAGE_NAME = "InvalidImageName"
+    ERR_IMAGE_NEVER_PULL = "ErrImageNeverPull"
+    CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
+    CREATE_CONTAINER_ERROR = "CreateContainerError"
+    # What the training did.
+    WATCHDOG_RESTART = "WatchdogRestart"
+    RESULT_OUT_OF_RANGE = "ResultOutOfRange"
+    EVALUATION_FAILED = "EvaluationFailed"
+    PREEMPTION_SAVE = "PreemptionSave"  # Normal
+    # What the operator changed (Normal).
+    JOB_RECREATED = "JobRecreated"
+    QUEUED_RUN_SUSPENDED = "QueuedRunSuspended"
+    BACKEND_CHANGED = "BackendChanged"
+    SERVER_REMOVED = "ServerRemoved"
+    NETWORK_POLICY_OFF = "NetworkPolicyOff"
 
 
 @dataclass

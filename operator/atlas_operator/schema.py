@@ -50,7 +50,7 @@ def spec_field(
 
     ``max_length`` (a string), ``max_items`` and ``item_max_length`` (a list, of strings) and ``max_properties``
     (a map) bound the field: the API server prices a CEL rule by the largest value it may read
-    (atlas_operator/validation_rules.py), so every field a rule reads is bounded.
+    (atlas_operator/cel_rules.py), so every field a rule reads is bounded.
     """
     metadata = {
         "doc": doc,
@@ -130,7 +130,7 @@ def camel(name: str) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
-def _unwrap_optional(annotation: Any) -> Any:
+def unwrap_optional(annotation: Any) -> Any:
     origin = typing.get_origin(annotation)
     if origin in (Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -160,7 +160,7 @@ def openapi_schema(cls: type) -> dict[str, Any]:
     required: list[str] = []
     for f in dataclasses.fields(cls):
         meta = f.metadata
-        prop = _type_schema(_unwrap_optional(hints[f.name]))
+        prop = _type_schema(unwrap_optional(hints[f.name]))
         prop["description"] = description(f)
         for key, schema_key in (
             ("enum", "enum"),
@@ -238,7 +238,7 @@ def to_object(value: Any, hide_unknown: bool = False) -> Any:
         hints = _type_hints(type(value))
         return {
             camel(f.name): {}
-            if hide_unknown and _preserves_unknown(_unwrap_optional(hints[f.name]))
+            if hide_unknown and _preserves_unknown(unwrap_optional(hints[f.name]))
             else to_object(getattr(value, f.name), hide_unknown)
             for f in _fields(type(value))
             if getattr(value, f.name) is not None
@@ -277,7 +277,7 @@ def parse(cls: type, data: Any, path: str, problems: list[str]) -> Any:
             if f.metadata.get(REQUIRED):
                 problems.append(f"{where}: required ({f.metadata['doc']})")
             continue
-        annotation = _unwrap_optional(hints[f.name])
+        annotation = unwrap_optional(hints[f.name])
         value = _parse_value(annotation, data[key], where, problems)
         if value is _INVALID:
             continue

@@ -5,7 +5,7 @@ The one source of truth: the CRDs in ``crds/`` are generated from these dataclas
 with them. Every field documents its meaning; its default is stated by the schema generator from
 the value that applies (``default=``, ``trainer_default`` from :mod:`atlas_contract.defaults`, or
 ``unset=`` where unset means something else). The cross-field rules are CEL, in the CRDs and evaluated by
-``parse_run`` (:mod:`atlas_operator.validation_rules`); ``validate_run`` adds what CEL cannot see
+``parse_run`` (:mod:`atlas_operator.cel_rules`); ``validate_run`` adds what CEL cannot see
 (``spec.training.extra``, the bundled reward configs).
 """
 
@@ -46,7 +46,7 @@ QUANTITY_PATTERN = (
     r"(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?"
 )
 QUANTITY_FIELD = {"pattern": QUANTITY_PATTERN, "pattern_doc": "a Kubernetes quantity such as 32, 500m, 16Gi or 1.5e3"}
-# Bounds of the fields the CRD's CEL rules read (atlas_operator/validation_rules.py): the API server prices a rule by
+# Bounds of the fields the CRD's CEL rules read (atlas_operator/cel_rules.py): the API server prices a rule by
 # the largest value it may meet and refuses a CRD over its budget.
 MAX_REFERENCE = 1024  # a model or dataset: a hub id (at most 96), a URL or a path on the checkpoint volume
 MAX_NAME = 253  # an object's name (a DNS subdomain), a ConfigMap key
@@ -299,14 +299,14 @@ class PolicyRolloutSpec(RolloutSpec):
 
 
 # Fields of spec.rollout that only a server has: set with mode colocate, each is an error naming it
-# (atlas_operator/validation_rules.py).
+# (atlas_operator/cel_rules.py).
 SERVER_ONLY_ROLLOUT_FIELDS = ("replicas", "gpus", "image", "cpu", "memory", "args")
 # Defaults of spec.rollout fields left unset, by mode.
 SERVER_GPU_MEMORY_UTILIZATION, COLOCATED_GPU_MEMORY_UTILIZATION = 0.9, 0.3
 
 
 def resolve_rollout(rollout: PolicyRolloutSpec, algorithm: str) -> None:
-    """Fill spec.rollout's unset fields for its mode (the rules on them are in atlas_operator/validation_rules.py)."""
+    """Fill spec.rollout's unset fields for its mode (the rules on them are in atlas_operator/cel_rules.py)."""
     if rollout.mode == "colocate":
         rollout.replicas, rollout.gpus = 0, rollout.gpus or rollout.tensor_parallel_size
         if rollout.gpu_memory_utilization is None:

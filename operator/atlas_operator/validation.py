@@ -1,5 +1,5 @@
 """Validation of a run: parse a manifest into a :class:`~atlas_operator.spec.Run` with every problem named by its
-full spec path. The CRD's CEL rules (atlas_operator/validation_rules.py) are evaluated here too, with the same
+full spec path. The CRD's CEL rules (atlas_operator/cel_rules.py) are evaluated here too, with the same
 expressions the API server runs at ``kubectl apply`` (and the same messages); what CEL cannot see
 (spec.training.extra, and the generation batch of a run that sets extra) is checked here only."""
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from atlas_contract import defaults, rules
+from atlas_contract import checks, defaults
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import API_VERSION, BACKENDS, MAX_RUN_NAME
-from atlas_operator import validation_rules
+from atlas_operator import cel_rules
 from atlas_operator.schema import camel, parse, to_object
 from atlas_operator.spec import (
     SPEC_TYPES,
@@ -37,7 +37,7 @@ def parse_run(manifest: dict[str, Any], namespace: str | None = None, default_ba
         problems.append(f"apiVersion: expected {API_VERSION}, got {manifest.get('apiVersion')!r}")
     meta = manifest.get("metadata") or {}
     name = meta.get("name")
-    if not isinstance(name, str):  # what it must be beyond a string is a rule of validation_rules
+    if not isinstance(name, str):  # what it must be beyond a string is a rule of cel_rules
         problems.append(f"metadata.name: expected a DNS label of at most {MAX_RUN_NAME} characters, got {name!r}")
         name = str(name or "")
     spec = parse(SPEC_TYPES[kind], manifest.get("spec"), "spec", problems)
@@ -89,19 +89,19 @@ def _rule_problems(
     obj = {**to_object(spec, hide_unknown=True), "backend": backend}
     if not extra_set:  # the parsed spec has extra {} when unset; the API server's object has no extra
         obj.get("training", {}).pop("extra", None)
-    found = validation_rules.problems(kind, name, obj)
+    found = cel_rules.problems(kind, name, obj)
     return [p for p in found if p.split(":")[0] not in seen]
 
 
 def validate_run(run: Run, extra_set: bool = True) -> list[str]:
-    """Checks beyond the schema and the CRD's CEL rules (atlas_operator/validation_rules.py): what CEL cannot see,
+    """Checks beyond the schema and the CRD's CEL rules (atlas_operator/cel_rules.py): what CEL cannot see,
     spec.training.extra, each naming the field and what was expected. ``extra_set``: the manifest sets
     spec.training.extra, which enters the generation batch (the CRD's rule checks the batch of a run without it)."""
     spec, problems = run.spec, []
     res, training = spec.resources, spec.training
     if spec.algorithm in ("grpo", "teacher") and extra_set:  # reads spec.training.extra, which CEL cannot
         problems += _batch_problems(training, res.nodes * res.processes())
-    problems += rules.weight_problems(spec.reward.weights, name=lambda field: f"spec.reward.{field}")
+    problems += checks.weight_problems(spec.reward.weights, name=lambda field: f"spec.reward.{field}")
     if isinstance(spec, AtlasTeacherSpec) and spec.student is None:  # the CRD's `required`
         problems.append("spec.student: required for AtlasTeacher (the frozen student model)")
     for name in sorted(set(training.extra) & set(OPERATOR_OWNED_TRAINER_FIELDS)):
@@ -112,7 +112,7 @@ def validate_run(run: Run, extra_set: bool = True) -> list[str]:
     for name, value in sorted(training.extra.items()):  # the ones whose kind and range the contract knows
         if name in defaults.LIMITS and name not in OPERATOR_OWNED_TRAINER_FIELDS:
             kinds = (int,) if name in ("steps_per_generation", "generation_batch_size") else (int, float)
-            problem = rules.setting_problem(name, value, kinds)
+            problem = checks.setting_problem(name, value, kinds)
             if problem:
                 problems.append(f"spec.training.extra.{name}: {problem}")
     extra_clash = sorted(set(spec.training.extra) & {f.name for f in dataclasses.fields(TrainingSpec)})
@@ -121,7 +121,7 @@ def validate_run(run: Run, extra_set: bool = True) -> list[str]:
     return problems
 
 
-# Trainer fields the operator writes into run.yaml itself (render.run_config), and where a user sets them.
+# Trainer fields the operator writes into run.yaml itself (render.config_map), and where a user sets them.
 OPERATOR_OWNED_TRAINER_FIELDS = {
     "output_dir": "from spec.checkpoint.path and the run's name",
     "run_name": "from the run's name",
@@ -144,10 +144,10 @@ OPERATOR_OWNED_TRAINER_FIELDS = {
 
 
 def _batch_problems(training: TrainingSpec, processes: int) -> list[str]:
-    """TRL's generation-batch rule (atlas_contract.rules), on the values this run will really use."""
+    """TRL's generation-batch rule (atlas_contract.checks), on the values this run will really use."""
     values = {**defaults.training_defaults("grpo"), **{k: v for k, v in vars(training).items() if v is not None}}
     extra = training.extra
-    problem = rules.generation_batch_problem(
+    problem = checks.generation_batch_problem(
         values["num_generations"],
         values["per_device_train_batch_size"],
         processes,

@@ -14,14 +14,14 @@ from typing import Any
 
 import kubernetes
 import pytest
+from atlas_operator.cel_rules import FIXED, rules_for
 from atlas_operator.validation import parse_run
-from atlas_operator.validation_rules import FIXED, rules_for
 
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import API_VERSION, GROUP, KINDS, VERSION
 from tests.support.cel_admission import admission_refusals
 from tests.support.manifests import teacher, training, with_spec
-from tests.test_cel_validation import CORPUS, EXAMPLES, _cel_visible, _schema_valid, variants
+from tests.test_cel_validation import CORPUS, EXAMPLES, cel_visible, schema_valid, variants
 
 INVALID = "Invalid value: "
 OBJECT_NAME = "a lowercase RFC 1123 subdomain"
@@ -62,7 +62,7 @@ def operator_problems(manifest: dict[str, Any]) -> list[str] | None:
 def disagreement(objects, namespace: str, manifest: dict[str, Any]) -> str | None:
     server, operator = server_refusals(objects, namespace, manifest), operator_problems(manifest)
     if operator is not None:
-        operator = sorted(_cel_visible(manifest, operator)) or None
+        operator = sorted(cel_visible(manifest, operator)) or None
     if server == operator:
         return None
     return f"{manifest['metadata']['name']} {manifest['spec']}:\n  API server {server}\n  operator   {operator}"
@@ -71,7 +71,7 @@ def disagreement(objects, namespace: str, manifest: dict[str, Any]) -> str | Non
 def test_the_api_server_and_the_operator_refuse_alike(kube, namespace, objects):
     """Examples, the parity corpus's builders and 150 seeded random runs (tests/test_cel_validation.py variants, a
     seed of their own): accepted by both, or refused by both with the same fields and messages."""
-    corpus = [m for m in [*CORPUS[: len(CORPUS) - 700], *variants(150, seed=2026)] if _schema_valid(m)]
+    corpus = [m for m in [*CORPUS[: len(CORPUS) - 700], *variants(150, seed=2026)] if schema_valid(m)]
     assert len(corpus) > 100
     found = [d for m in corpus if (d := disagreement(objects, namespace, m))]
     assert found == []
@@ -80,7 +80,7 @@ def test_the_api_server_and_the_operator_refuse_alike(kube, namespace, objects):
 def test_every_rule_is_met_and_broken_on_the_api_server(kube, namespace, objects):
     """For each rule some run breaks it and some run meets it on the real API server, and each refusal there is
     the operator's problem for the same run."""
-    corpus = [m for m in CORPUS if _schema_valid(m)]
+    corpus = [m for m in CORPUS if schema_valid(m)]
     for kind in KINDS:
         rules = [r for r in rules_for(kind) if not r.transition]
         runs = [m for m in corpus if m["kind"] == kind]

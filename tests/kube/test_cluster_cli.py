@@ -23,7 +23,7 @@ def _atlas(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
@@ -70,7 +70,7 @@ def test_cluster_up_runs_the_example_teacher_to_its_children_and_down_leaves_no_
     finally:
         down = _atlas("down", "--name", "cli-test", env=env)
     assert down.returncode == 0, down.stderr
-    assert [name for name, pid in pids.items() if _alive(pid)] == []
+    assert [name for name, pid in pids.items() if process_alive(pid)] == []
     assert not pids_file.parent.exists()
 
 

@@ -25,7 +25,7 @@ import yaml
 from atlas_cluster.cluster import kubectl
 from atlas_cluster.controllers import Running
 from tests.kube.conftest import BIN_DIR, CONTROLLER_BINARIES, CONTROLLERS, Kube, eventually, upstream_controllers
-from tests.kube.test_cluster_cli import _alive
+from tests.kube.test_cluster_cli import process_alive
 from tests.support.env import python_env
 
 NAMES = CONTROLLERS
@@ -281,7 +281,7 @@ def test_cluster_up_with_controllers_runs_them_and_down_stops_them(kube, control
     finally:
         down = atlas("down", "--name", "ctl")
     assert down.returncode == 0, down.stderr
-    assert [name for name, pid in pids.items() if Path(f"/proc/{pid}").exists() and _alive(pid)] == []
+    assert [name for name, pid in pids.items() if Path(f"/proc/{pid}").exists() and process_alive(pid)] == []
 
 
 def test_no_controller_request_was_refused_by_its_upstream_rbac(kube, controllers):

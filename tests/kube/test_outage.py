@@ -103,11 +103,11 @@ def test_the_api_server_down_for_two_minutes_training_goes_on_and_the_status_cat
               f"(progress interval {PROGRESS_INTERVAL_S} s)")  # fmt: skip
         kube.kubectl("delete", "atlastraining", "outage", "-n", namespace, "--wait=false")
         # The status patch the outage held (the step of its last tick) lands within an interval of the API server's
-        # return (atlas_operator/handlers.py: RetryForever), the next tick's, with the current step, an interval later.
+        # return (atlas_operator/reconcile/retry.py: RetryForever), the next tick's, with the current step, an
+        # interval later.
         assert took <= 2 * PROGRESS_INTERVAL_S + 3, took
 
 
 def trainer_alive(nodes, pod: str) -> bool:
-    with nodes._lock:
-        worker = next((w for w in nodes.workers.values() if w.pod_name == pod), None)
+    worker = next((w for w in nodes.current_workers() if w.pod_name == pod), None)
     return worker is not None and all(c.alive() for c in worker.main)

@@ -77,7 +77,7 @@ class Cluster:
     def create_run(self, manifest: dict) -> dict:
         manifest = copy.deepcopy(manifest)
         manifest["metadata"]["namespace"] = self.namespace
-        return self.client._call("POST", RUNS[manifest["kind"]].path(self.namespace), manifest)
+        return self.client.request("POST", RUNS[manifest["kind"]].path(self.namespace), manifest)
 
     def run(self, manifest: dict) -> dict | None:
         return self.client.get_fresh(RUNS[manifest["kind"]], self.namespace, manifest["metadata"]["name"])
@@ -101,7 +101,7 @@ class Cluster:
 
     def delete_run(self, manifest: dict, policy: str = "Background") -> None:
         path = RUNS[manifest["kind"]].path(self.namespace, manifest["metadata"]["name"])
-        self.client._call("DELETE", path, {"propagationPolicy": policy})
+        self.client.request("DELETE", path, {"propagationPolicy": policy})
 
     # any object
     def get(self, resource: Resource, name: str) -> dict | None:
@@ -113,7 +113,7 @@ class Cluster:
         return self.client.create(obj)
 
     def events(self, name: str, reason: str) -> list[dict]:
-        items = self.client._call("GET", k8s.EVENT.path(self.namespace)).get("items") or []
+        items = self.client.request("GET", k8s.EVENT.path(self.namespace)).get("items") or []
         return [e for e in items if e["involvedObject"].get("name") == name and e["reason"] == reason]
 
     # the operator's requests
@@ -264,7 +264,7 @@ def _remove_fixtures(cluster: Cluster, runs: list[dict]) -> None:
             pass
     for obj in upgrade_fixtures.PREREQUISITES:
         try:
-            cluster.client._call("DELETE", k8s.PVC.path("default", obj["metadata"]["name"]))
+            cluster.client.request("DELETE", k8s.PVC.path("default", obj["metadata"]["name"]))
         except k8s.ApiError:
             pass
 

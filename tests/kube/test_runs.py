@@ -145,8 +145,7 @@ class World:
 
     def worker(self, pod: dict):
         """The process node's worker of ``pod`` (its containers' processes), or None."""
-        with self.nodes._lock:
-            return next((w for w in self.nodes.workers.values() if w.uid == pod["metadata"]["uid"]), None)
+        return next((w for w in self.nodes.current_workers() if w.uid == pod["metadata"]["uid"]), None)
 
     def log(self, pod: dict, container: str | None = None) -> str:
         container = container or pod["spec"]["containers"][0]["name"]

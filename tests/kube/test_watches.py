@@ -118,7 +118,7 @@ def test_a_new_run_is_written_once_though_the_deployment_controller_keeps_writin
             if (ref := e.get("objectRef") or {}).get("resource") == "atlastrainings" and ref.get("name") == name
         ]
         assert sorted(run_requests) == ["patch", "patch status"], (name, run_requests)  # the finalizer, the status
-        listed = cluster.client._call("GET", k8s.EVENT.path(cluster.namespace))["items"]
+        listed = cluster.client.request("GET", k8s.EVENT.path(cluster.namespace))["items"]
         events = [e for e in listed if e["involvedObject"] == {**e["involvedObject"], "name": name, "kind": KIND}]
         # Each once: the phase's, and the warning that the run's two nodes keep no shared checkpoints.
         assert sorted(e["reason"] for e in events) == ["CheckpointsNotShared", "Pending"], events
@@ -223,7 +223,7 @@ def test_stale_writes_are_refused_and_the_operator_converges_on_the_last_spec(cl
     # kopf's JSON patches (its finalizer) test the resourceVersion they read: a stale one is a 422, which kopf takes
     # as "newer changes pending" (a 409 would be an error to it).
     with pytest.raises(ApiError) as refused:
-        cluster.client._call(
+        cluster.client.request(
             "PATCH",
             path,
             [{"op": "test", "path": "/metadata/resourceVersion", "value": stale},
@@ -237,7 +237,7 @@ def test_stale_writes_are_refused_and_the_operator_converges_on_the_last_spec(cl
         ("PUT", {**run, "metadata": {**run["metadata"], "resourceVersion": stale}}, "application/json"),
     ):
         with pytest.raises(ApiError) as refused:
-            cluster.client._call(method, path, body, content_type=content_type)
+            cluster.client.request(method, path, body, content_type=content_type)
         assert (refused.value.status, refused.value.reason) == (409, "Conflict"), method
 
     # Another writer changes the run again and again while the operator reconciles it: whatever it read in between,

@@ -1,33 +1,59 @@
-"""The third-party schemas rendered objects must satisfy: the Kubeflow PyTorchJob v1.9.0, JobSet v0.12.0 and Kubeflow
-Trainer v2.3.0 TrainJob and ClusterTrainingRuntime CRDs (from
-../shared/k8s-schemas or $ATLAS_K8S_SCHEMAS; the tests skip without them), the JobSet and Kubeflow webhooks' checks,
-OpenAPI validation and structural-schema pruning as the API server applies them."""
+"""The third-party schemas rendered objects must satisfy: the PyTorchJob (Kubeflow training-operator), JobSet and
+Kubeflow Trainer TrainJob and ClusterTrainingRuntime CRDs, the very files a local cluster installs (atlas_cluster's
+BACKEND_CRDS, at the versions of atlas_cluster/versions.py, read from their Go modules: ``go mod download``, as
+``make kube`` does); the JobSet and Kubeflow webhooks' checks; OpenAPI validation and structural-schema pruning as
+the API server applies them. Without Go the schema checks skip, saying so; under ATLAS_REQUIRE_KUBE=1 (CI) they fail,
+as the real-Kubernetes tier does."""
 
 from __future__ import annotations
 
 import copy
 import functools
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-
-def _schemas_dir() -> Path | None:
-    """The third-party schemas beside the checkout (../shared/k8s-schemas), or $ATLAS_K8S_SCHEMAS.
-    They are test data we may not copy into the repository."""
-    import os
-
-    candidates = [
-        os.environ.get("ATLAS_K8S_SCHEMAS"),
-        Path(__file__).resolve().parents[3] / "shared" / "k8s-schemas",
-    ]
-    return next((Path(c) for c in candidates if c and (Path(c) / PYTORCHJOB_CRD_NAME).is_file()), None)
-
-
-PYTORCHJOB_CRD_NAME = "kubeflow.org_pytorchjobs.v1.9.0.yaml"
+# The backends' CRD files, by their name in the upstream tree (atlas_cluster/versions.py BACKEND_CRDS).
+PYTORCHJOB_CRD_NAME = "kubeflow.org_pytorchjobs.yaml"
+JOBSET_CRD_NAME = "jobset.x-k8s.io_jobsets.yaml"
+TRAINJOB_CRD_NAME = "trainer.kubeflow.org_trainjobs.yaml"
+RUNTIME_CRD_NAME = "trainer.kubeflow.org_clustertrainingruntimes.yaml"
 KUBE_VERSION = "1.37.0"
+
+
+@functools.cache
+def _crd_files() -> dict[str, Path] | str:
+    """Each backend CRD file a local cluster installs, by name, in its module's tree; or why there are none."""
+    from atlas_cluster import versions
+    from atlas_cluster.build import BuildError, module_dir
+
+    try:
+        trees = {crds: module_dir(crds.module, crds.version) for crds in versions.BACKEND_CRDS}
+    except BuildError as exc:
+        return str(exc)
+    return {Path(name).name: trees[crds] / name for crds in versions.BACKEND_CRDS for name in crds.files}
+
+
+@functools.cache
+def _crd(name: str) -> dict[str, Any]:
+    """The CRD file ``name`` (one of the *_CRD_NAME), read once (the JobSet's is 800 kB); the test skips without
+    Go (fails under ATLAS_REQUIRE_KUBE=1)."""
+    files = _crd_files()
+    if isinstance(files, str):
+        _unavailable(f"{name}: the backends' CRDs are read from their Go modules, and {files}")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(files[name].read_text(), Loader=loader)
+
+
+def _unavailable(reason: str) -> None:
+    import pytest
+
+    if os.environ.get("ATLAS_REQUIRE_KUBE") == "1":
+        pytest.fail(f"{reason} (ATLAS_REQUIRE_KUBE=1)", pytrace=False)
+    pytest.skip(reason)
 
 
 def _jsonschema_of(schema: Any) -> Any:
@@ -74,22 +100,8 @@ def crd_jsonschema(crd: dict[str, Any]) -> dict[str, Any]:
     return _jsonschema_of(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 
 
-def _skip_without(crd_name: str, still_ran: str) -> None:
-    """Skip the test, naming the third-party CRD that is not here and the checks that ran without it."""
-    import pytest
-
-    pytest.skip(
-        f"{crd_name} not found beside the checkout (../shared/k8s-schemas) nor in $ATLAS_K8S_SCHEMAS; "
-        f"{still_ran} still ran"
-    )
-
-
 def pytorchjob_schema() -> dict[str, Any]:
-
-    schemas = _schemas_dir()
-    if schemas is None:
-        _skip_without(PYTORCHJOB_CRD_NAME, "the webhook rules and kubernetes-validate checks")
-    return crd_jsonschema(yaml.safe_load((schemas / PYTORCHJOB_CRD_NAME).read_text()))
+    return crd_jsonschema(_crd(PYTORCHJOB_CRD_NAME))
 
 
 def pytorchjob_webhook_problems(job: dict[str, Any]) -> list[str]:
@@ -108,57 +120,20 @@ def pytorchjob_webhook_problems(job: dict[str, Any]) -> list[str]:
     return problems
 
 
-JOBSET_CRD_NAME = "jobset.x-k8s.io_jobsets.v0.12.0.yaml"
-
-
-@functools.cache
-def _jobset_crd() -> dict[str, Any] | None:
-    """The JobSet v0.12.0 CRD beside the checkout (or in $ATLAS_K8S_SCHEMAS), read once: it is 800 kB."""
-    schemas = _schemas_dir()
-    if schemas is None or not (schemas / JOBSET_CRD_NAME).is_file():
-        return None
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return yaml.load((schemas / JOBSET_CRD_NAME).read_text(), Loader=loader)
-
-
 def jobset_openapi_schema() -> dict[str, Any]:
     """The JobSet CRD's structural schema as the API server holds it (for :func:`pruned_fields`)."""
-
-    crd = _jobset_crd()
-    if crd is None:
-        _skip_without(JOBSET_CRD_NAME, "the webhook rules")
-    return copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    return copy.deepcopy(_crd(JOBSET_CRD_NAME)["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 
 
 def jobset_schema() -> dict[str, Any]:
-    """The JobSet v0.12.0 CRD's schema as JSON Schema (for :func:`openapi_validate`), like
-    :func:`pytorchjob_schema`: third-party test data, never copied into the repository."""
-    crd = _jobset_crd()
-    if crd is None:
-        _skip_without(JOBSET_CRD_NAME, "the webhook rules")
-    return crd_jsonschema(crd)
-
-
-TRAINJOB_CRD_NAME = "trainer.kubeflow.org_trainjobs.v2.3.0.yaml"
-RUNTIME_CRD_NAME = "trainer.kubeflow.org_clustertrainingruntimes.v2.3.0.yaml"
-
-
-@functools.cache
-def _crd(name: str) -> dict[str, Any] | None:
-    """A third-party CRD beside the checkout (or in $ATLAS_K8S_SCHEMAS), read once."""
-    schemas = _schemas_dir()
-    if schemas is None or not (schemas / name).is_file():
-        return None
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return yaml.load((schemas / name).read_text(), Loader=loader)
+    """The JobSet CRD's schema as JSON Schema (for :func:`openapi_validate`), like :func:`pytorchjob_schema`."""
+    return crd_jsonschema(_crd(JOBSET_CRD_NAME))
 
 
 def crd_schemas(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(JSON Schema for :func:`openapi_validate`, structural schema for :func:`pruned_fields`) of the CRD ``name``
-    (TRAINJOB_CRD_NAME, RUNTIME_CRD_NAME); the test skips, naming it, when it is not here."""
+    (TRAINJOB_CRD_NAME, RUNTIME_CRD_NAME)."""
     crd = _crd(name)
-    if crd is None:
-        _skip_without(name, "the webhook rules")
     return crd_jsonschema(crd), copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 
 

@@ -174,7 +174,7 @@ class ResultCluster:
     def reconcile(self) -> dict:
         """One pass; returns the status patch and applies it (as kopf would)."""
         import kopf
-        from atlas_operator.status import status_update
+        from atlas_operator.status_update import status_update
 
         result = self.reconciler.reconcile({**copy.deepcopy(self.body), "status": self.status}, kopf.adopt)
         patch, events = status_update(self.status, None, result, "2026-01-01T00:00:00Z")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, make_dataclass
 
 from trl import GRPOConfig as _TRLGRPOConfig
 
-from atlas_contract import rules
+from atlas_contract import checks
 from atlas_contract.defaults import SERVER_TIMEOUT_S
 from atlas_contract.names import ENV_KIND, ENV_NAMESPACE, ENV_RUN, TRAINER_METRICS_PORT
 from atlas_contract.teaching import TeachingSettings
@@ -140,7 +140,7 @@ class AtlasArguments:
             value = getattr(self, name)
             if value is None and name == "first_step_timeout_seconds":
                 continue
-            problem = rules.setting_problem(name, value, (int, float))
+            problem = checks.setting_problem(name, value, (int, float))
             if problem:
                 raise ValueError(f"{name}: {problem}")
         port = self.metrics_port
@@ -211,7 +211,7 @@ class GRPOConfig(_TRLGRPOConfig, AtlasArguments, TeachingArguments):
             return
         self.steps_per_generation = self.gradient_accumulation_steps
         self.generation_batch_size = self.per_device_train_batch_size * self.world_size * self.steps_per_generation
-        problem = rules.generation_batch_problem(
+        problem = checks.generation_batch_problem(
             self.num_generations,
             self.per_device_train_batch_size,
             self.world_size,

@@ -159,7 +159,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
         contexts = _row_contexts(batch, len(tasks), skip=("prompts", "prompt"))
         diagnostics = self._diagnose(tasks, contexts, self.args.max_probe_tokens)
         guidances = self._guidance(tasks, diagnostics, self.args.max_guidance_tokens)
-        rewards, _ = self._teaching_rewards(tasks, contexts, [d.baseline_score for d in diagnostics], guidances)
+        rewards, _ = self.teaching_rewards(tasks, contexts, [d.baseline_score for d in diagnostics], guidances)
         return rewards
 
     # ------------------------------------------------------------------ GRPO hooks
@@ -200,7 +200,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
         try:
             if baselines is None:  # called outside the loop: diagnose first
                 baselines = [d.baseline_score for d in self._diagnose(tasks, contexts, self.args.max_probe_tokens)]
-            rewards, stats = self._teaching_rewards(tasks, contexts, baselines, guidances, log=True)
+            rewards, stats = self.teaching_rewards(tasks, contexts, baselines, guidances, log=True)
         except (RuntimeError, ValueError) as exc:
             # A failing student, a missing ground truth or a failed diagnosis (NaN baseline) must not stop
             # training: NaN rewards mark the completions unscorable, and TRL gives them no advantage.
@@ -265,7 +265,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
         new = output[:, batch["input_ids"].shape[1] :]
         return [extract_guidance(tokenizer.decode(row, skip_special_tokens=True)) for row in new]
 
-    def _teaching_rewards(self, tasks, contexts, baselines, guidances, log: bool = False):
+    def teaching_rewards(self, tasks, contexts, baselines, guidances, log: bool = False):
         """Student answers with each guidance, scored; returns (rewards, teaching/* statistics)."""
         samples = self.args.student_samples
         log_extra = None

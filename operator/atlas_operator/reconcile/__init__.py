@@ -6,15 +6,18 @@ first" (a previous operator process, a racing handler) and turns into that compa
 here knows about kopf: the handlers hand in ``adopt`` and the previous status, and write what
 comes back.
 
-Each module holds one concern: ``reconciler`` (the pass, step by step), ``children`` (observe, apply, prune and
-delete the children; who may be touched is atlas_operator/ownership.py), ``job_policies`` (recreate on a spec
-change, a queued run's suspend, a backend change), ``prerequisites``, ``observe`` (servers, pods, the result),
-``scrape`` (the trainers' metrics), ``patching`` (merge patches) and ``relevance`` (which changes of a child its
-run's status depends on).
+Each module holds one concern: ``reconciler`` (the pass, step by step, and the steps it is composed of),
+``prerequisites``, ``children`` (observe, apply, prune and delete the children; who may be touched is
+atlas_operator/ownership.py), ``job_policies`` (recreate on a spec change, a queued run's suspend, a backend change),
+``observe`` (the job's phase, servers, pods, the result), ``scrape`` (the trainers' metrics), ``memory`` (what is
+remembered per run between passes, forgotten at once when it is deleted), ``retry`` (what the run's timer retries),
+``concurrency`` (requests sent together), ``patching`` (merge patches) and ``relevance`` (which changes of a child
+its run's status depends on).
 """
 
 from atlas_operator.reconcile.children import reward_yaml
 from atlas_operator.reconcile.common import NameConflict, RetryLater, condition
+from atlas_operator.reconcile.memory import RunMemory
 from atlas_operator.reconcile.observe import MAX_RESULT_READS
 from atlas_operator.reconcile.prerequisites import JOB_CRDS
 from atlas_operator.reconcile.reconciler import Reconciler
@@ -26,6 +29,7 @@ __all__ = [
     "NameConflict",
     "Reconciler",
     "RetryLater",
+    "RunMemory",
     "condition",
     "fetch_text",
     "reward_yaml",

@@ -2,35 +2,25 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from atlas_contract.checks import find_reward_config
 from atlas_contract.names import KINDS, ChildNames
-from atlas_contract.rules import find_reward_config
 from atlas_operator import kube
-from atlas_operator.kube import ApiError
-from atlas_operator.ownership import (
-    NAME_CONFLICT,
-    NAME_TAKEN,
-    Foreign,
-    conflict_message,
-    is_controlled_by,
-    name_taken_message,
-    rival_run,
-)
-from atlas_operator.reconcile.common import NameConflict, RetryLater, condition
-from atlas_operator.reconcile.concurrency import at_once
-from atlas_operator.reconcile.patching import _managed_patch
-from atlas_operator.render import (
-    on_jobset,
-)
+from atlas_operator.kube import ApiError, Kube
+from atlas_operator.ownership import Foreign, conflict_message, is_controlled_by, name_taken_message, rival_run
+from atlas_operator.reconcile.common import NameConflict, RetryLater, condition, log
+from atlas_operator.reconcile.concurrency import at_once, waves
+from atlas_operator.reconcile.job_policies import JobPolicies
+from atlas_operator.reconcile.patching import managed_patch
+from atlas_operator.reconcile.prerequisites import Prerequisites
+from atlas_operator.render import on_jobset
 from atlas_operator.revisions import PINNED_KINDS, Revision
 from atlas_operator.run_status import ConditionType as Condition
+from atlas_operator.run_status import EventReason
 from atlas_operator.spec import Run
-from atlas_operator.status import (
-    Event,
-    Outcome,
-    job_phase,
-)
+from atlas_operator.status_update import Event, Outcome, job_phase
 
 # status.children key → what the run may own under it (deleted when the spec no longer wants it).
 OWNED_BY_KEY = {
@@ -45,9 +35,16 @@ OWNED_BY_KEY = {
 
 
 class Children:
-    """Applying, pruning and deleting the run's children; the job itself goes to JobPolicies."""
+    """Observing, applying, pruning and deleting the run's children; the job itself goes to ``jobs``. A run's requests
+    that do not wait on each other go out together through ``requests`` (concurrency.py)."""
 
-    def observe_children(
+    def __init__(self, client: Kube, requests: ThreadPoolExecutor, prerequisites: Prerequisites, jobs: JobPolicies):
+        self.kube = client
+        self.requests = requests
+        self.prerequisites = prerequisites  # which job CRDs are served (a job of another is neither made nor read)
+        self.jobs = jobs
+
+    def observe(
         self, run: Run, body: dict[str, Any], desired: list[dict[str, Any]]
     ) -> tuple[dict[tuple[str, str], dict[str, Any] | None], list[Foreign]]:
         """Each child as it stands now (None: absent), and the objects under a child's name this run does not control.
@@ -87,17 +84,70 @@ class Children:
         rival = rival_run(foreign, run.kind, run.name)
         if rival is not None:
             message = name_taken_message(rival, run.kind, run.namespace)
-            refused = condition(Condition.VALID, False, NAME_TAKEN, message)
-            return Outcome("Invalid", [refused], events=[Event("Warning", NAME_TAKEN, message)])
+            refused = condition(Condition.VALID, False, EventReason.NAME_TAKEN, message)
+            return Outcome("Invalid", [refused], events=[Event("Warning", EventReason.NAME_TAKEN, message)])
         message = conflict_message(foreign)
         ours = {name for (_, name), obj in existing.items() if obj is not None and is_controlled_by(obj, body)}
         result.children = {key: name for key, name in result.children.items() if name in ours}
         jobs = [obj for (kind, name), obj in existing.items() if kind in kube.JOBS and name in ours]
         job = jobs[0] if jobs else None
         result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name))
-        result.conditions.append(condition(Condition.CHILDREN_READY, False, NAME_CONFLICT, message))
-        result.events.append(Event("Warning", NAME_CONFLICT, message))
+        result.conditions.append(condition(Condition.CHILDREN_READY, False, EventReason.NAME_CONFLICT, message))
+        result.events.append(Event("Warning", EventReason.NAME_CONFLICT, message))
         return result
+
+    def apply_all(
+        self,
+        run: Run,
+        desired: list[dict[str, Any]],
+        existing: dict[tuple[str, str], dict[str, Any] | None],
+        revision: Revision,
+        result: Outcome,
+    ) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any] | None]]:
+        """Apply each child in order; ChildrenReady says what the API server refused. Returns the job and the server
+        Deployments as applied (name → object)."""
+        job, rejected = None, []
+        servers: dict[str, dict[str, Any] | None] = {}
+
+        def apply(child: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+            return self.apply(run, child, existing[_key(child)], revision, result)
+
+        for wave in waves(desired):  # each wave at once, in order (concurrency.py)
+            failed = None
+            for child, (applied, error) in zip(wave, at_once(self.requests, apply, wave), strict=True):
+                if isinstance(error, ApiError) and error.rejected:
+                    # The API server refuses this object as rendered: retrying at once changes nothing, so say
+                    # why and try again at the next status refresh (the timer), not in a hot loop.
+                    rejected.append(
+                        f"{child['kind']} {child['metadata']['name']}: {error.status} {error.reason}: {error.message}"
+                    )
+                    continue
+                if error is not None:
+                    failed = failed or error  # transient, or a name taken: no later wave (kopf retries the pass)
+                    continue
+                observed, action = applied
+                if action:
+                    result.actions[f"{child['kind']}/{child['metadata']['name']}"] = action
+                if child["kind"] in kube.JOBS:
+                    job = observed
+                elif child["kind"] == "Deployment":
+                    servers[child["metadata"]["name"]] = observed
+            if failed is not None:
+                raise failed
+        if result.actions:  # the log says what changed; the condition stays put (no status write per pass)
+            changes = ", ".join(f"{action} {child}" for child, action in result.actions.items())
+            log.info("%s %s/%s: %s", run.kind, run.namespace, run.name, changes)
+        if rejected:
+            message = "the API server rejected " + "; ".join(rejected)
+            result.conditions.append(condition(Condition.CHILDREN_READY, False, EventReason.CHILD_REJECTED, message))
+            result.events.append(Event("Warning", EventReason.CHILD_REJECTED, message))
+        else:
+            applied = "all children exist and match the spec"
+            result.conditions.append(condition(Condition.CHILDREN_READY, True, "Applied", applied))
+        if not any(c["type"] == Condition.SPEC_APPLIED for c in result.conditions):
+            current = "the running job matches the spec"
+            result.conditions.append(condition(Condition.SPEC_APPLIED, True, "UpToDate", current))
+        return job, servers
 
     def apply(
         self,
@@ -119,7 +169,7 @@ class Children:
                 return self.kube.create(desired), "created"
             except ApiError as exc:
                 if exc.not_found and is_job:
-                    self._crd_seen_at.pop(desired["kind"], None)  # uninstalled under us: report it next time
+                    self.prerequisites.crd_gone(desired["kind"])  # uninstalled under us: report it next time
                 if not exc.conflict:
                     raise
                 existing = self.kube.get(resource, run.namespace, name)  # created meanwhile
@@ -128,7 +178,7 @@ class Children:
                 if not is_controlled_by(existing, _owner(run)):
                     raise NameConflict(Foreign.of({**existing, "kind": resource.kind})) from exc
         if is_job:
-            return self.apply_job(run, desired, existing, revision, result)
+            return self.jobs.apply_job(run, desired, existing, revision, result)
         if _cluster_ip_changes(desired, existing):
             # A Service's clusterIP is immutable (an earlier release's metrics Service had one; it is headless now):
             # made again. Only a Service, never a workload, and one this run controls (as every child here).
@@ -137,7 +187,7 @@ class Children:
         pinned = desired["kind"] in PINNED_KINDS
         if pinned and not revision.changed_since(existing):
             return existing, None  # the run's spec has not changed since it was rendered: an upgrade changes nothing
-        patch = _managed_patch(desired, existing)
+        patch = managed_patch(desired, existing)
         if pinned and (patch is not None or not revision.is_recorded_on(existing)):
             patch = patch or {}
             patch.setdefault("metadata", {})["annotations"] = revision.annotations(desired["kind"])
@@ -164,11 +214,11 @@ class Children:
                 child = f"{resource.kind}/{name}"
                 result.actions[child] = "deleted"
                 if resource is kube.NETWORK_POLICY:
-                    reason, why = "NetworkPolicyOff", "the operator's network policy setting is off"
+                    reason, why = EventReason.NETWORK_POLICY_OFF, "the operator's network policy setting is off"
                 elif key in ("pytorchJob", "jobSet", "trainJob") or on_jobset(run):
-                    reason, why = "BackendChanged", f"spec.backend is {run.backend} now"
+                    reason, why = EventReason.BACKEND_CHANGED, f"spec.backend is {run.backend} now"
                 else:
-                    reason, why = "ServerRemoved", "no longer in the spec"
+                    reason, why = EventReason.SERVER_REMOVED, "no longer in the spec"
                 result.events.append(Event("Normal", reason, f"{child}: {why}, deleted"))
 
     @staticmethod
@@ -177,7 +227,7 @@ class Children:
         refs = (child.get("metadata") or {}).get("ownerReferences") or []
         return next((ref for ref in refs if ref.get("controller") and ref.get("kind") in KINDS), None)
 
-    def delete_children(self, body: dict[str, Any]) -> list[str]:
+    def delete_all(self, body: dict[str, Any]) -> list[str]:
         """Delete what the run owns (the API server's garbage collector would too, through the owner
         references; doing it here also covers a GC that is slow or off)."""
         namespace, name = body["metadata"].get("namespace", "default"), body["metadata"]["name"]
@@ -197,7 +247,7 @@ class Children:
             (kube.NETWORK_POLICY, owned.trainer_network_policy),
         ]
         for resource, child in targets:
-            if resource.kind in kube.JOBS and not self.crd_installed(resource.kind):
+            if resource.kind in kube.JOBS and not self.prerequisites.crd_installed(resource.kind):
                 continue
             existing = self.kube.get(resource, namespace, child)
             if existing is None or not is_controlled_by(existing, body):
@@ -220,7 +270,7 @@ def reward_yaml(run: Run) -> str | None:
     if not run.spec.reward.config:
         return None
     path = find_reward_config(run.spec.reward.config)
-    if path is None:  # only bundled names pass validation (validation_rules.py): a broken install
+    if path is None:  # only bundled names pass validation (cel_rules.py): a broken install
         raise RetryLater(f"spec.reward.config: RIM config {run.spec.reward.config!r} is not installed")
     return path.read_text()
 

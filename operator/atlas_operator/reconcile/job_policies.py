@@ -7,26 +7,22 @@ from typing import Any
 
 from atlas_contract.names import SPEC_HASH_ANNOTATION, ChildNames
 from atlas_operator import kube
-from atlas_operator.kube import ApiError
-from atlas_operator.ownership import (
-    is_controlled_by,
-)
+from atlas_operator.kube import ApiError, Kube
+from atlas_operator.ownership import is_controlled_by
 from atlas_operator.reconcile.common import RetryLater, condition
-from atlas_operator.reconcile.patching import _managed_patch
+from atlas_operator.reconcile.patching import managed_patch
 from atlas_operator.revisions import Revision
 from atlas_operator.run_status import ConditionType as Condition
+from atlas_operator.run_status import EventReason
 from atlas_operator.spec import Run
-from atlas_operator.status import (
-    FINISHED,
-    Event,
-    Outcome,
-    job_phase,
-    job_suspended,
-)
+from atlas_operator.status_update import FINISHED, Event, Outcome, job_phase, job_suspended
 
 
 class JobPolicies:
     """What happens to the running job when the run changes."""
+
+    def __init__(self, client: Kube):
+        self.kube = client
 
     def apply_job(
         self, run: Run, desired: dict[str, Any], existing: dict[str, Any], revision: Revision, result: Outcome
@@ -61,7 +57,7 @@ class JobPolicies:
         result.events.append(
             Event(
                 "Normal",
-                "QueuedRunSuspended",
+                EventReason.QUEUED_RUN_SUSPENDED,
                 f"spec.suspend: deleted {kind} {name} (Kueue owns its suspend), releasing its quota; "
                 f"resuming queues it again and training resumes from the newest checkpoint in {where}",
             )
@@ -78,7 +74,7 @@ class JobPolicies:
         if not run.spec.queue_name:  # a queued job's suspend is Kueue's: never written after creation
             suspend = {"suspend": run.spec.suspend}
             wanted["spec"] = {"runPolicy": suspend} if kind == "PyTorchJob" else suspend
-        patch = _managed_patch(wanted, existing)
+        patch = managed_patch(wanted, existing)
         if patch is None:
             return existing, None
         return self.kube.patch(kube.JOBS[kind], run.namespace, name, patch), "patched"
@@ -89,7 +85,7 @@ class JobPolicies:
         result.events.append(
             Event(
                 "Normal",
-                "JobRecreated",
+                EventReason.JOB_RECREATED,
                 (
                     f"spec changed: recreated {kind} {name}; training resumes from the newest checkpoint "
                     f"in {run.spec.checkpoint.path}/{run.name}"
@@ -114,7 +110,7 @@ class JobPolicies:
         return job is not None and is_controlled_by(job, body) and job_phase(job, False) not in FINISHED
 
 
-def _backend_of(body: dict[str, Any]) -> str | None:
+def backend_of(body: dict[str, Any]) -> str | None:
     """The backend a run's job was made on (from status.children), or None before it has one."""
     children = (body.get("status") or {}).get("children") or {}
     if children.get("jobSet"):

@@ -1,4 +1,5 @@
-"""What the run's status reports besides its job: servers Ready, pods that cannot start, the trainer's result."""
+"""What the run's status reports of what runs: the job's phase, restarts and preemption, servers Ready, pods that
+cannot start, the trainer's result."""
 
 from __future__ import annotations
 
@@ -7,29 +8,33 @@ from typing import Any
 from atlas_contract.names import KINDS, LABEL_COMPONENT, LABEL_INSTANCE, ChildNames
 from atlas_contract.results import parse_result
 from atlas_operator import kube
-from atlas_operator.kube import ApiError
+from atlas_operator.kube import ApiError, Kube
+from atlas_operator.ownership import is_controlled_by
 from atlas_operator.reconcile.common import condition, log
-from atlas_operator.render import (
-    COMPLETION_INDEX_KEY,
-    child_names,
-    has_student_server,
-    on_jobset,
-    trainer_container,
-)
+from atlas_operator.reconcile.memory import RunMemory
+from atlas_operator.render import COMPLETION_INDEX_KEY, child_names, has_student_server, on_jobset, trainer_container
 from atlas_operator.run_status import ConditionType as Condition
+from atlas_operator.run_status import EventReason
 from atlas_operator.spec import Run
-from atlas_operator.status import (
+from atlas_operator.status_update import (
     FINISHED,
+    PREEMPTED,
     TRAINER_JOBS,
     Event,
     Outcome,
+    gang_of,
+    job_phase,
+    job_ran,
     job_state,
     now,
     pod_stuck,
+    preempted_message,
     save_message,
     servers_waiting,
     stop_report,
     termination_message,
+    training_reason,
+    watchdog_restarts,
 )
 
 # Reads of a succeeded job's Master pod for the run's result, per job and operator process: a pod that is gone
@@ -38,7 +43,97 @@ MAX_RESULT_READS = 3
 
 
 class Observation:
-    """Conditions and the result read from the cluster (pods, Deployments, the job)."""
+    """Conditions and the result read from the cluster (pods, Deployments, the job), and what the run's pods said
+    between reconciliations (kept in ``memory``)."""
+
+    def __init__(self, client: Kube, memory: RunMemory):
+        self.kube = client
+        self.memory = memory
+
+    def observe(
+        self,
+        run: Run,
+        body: dict[str, Any],
+        job: dict[str, Any] | None,
+        servers: dict[str, dict[str, Any] | None],
+        result: Outcome,
+    ) -> None:
+        """RolloutReady, PodsStarted, the phase, restarts and Training from the job, and the finished job's result."""
+        conditions = result.conditions
+        conditions.append(self.rollout_condition(run, job, servers))
+        started = self.pods_condition(run)
+        conditions.append(started)
+        if started["status"] == "False":  # posted once per (reason, message): status_update skips what it said
+            result.events.append(Event("Warning", EventReason(started["reason"]), started["message"]))
+        gang = self.trainjob_gang(run.namespace, job)
+        result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name), gang=gang)
+        restarting = gang_of(job, gang)
+        if restarting is not None:
+            self.observe_restarts(run, body, restarting, result)
+        self.observe_preemption(run, body, result)
+        if job is not None and result.phase == "Queued" and self.preempted(body, job, result):
+            shown = (body.get("status") or {}).get("preemption")
+            reason, message = PREEMPTED, preempted_message(result.preemption or shown)
+        elif job is not None:
+            reason, message = training_reason(job, gang)
+        elif run.spec.queue_name and run.spec.suspend:  # its job was deleted (Kueue owns a queued job's suspend)
+            reason, message = "Suspended", f"spec.suspend: no {run.backend} while suspended; resuming queues a new one"
+        else:  # not created (yet): say which kind of job the run waits for
+            reason, message = "JobPending", f"waiting for the {run.backend} to start"
+        conditions.append(condition(Condition.TRAINING, result.phase == "Running", reason, message))
+        if job is not None and result.phase == "Succeeded":
+            if not (body.get("status") or {}).get("result"):
+                result.result = self.read_result(run, gang or job, result.events)
+        elif job is not None:
+            result.result_stale = True  # a job made again (spec change) has not reported yet
+
+    @staticmethod
+    def preempted(body: dict[str, Any], job: dict[str, Any], result: Outcome) -> bool:
+        """Whether Kueue suspended the run's queued job again after admitting it (preemption, eviction), not a job it
+        never admitted: the job's own conditions say so on PyTorchJob (job_ran); a JobSet's or a TrainJob's do not,
+        so there the run's previous status does: Running, or already Preempted. A job this reconciliation created or
+        recreated (a spec change) is a new one, waiting for its first admission."""
+        if any(
+            action in ("created", "recreated")
+            for child, action in result.actions.items()
+            if child.startswith(f"{job.get('kind')}/")
+        ):
+            return False
+        if job_ran(job):
+            return True
+        status = body.get("status") or {}
+        training = next((c for c in status.get("conditions") or [] if c.get("type") == Condition.TRAINING), {})
+        return status.get("phase") == "Running" or (
+            status.get("phase") == "Queued" and training.get("reason") == PREEMPTED
+        )
+
+    def trainjob_gang(self, namespace: str, job: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The JobSet the Kubeflow Trainer made of a TrainJob (its name; controlled by the TrainJob), read only:
+        its restarts and replicated jobs are the run's on TrainJob too. None for another job, or before it exists."""
+        if job is None or job.get("kind") != "TrainJob":
+            return None
+        jobset = self.kube.get(kube.JOBSET, namespace, job["metadata"]["name"])
+        return jobset if jobset is not None and is_controlled_by(jobset, job) else None
+
+    def observe_restarts(self, run: Run, body: dict[str, Any], job: dict[str, Any], result: Outcome) -> None:
+        """A JobSet's whole-gang restarts, and a Warning for each new one the step watchdog caused — counted once
+        per restart, even when two reconciliations read the run before either wrote its status (a TrainJob's
+        JobSet and the TrainJob itself change together)."""
+        result.restarts = int((job.get("status") or {}).get("restarts") or 0)
+        key = (run.namespace, run.name, run.uid, (job.get("metadata") or {}).get("uid"))
+        shown = int((body.get("status") or {}).get("restarts") or 0)
+        seen = self.memory.restarts_seen(key, shown, result.restarts)
+        result.watchdog_restarts = watchdog_restarts(job, {"restarts": seen})
+        if result.watchdog_restarts:
+            result.events.append(
+                Event(
+                    "Warning",
+                    EventReason.WATCHDOG_RESTART,
+                    f"the step watchdog ended a trainer process of JobSet {job['metadata']['name']} (no optimizer "
+                    f"step within spec.training.stepTimeoutSeconds, or a server unreachable): restart "
+                    f"{result.restarts} of {run.spec.max_restarts}; the trainer log has the stacks and the reason",
+                )
+            )
 
     def rollout_condition(
         self, run: Run, job: dict[str, Any] | None, observed: dict[str, dict[str, Any] | None] | None = None
@@ -85,30 +180,17 @@ class Observation:
         run_name, pod_name = labels.get(LABEL_INSTANCE), meta.get("name")
         if not run_name or not pod_name:
             return None
-        key = (meta.get("namespace", "default"), run_name)
         stuck = None if deleted else pod_stuck(pod)
         stop = stop_report(pod) if labels.get(LABEL_COMPONENT) == "trainer" else None
-        with self._stuck_lock:
-            pods = self._stuck.setdefault(key, {})
-            before = pods.pop(pod_name, None)
-            if stuck is not None:
-                pods[pod_name] = stuck
-            if not pods:
-                del self._stuck[key]
-            noted = self._stops.get(key)
-            new_stop = stop is not None and (noted is None or stop[0].step > noted[0].step)
-            if new_stop:  # every node reports the same step: the first pod seen with it speaks for the run
-                self._stops[key] = stop
-            kind = self._kinds.get(key)
-        return (kind, run_name) if (stuck != before or new_stop) and kind in KINDS else None
+        changed, kind = self.memory.note_pod(meta.get("namespace", "default"), run_name, pod_name, stuck, stop)
+        return (kind, run_name) if changed and kind in KINDS else None
 
     def observe_preemption(self, run: Run, body: dict[str, Any], result: Outcome) -> None:
         """A save on SIGTERM newer than the run's status shows (pod_changed noted it): .status.preemption, a Normal
         Event PreemptionSave and one more atlas_training_preemption_saves_total. Counted once per run and step:
         every node reports the same step, a pod is seen again, an operator restarted reads the step from the
         status, and two reconciliations that read the run before either wrote its status see this process's count."""
-        with self._stuck_lock:
-            noted = self._stops.get((run.namespace, run.name))
+        noted = self.memory.stop_of(run.namespace, run.name)
         if noted is None:
             return
         report, finished = noted
@@ -116,13 +198,8 @@ class Observation:
         if finished and created and finished < created:  # RFC 3339 UTC: a pod of an earlier run of this name
             return
         shown = (body.get("status") or {}).get("preemption") or {}
-        key = (run.namespace, run.name, run.uid)
-        with self._result_lock:
-            counted = self._saves_counted.get(key)
-            last = max(s for s in (shown.get("step"), counted, -1) if s is not None)
-            if report.step <= last:
-                return
-            self._saves_counted[key] = report.step
+        if not self.memory.count_save(run.namespace, run.name, run.uid, report.step, shown.get("step")):
+            return
         result.preemption = {
             "saves": int(shown.get("saves") or 0) + 1,
             "step": report.step,
@@ -130,7 +207,7 @@ class Observation:
             "time": finished or now(),
         }
         result.preemption_saves = 1
-        result.events.append(Event("Normal", "PreemptionSave", save_message(report)))
+        result.events.append(Event("Normal", EventReason.PREEMPTION_SAVE, save_message(report)))
 
     def run_of_trainjob_gang(self, obj: dict[str, Any]) -> dict[str, str] | None:
         """The run (``{"kind", "name"}``) of the JobSet the Kubeflow Trainer made of its TrainJob: controlled by a
@@ -141,14 +218,12 @@ class Observation:
         run_name = (meta.get("labels") or {}).get(LABEL_INSTANCE)
         if obj.get("kind") != "JobSet" or not run_name or not refs or refs[0].get("kind") != "TrainJob":
             return None
-        with self._stuck_lock:
-            kind = self._kinds.get((meta.get("namespace", "default"), run_name))
+        kind = self.memory.kind_of(meta.get("namespace", "default"), run_name)
         return {"kind": kind, "name": run_name} if kind in KINDS else None
 
     def pods_condition(self, run: Run) -> dict[str, Any]:
         """PodsStarted: False with the kubelet's reason while a pod of the run cannot start its containers."""
-        with self._stuck_lock:
-            stuck = sorted((self._stuck.get((run.namespace, run.name)) or {}).items())
+        stuck = self.memory.stuck_pods(run.namespace, run.name)
         if not stuck:
             return condition(Condition.PODS_STARTED, True, "NoneStuck", "no pod of the run is kept from starting")
         _, (reason, message) = stuck[0]
@@ -162,11 +237,8 @@ class Observation:
         MAX_RESULT_READS times per job. A value out of its schema range is left out, with a Warning in ``events``."""
         job_uid = (job.get("metadata") or {}).get("uid")
         key = (run.namespace, run.name, run.uid, job_uid)
-        with self._result_lock:
-            reads = self._result_reads.get(key, 0)
-            if reads >= MAX_RESULT_READS:
-                return None
-            self._result_reads[key] = reads + 1
+        if not self.memory.take_result_read(key, MAX_RESULT_READS):
+            return None
         try:
             pod = self.rank0_pod(run, job)
         except ApiError as exc:  # no pods permission (an older chart), the API down: no result, no crash
@@ -177,10 +249,10 @@ class Observation:
             return None
         parsed, dropped = parse_result(termination_message(pod, trainer_container(run)))
         if dropped:  # the trainer's word, out of the schema's range: never shown, said once
-            events.append(Event("Warning", "ResultOutOfRange", "the finished trainer's result: " + "; ".join(dropped)))
+            dropped_message = "the finished trainer's result: " + "; ".join(dropped)
+            events.append(Event("Warning", EventReason.RESULT_OUT_OF_RANGE, dropped_message))
             if parsed is None:
-                with self._result_lock:
-                    self._result_reads[key] = MAX_RESULT_READS  # the same message would be read again
+                self.memory.stop_result_reads(key, MAX_RESULT_READS)
         if parsed is None:
             log.info(
                 "%s %s/%s: pod %s has no result in its termination message",
@@ -190,8 +262,7 @@ class Observation:
                 (pod.get("metadata") or {}).get("name"),
             )
             return None
-        with self._result_lock:
-            self._result_reads.pop(key, None)
+        self.memory.result_read(key)
         return parsed
 
     def rank0_pod(self, run: Run, job: dict[str, Any]) -> dict[str, Any] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def _managed_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any] | None:
+def managed_patch(desired: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any] | None:
     """A merge patch of the fields the operator manages (labels, annotations, owner references, spec/data), or
     None when the existing object already has them. Fields the API server adds are not compared."""
     patch: dict[str, Any] = {}

@@ -5,25 +5,28 @@ from __future__ import annotations
 import time
 
 from atlas_operator import kube
+from atlas_operator.config import OperatorConfig
+from atlas_operator.kube import Kube
+from atlas_operator.run_status import EventReason
 from atlas_operator.spec import Run
 
 # spec.backend → (condition reason, what is missing, how to install it) when its CRD is not served.
 JOB_CRDS = {
     "PyTorchJob": (
-        "PyTorchJobCRDMissing",
+        EventReason.PYTORCHJOB_CRD_MISSING,
         "kubeflow.org/v1 PyTorchJob CRD",
         "install the Kubeflow Training Operator v1 (kubectl apply --server-side -k "
         '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0")',
     ),
     "JobSet": (
-        "JobSetCRDMissing",
+        EventReason.JOBSET_CRD_MISSING,
         "jobset.x-k8s.io/v1alpha2 JobSet CRD",
         "install JobSet v0.12.0 or later (kubectl apply --server-side -f "
         "https://github.com/kubernetes-sigs/jobset/releases/download/v0.12.0/manifests.yaml), "
         "or set spec.backend: PyTorchJob",
     ),
     "TrainJob": (
-        "TrainJobCRDMissing",
+        EventReason.TRAINJOB_CRD_MISSING,
         "trainer.kubeflow.org/v1alpha1 TrainJob CRD",
         "install Kubeflow Trainer v2.3.0 or later (kubectl apply --server-side -k "
         '"github.com/kubeflow/trainer.git/manifests/overlays/manager?ref=v2.3.0"), or set another spec.backend',
@@ -32,9 +35,17 @@ JOB_CRDS = {
 
 
 class Prerequisites:
-    """Checks of what the run needs from the cluster (the CRD found is trusted for a while)."""
+    """Checks of what the run needs from the cluster. A CRD or a ClusterTrainingRuntime found is trusted for a while
+    (settings.crd_cache_s): every run of the cluster needs the same ones."""
 
-    def missing_prerequisites(self, run: Run) -> tuple[str, str] | None:
+    def __init__(self, client: Kube, settings: OperatorConfig):
+        self.kube = client
+        self.settings = settings
+        self._crd_seen_at: dict[str, float] = {}  # job kind → when its CRD was last seen served
+        self._runtime_seen: dict[str, tuple[float, dict]] = {}  # ClusterTrainingRuntime → when read, as read
+
+    def missing(self, run: Run) -> tuple[EventReason, str] | None:
+        """The reason and message of the first prerequisite the run lacks, or None."""
         if not self.crd_installed(run.backend):
             reason, what, install = JOB_CRDS[run.backend]
             return reason, f"the cluster has no {what} (spec.backend {run.backend}): {install}"
@@ -44,13 +55,13 @@ class Prerequisites:
                 return missing
         pvc = run.spec.checkpoint.pvc
         if pvc and not self.kube.exists(kube.PVC, run.namespace, pvc):
-            return "CheckpointPVCMissing", (
+            return EventReason.CHECKPOINT_PVC_MISSING, (
                 f"spec.checkpoint.pvc: PersistentVolumeClaim '{pvc}' does not exist in namespace {run.namespace}"
             )
         if run.spec.reward.config_map_ref:
             ref = run.spec.reward.config_map_ref
             if not self.kube.exists(kube.CONFIG_MAP, run.namespace, ref.name):
-                return "RewardConfigMapMissing", (
+                return EventReason.REWARD_CONFIG_MAP_MISSING, (
                     f"spec.reward.configMapRef: ConfigMap '{ref.name}' does not exist in namespace {run.namespace}"
                 )
         return None
@@ -64,7 +75,11 @@ class Prerequisites:
             return True
         return False
 
-    def runtime_problem(self, run: Run) -> tuple[str, str] | None:
+    def crd_gone(self, kind: str) -> None:
+        """The job ``kind``'s CRD was found uninstalled (a 404 on create): not trusted any more."""
+        self._crd_seen_at.pop(kind, None)
+
+    def runtime_problem(self, run: Run) -> tuple[EventReason, str] | None:
         """What keeps a TrainJob run off its ClusterTrainingRuntime: the runtime missing, or a spec.maxRestarts the
         runtime does not have (a TrainJob cannot set its JobSet's failurePolicy: the runtime's applies)."""
         name = self.settings.images.trainjob_runtime
@@ -74,14 +89,14 @@ class Prerequisites:
             if runtime is not None:
                 self._runtime_seen[name] = (time.monotonic(), runtime)
         if runtime is None:
-            return "TrainingRuntimeMissing", (
+            return EventReason.TRAINING_RUNTIME_MISSING, (
                 f"the cluster has no ClusterTrainingRuntime {name} (spec.backend TrainJob): install it with the chart "
                 "(value trainJob.runtime.enabled: true), or point the operator at yours (ATLAS_TRAINJOB_RUNTIME)"
             )
         policy = (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("failurePolicy") or {}
         restarts = int(policy.get("maxRestarts") or 0)
         if run.spec.max_restarts != restarts:
-            return "MaxRestartsNotTheRuntimes", (
+            return EventReason.MAX_RESTARTS_NOT_THE_RUNTIMES, (
                 f"spec.maxRestarts: {run.spec.max_restarts}, but on backend TrainJob whole-gang restarts are the "
                 f"ClusterTrainingRuntime {name}'s (template.spec.failurePolicy.maxRestarts: {restarts}; chart value "
                 f"trainJob.runtime.maxRestarts): set spec.maxRestarts: {restarts}, or use another backend"

@@ -5,7 +5,7 @@ On a real cluster the deployment controller writes a new server Deployment's sta
 second (observedGeneration, replicas, conditions) before any replica is ready. Each was a refresh of the run: its
 read from the API server, a whole reconciliation, sometimes a status write — more than the run's own creation cost
 (bench/operator_throughput.py, real API). A run's status reads one field of a Deployment's status (its ready
-replicas: ``Observe.rollout_condition`` in reconcile/observe.py); a change of anything else there, or of the
+replicas: ``Observation.rollout_condition`` in reconcile/observe.py); a change of anything else there, or of the
 revision annotation the deployment controller keeps, is not news. Every
 other change of a child still is: its spec, labels, owners or deletion (drift, or someone else's hand), and all of a
 job's status (the training's phase, restarts, preemption: reconcile/job_policies.py and reconcile/reconciler.py).

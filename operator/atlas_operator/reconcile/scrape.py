@@ -6,19 +6,24 @@ import asyncio
 import http.client
 import time
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from atlas_contract.names import ChildNames
+from atlas_operator.config import OperatorConfig
 from atlas_operator.reconcile.common import log
-from atlas_operator.status import (
-    parse_progress,
-)
+from atlas_operator.status_update import parse_progress
 
 MAX_METRICS_BYTES = 1 << 20  # a trainer's /metrics is a few KB; more is not a metrics endpoint
+SCRAPERS = 8  # threads: each run's timer awaits its own scrape, so one in flight per run
 
 
 class Scraping:
-    """Reads of the trainers' metrics endpoints."""
+    """Reads of the trainers' metrics endpoints, in a small pool of their own (not the reconciliations')."""
+
+    def __init__(self, settings: OperatorConfig):
+        self.settings = settings
+        self._pool = ThreadPoolExecutor(max_workers=SCRAPERS, thread_name_prefix="atlas-scrape")
 
     def metrics_url(self, name: str, namespace: str) -> str:
         return self.settings.metrics_url_template.format(
@@ -37,7 +42,7 @@ class Scraping:
         loop = asyncio.get_running_loop()
         try:
             text = await loop.run_in_executor(
-                self._scraper, fetch_text, url, self.settings.scrape_timeout_s, MAX_METRICS_BYTES
+                self._pool, fetch_text, url, self.settings.scrape_timeout_s, MAX_METRICS_BYTES
             )
             return parse_progress(text, name, namespace) or None
         except (OSError, ValueError, http.client.HTTPException) as exc:

@@ -5,19 +5,19 @@ applied (ConfigMap, Services, then the backend's workload last so its pods find 
 mount and call: server Deployments and the PyTorchJob, or one JobSet). ``atlas render`` prints
 exactly these.
 
-One module per object family: ``children`` (every child in apply order, their names), ``run_config`` (run.yaml and the
-ConfigMap), ``trainer`` (the trainer's pod), ``pytorchjob``, ``jobset``, ``servers`` (vLLM), ``network``
-(NetworkPolicies), ``common`` (labels, placement, security). Settings types (``Images``, ``NetworkSettings``) are the
-operator's, in atlas_operator/config.py.
+One module per object family: ``children`` (every child in apply order, their names), ``config_map`` (the ConfigMap:
+run.yaml, accelerate.yaml, reward.yaml), ``trainer`` (the trainer's pod), ``pytorchjob``, ``jobset``, ``trainjob``,
+``servers`` (vLLM), ``network`` (NetworkPolicies), ``common`` (labels, placement, security). Settings types
+(``Images``, ``NetworkSettings``) are the operator's, in atlas_operator/config.py.
 """
 
 from atlas_operator.config import Images, NetworkSettings
 from atlas_operator.render.children import child_names, render_children
 from atlas_operator.render.common import COMPLETION_INDEX_KEY, has_student_server, on_jobset, trainer_container
+from atlas_operator.render.config_map import checkpoint_warning, config_map, run_config
 from atlas_operator.render.jobset import jobset
 from atlas_operator.render.network import network_policies
 from atlas_operator.render.pytorchjob import pytorch_job
-from atlas_operator.render.run_config import checkpoint_warning, config_map, run_config
 from atlas_operator.render.servers import (
     metrics_service,
     rollout_deployment,

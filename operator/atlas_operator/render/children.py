@@ -11,10 +11,10 @@ from atlas_contract.names import (
 )
 from atlas_operator.config import Images, NetworkSettings
 from atlas_operator.render.common import has_student_server, on_jobset, on_trainjob
+from atlas_operator.render.config_map import config_map
 from atlas_operator.render.jobset import jobset
 from atlas_operator.render.network import network_policies
 from atlas_operator.render.pytorchjob import pytorch_job
-from atlas_operator.render.run_config import config_map
 from atlas_operator.render.servers import metrics_service, rollout_deployment, service, student_deployment
 from atlas_operator.render.trainjob import trainjob
 from atlas_operator.spec import Run

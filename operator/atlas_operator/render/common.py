@@ -62,22 +62,22 @@ def labels(run: Run, component: str) -> dict[str, str]:
     }
 
 
-def _queued(run: Run, pod_labels: dict[str, str]) -> dict[str, str]:
+def with_queue_label(run: Run, pod_labels: dict[str, str]) -> dict[str, str]:
     """Server pods of a queued PyTorchJob run: Kueue admits each pod on its own (not with the job's gang)."""
     if run.spec.queue_name:
         pod_labels[QUEUE_NAME_LABEL] = run.spec.queue_name
     return pod_labels
 
 
-def _selector(run: Run, component: str) -> dict[str, str]:
+def pod_selector(run: Run, component: str) -> dict[str, str]:
     return {LABEL_INSTANCE: run.name, LABEL_COMPONENT: component}
 
 
-def _metadata(run: Run, name: str, component: str) -> dict[str, Any]:
+def child_metadata(run: Run, name: str, component: str) -> dict[str, Any]:
     return {"name": name, "namespace": run.namespace, "labels": labels(run, component)}
 
 
-def _resources(gpus: int, cpu: str | None, memory: str | None) -> dict[str, Any]:
+def container_resources(gpus: int, cpu: str | None, memory: str | None) -> dict[str, Any]:
     amounts: dict[str, Any] = {}
     if cpu:
         amounts["cpu"] = cpu
@@ -94,7 +94,7 @@ def _resources(gpus: int, cpu: str | None, memory: str | None) -> dict[str, Any]
     return resources
 
 
-def _placement(run: Run) -> dict[str, Any]:
+def pod_placement(run: Run) -> dict[str, Any]:
     spec = run.spec
     # No API token in pods that never call the API (they run third-party model code), unless asked for.
     placement: dict[str, Any] = {"automountServiceAccountToken": spec.automount_service_account_token}
@@ -113,13 +113,13 @@ def _toleration(toleration) -> dict[str, Any]:
     return {camel(k): v for k, v in vars(toleration).items() if v is not None}
 
 
-_CONTAINER_SECURITY = {
+CONTAINER_SECURITY = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
 }
 
 
-def _pod_security() -> dict[str, Any]:
+def pod_security() -> dict[str, Any]:
     return {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS_USER,

@@ -14,11 +14,11 @@ from atlas_contract.names import (
     ChildNames,
 )
 from atlas_operator.config import Images
-from atlas_operator.render.common import JOBSET_API_VERSION, _metadata, has_student_server
+from atlas_operator.render.common import JOBSET_API_VERSION, child_metadata, has_student_server
 from atlas_operator.render.servers import rollout_pod_template, student_pod_template
-from atlas_operator.render.trainer import _configured_trainer_template, job_spec_hash
+from atlas_operator.render.trainer import configured_trainer_template, job_spec_hash
 from atlas_operator.spec import Run
-from atlas_operator.status import WATCHDOG_RESTART_RULE
+from atlas_operator.status_update import WATCHDOG_RESTART_RULE
 
 
 def _one_pod_job(template: dict[str, Any], pods: int = 1) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def jobset(run: Run, images: Images, config: dict[str, Any] | None = None) -> di
     job = {
         "apiVersion": JOBSET_API_VERSION,
         "kind": "JobSet",
-        "metadata": _metadata(run, ChildNames(run.name).jobset, "trainer"),
+        "metadata": child_metadata(run, ChildNames(run.name).jobset, "trainer"),
         "spec": job_spec,
     }
     if spec.queue_name:  # on the JobSet only: Kueue makes the whole set one workload
@@ -78,7 +78,7 @@ def _trainer_replicated_job(
     run: Run, images: Images, config: dict[str, Any] | None, depends_on: list[str]
 ) -> dict[str, Any]:
     """``trainer``: one Indexed Job, a pod per node, started once every server job is Ready."""
-    trainer_job = _one_pod_job(_configured_trainer_template(run, images, config), run.spec.resources.nodes)
+    trainer_job = _one_pod_job(configured_trainer_template(run, images, config), run.spec.resources.nodes)
     trainer_job["podFailurePolicy"] = pod_failure_policy(JOBSET_TRAINER_CONTAINER)
     trainer = {"name": "trainer", "replicas": 1, "template": {"spec": trainer_job}}
     if depends_on:

@@ -15,7 +15,7 @@ from atlas_contract.names import (
     ChildNames,
 )
 from atlas_operator.config import NetworkSettings
-from atlas_operator.render.common import _metadata
+from atlas_operator.render.common import child_metadata
 from atlas_operator.spec import Run
 
 
@@ -36,7 +36,7 @@ def _ingress_policy(run: Run, name: str, pods: dict[str, Any], rules: list[dict[
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": _metadata(run, name, "trainer"),
+        "metadata": child_metadata(run, name, "trainer"),
         # Ingress only: trainers and servers still reach model hubs, judges and DNS.
         "spec": {"podSelector": pods, "policyTypes": ["Ingress"], "ingress": rules},
     }

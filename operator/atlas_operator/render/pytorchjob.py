@@ -9,14 +9,14 @@ from atlas_contract.names import (
     SPEC_HASH_ANNOTATION,
 )
 from atlas_operator.config import Images
-from atlas_operator.render.common import _metadata
-from atlas_operator.render.trainer import _configured_trainer_template, job_spec_hash
+from atlas_operator.render.common import child_metadata
+from atlas_operator.render.trainer import configured_trainer_template, job_spec_hash
 from atlas_operator.spec import Run
 
 
 def pytorch_job(run: Run, images: Images, config: dict[str, Any] | None = None) -> dict[str, Any]:
     spec = run.spec
-    template = _configured_trainer_template(run, images, config)
+    template = configured_trainer_template(run, images, config)
     replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
     if spec.resources.nodes > 1:
         replicas["Worker"] = {"replicas": spec.resources.nodes - 1, "restartPolicy": "OnFailure", "template": template}
@@ -33,7 +33,7 @@ def pytorch_job(run: Run, images: Images, config: dict[str, Any] | None = None) 
     job = {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": _metadata(run, run.name, "trainer"),
+        "metadata": child_metadata(run, run.name, "trainer"),
         "spec": job_spec,
     }
     if spec.queue_name:

@@ -14,17 +14,17 @@ from atlas_contract.names import (
 )
 from atlas_operator.config import Images
 from atlas_operator.render.common import (
-    _CONTAINER_SECURITY,
     CACHE_DIR,
     COMPLETION_INDEX_KEY,
-    _metadata,
-    _placement,
-    _pod_security,
-    _queued,
-    _resources,
-    _selector,
+    CONTAINER_SECURITY,
+    child_metadata,
+    container_resources,
     labels,
     on_jobset,
+    pod_placement,
+    pod_security,
+    pod_selector,
+    with_queue_label,
 )
 from atlas_operator.spec import RolloutSpec, Run
 
@@ -52,17 +52,17 @@ def _vllm_pod_template(
         "readinessProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 10},
         "livenessProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 30, "failureThreshold": 5},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "cache", "mountPath": CACHE_DIR}],
-        "securityContext": dict(_CONTAINER_SECURITY),
+        "securityContext": dict(CONTAINER_SECURITY),
     }
-    resources = _resources(rollout.gpus, rollout.cpu, rollout.memory)
+    resources = container_resources(rollout.gpus, rollout.cpu, rollout.memory)
     if resources:
         container["resources"] = resources
     pod_labels = labels(run, component)
     return {
-        "metadata": {"labels": pod_labels if on_jobset(run) else _queued(run, pod_labels)},
+        "metadata": {"labels": pod_labels if on_jobset(run) else with_queue_label(run, pod_labels)},
         "spec": {
-            **_placement(run),
-            "securityContext": _pod_security(),
+            **pod_placement(run),
+            "securityContext": pod_security(),
             "containers": [container],
             "volumes": [
                 {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": run.spec.resources.shm_size}},
@@ -77,10 +77,10 @@ def _vllm_deployment(run: Run, component: str, rollout: RolloutSpec, template: d
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(run, name, component),
+        "metadata": child_metadata(run, name, component),
         "spec": {
             "replicas": 0 if run.spec.suspend else rollout.replicas,
-            "selector": {"matchLabels": _selector(run, component)},
+            "selector": {"matchLabels": pod_selector(run, component)},
             "strategy": {"type": "Recreate"},  # GPUs: never two generations of servers at once
             "template": template,
         },
@@ -196,9 +196,9 @@ def service(
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(run, name, component),
+        "metadata": child_metadata(run, name, component),
         "spec": {
-            "selector": selector or _selector(run, component),
+            "selector": selector or pod_selector(run, component),
             "ports": [
                 {"name": port_name, "port": port, "targetPort": port_name, "protocol": "TCP"}
                 for port_name, port in ports
@@ -211,7 +211,7 @@ def metrics_service(run: Run) -> dict[str, Any]:
     # Only rank 0 serves metrics: Kubeflow's Master pod (labelled with its replica type), or the JobSet trainer's
     # pod of completion index 0.
     rank0 = {COMPLETION_INDEX_KEY: "0"} if on_jobset(run) else {"training.kubeflow.org/replica-type": "master"}
-    selector = {**_selector(run, "trainer"), **rank0}
+    selector = {**pod_selector(run, "trainer"), **rank0}
     metrics = service(run, ChildNames(run.name).metrics, "trainer", [("metrics", TRAINER_METRICS_PORT)], selector)
     # Headless: its name resolves to rank 0's pod IP, which the operator and Prometheus scrape, and it takes no
     # ClusterIP (a cluster's service range would run out at a few hundred runs).

@@ -30,16 +30,16 @@ from atlas_contract.names import (
 )
 from atlas_operator.config import Images
 from atlas_operator.render.common import (
-    _CONTAINER_SECURITY,
     COMPLETION_INDEX_KEY,
+    CONTAINER_SECURITY,
     NCCL_ENV,
     REWARD_REF_DIR,
-    _placement,
-    _pod_security,
-    _resources,
+    container_resources,
     labels,
     on_jobset,
     on_trainjob,
+    pod_placement,
+    pod_security,
     trainer_container,
 )
 from atlas_operator.spec import Run
@@ -171,20 +171,20 @@ def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
             {"name": "metrics", "containerPort": TRAINER_METRICS_PORT, "protocol": "TCP"},
         ],
         "volumeMounts": mounts,
-        "securityContext": dict(_CONTAINER_SECURITY),
+        "securityContext": dict(CONTAINER_SECURITY),
         # The finished Master's result (atlas_contract.results) reaches .status.result through this file: only
         # the file counts (never a log tail, which would not parse as a result anyway).
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "File",
     }
-    resources = _resources(res.gpus_per_node, res.cpu, res.memory)
+    resources = container_resources(res.gpus_per_node, res.cpu, res.memory)
     if resources:
         container["resources"] = resources
     return {
         "metadata": {"labels": labels(run, "trainer")},
         "spec": {
-            **_placement(run),
-            "securityContext": _pod_security(),
+            **pod_placement(run),
+            "securityContext": pod_security(),
             # Time to save a checkpoint at the step in flight on SIGTERM (Kueue preemption, a drain, a reclaim).
             "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
             "containers": [container],
@@ -193,7 +193,7 @@ def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
     }
 
 
-def _configured_trainer_template(run: Run, images: Images, config: dict[str, Any] | None) -> dict[str, Any]:
+def configured_trainer_template(run: Run, images: Images, config: dict[str, Any] | None) -> dict[str, Any]:
     """The trainer pod template; ``config`` is the run's ConfigMap: its checksum in the template makes a
     configuration change a spec change (the trainer reads run.yaml once, at start)."""
     template = trainer_pod_template(run, run.spec.image or images.trainer)

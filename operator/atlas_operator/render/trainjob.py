@@ -31,9 +31,9 @@ from atlas_contract.names import (
     ChildNames,
 )
 from atlas_operator.config import Images
-from atlas_operator.render.common import _CONTAINER_SECURITY, _metadata, labels
+from atlas_operator.render.common import CONTAINER_SECURITY, child_metadata, labels
 from atlas_operator.render.jobset import job_failure_policy, pod_failure_policy
-from atlas_operator.render.trainer import _configured_trainer_template, job_spec_hash
+from atlas_operator.render.trainer import configured_trainer_template, job_spec_hash
 from atlas_operator.spec import Run
 
 TRAINER_API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -60,7 +60,7 @@ def trainjob(
 ) -> dict[str, Any]:
     """The run's TrainJob: ``runtime`` (a ClusterTrainingRuntime), the trainer, and the run's pod patch."""
     spec = run.spec
-    pod = _configured_trainer_template(run, images, config)
+    pod = configured_trainer_template(run, images, config)
     (container,) = pod["spec"]["containers"]
     trainer: dict[str, Any] = {
         "image": container["image"],
@@ -83,7 +83,7 @@ def trainjob(
     job = {
         "apiVersion": TRAINER_API_VERSION,
         "kind": "TrainJob",
-        "metadata": _metadata(run, ChildNames(run.name).job, "trainer"),
+        "metadata": child_metadata(run, ChildNames(run.name).job, "trainer"),
         "spec": {
             "runtimeRef": {"name": runtime, "apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"},
             "trainer": trainer,
@@ -123,7 +123,7 @@ def training_runtime(name: str, image: str, max_restarts: int) -> dict[str, Any]
         "name": TRAINJOB_TRAINER_CONTAINER,
         "image": image,
         "ports": [{"name": "metrics", "containerPort": TRAINER_METRICS_PORT, "protocol": "TCP"}],
-        "securityContext": dict(_CONTAINER_SECURITY),
+        "securityContext": dict(CONTAINER_SECURITY),
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "File",
     }

@@ -1,5 +1,5 @@
-"""Pure status logic: the run's phase from its job (PyTorchJob, JobSet or TrainJob), conditions, progress from metrics
-text, and the status patch and Events that one reconciliation's :class:`Outcome` turns into."""
+"""The status update, pure: the run's phase from its job (PyTorchJob, JobSet or TrainJob), conditions, progress from
+metrics text, and the status patch and Events that one reconciliation's :class:`Outcome` turns into."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from atlas_contract.metrics import PROGRESS
 from atlas_contract.names import CHECKPOINT_PREFIX, STOP_EXIT_CODE, TRAINJOB_TRAINER_JOB, WATCHDOG_EXIT_CODE
 from atlas_contract.stops import StopReport, parse_stop_report
-from atlas_operator.run_status import CHILD_KEYS, ConditionType
+from atlas_operator.run_status import CHILD_KEYS, ConditionType, EventReason
 
 # The JobSet failurePolicy rule the operator renders for a restart after a step-watchdog exit; its RestartingJobSet
 # condition's reason is ``FailurePolicy_<rule>`` (JobSet v0.12.0 RestartingJobSetReasonFailurePolicyFormat).
@@ -35,20 +35,25 @@ FINISHED = ("Succeeded", "Failed")
 # (the operator holds no Secret permission: a missing pull Secret or env Secret shows up here), with what to check.
 _PULL_HINT = "check the image name and spec.imagePullSecrets (each Secret must exist in the run's namespace)"
 STUCK_REASONS = {
-    "ErrImagePull": _PULL_HINT,
-    "ImagePullBackOff": _PULL_HINT,
-    "InvalidImageName": "check spec.image and the rollout images",
-    "ErrImageNeverPull": _PULL_HINT,
-    "CreateContainerConfigError": "check that the Secrets and ConfigMaps spec.env names exist, with those keys",
-    "CreateContainerError": "check spec.env and the image",
+    EventReason.ERR_IMAGE_PULL: _PULL_HINT,
+    EventReason.IMAGE_PULL_BACK_OFF: _PULL_HINT,
+    EventReason.INVALID_IMAGE_NAME: "check spec.image and the rollout images",
+    EventReason.ERR_IMAGE_NEVER_PULL: _PULL_HINT,
+    EventReason.CREATE_CONTAINER_CONFIG_ERROR: (
+        "check that the Secrets and ConfigMaps spec.env names exist, with those keys"
+    ),
+    EventReason.CREATE_CONTAINER_ERROR: "check spec.env and the image",
 }
 
 
 @dataclass
 class Event:
     type: str  # Normal | Warning
-    reason: str
+    reason: str  # an EventReason, kept as its plain string
     message: str
+
+    def __post_init__(self) -> None:
+        self.reason = str(EventReason(self.reason))  # a reason not declared raises here, not in someone's cluster
 
 
 @dataclass
@@ -351,7 +356,7 @@ def status_update(old: dict[str, Any], generation: int | None, result: Outcome, 
     transitioned = old.get("phase") != result.phase
     if transitioned:
         warning = result.phase in ("Failed", "Invalid")
-        events.append(Event("Warning" if warning else "Normal", result.phase, transition_message(result)))
+        events.append(Event("Warning" if warning else "Normal", EventReason(result.phase), transition_message(result)))
     said = {(c.get("reason"), c.get("message")) for c in old.get("conditions") or []}
     for event in result.events:
         # A Warning the transition event already says (Invalid: the problems) is not posted twice.
@@ -368,7 +373,7 @@ def evaluation_failed_events(old_result: dict[str, Any] | None, new_result: dict
     error = (new_result or {}).get("evaluationError")
     if not error or (old_result or {}).get("evaluationError") == error:
         return []
-    return [Event("Warning", "EvaluationFailed", f"the evaluation after training failed: {error}")]
+    return [Event("Warning", EventReason.EVALUATION_FAILED, f"the evaluation after training failed: {error}")]
 
 
 def progress_patch(old: dict[str, Any], progress: dict[str, Any] | None, at: str) -> dict[str, Any]:

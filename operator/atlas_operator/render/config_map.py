@@ -1,5 +1,5 @@
-"""The run's configuration: run.yaml (what the trainer reads), accelerate.yaml and reward.yaml, in its
-ConfigMap."""
+"""The run's ConfigMap, rendered: run.yaml (typed by atlas_contract/run_config.py; the trainer reads it with
+atlas_core/training/load_config.py), accelerate.yaml and reward.yaml."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from atlas_contract.names import (
 )
 from atlas_contract.run_config import DatasetConfig, EvaluationDataset, EvaluationSettings, RewardConfig, RunConfig
 from atlas_operator.presets import accelerate_config
-from atlas_operator.render.common import REWARD_REF_DIR, _metadata, on_jobset
+from atlas_operator.render.common import REWARD_REF_DIR, child_metadata, on_jobset
 from atlas_operator.spec import AtlasTeacherSpec, Run, TrainingSpec, reward_funcs
 
 
@@ -182,15 +182,15 @@ def config_map(run: Run, reward_yaml: str | None = None) -> dict[str, Any]:
         run.spec.deepspeed, num_machines=res.nodes, num_processes=res.nodes * res.processes(), mixed_precision=mixed
     )
     data = {
-        RUN_CONFIG_FILE: _yaml_text(run_config(run), f"Run configuration of {run.kind} {run.namespace}/{run.name}"),
-        ACCELERATE_CONFIG_FILE: _yaml_text(accelerate, f"Accelerate config: DeepSpeed preset {run.spec.deepspeed}"),
+        RUN_CONFIG_FILE: yaml_text(run_config(run), f"Run configuration of {run.kind} {run.namespace}/{run.name}"),
+        ACCELERATE_CONFIG_FILE: yaml_text(accelerate, f"Accelerate config: DeepSpeed preset {run.spec.deepspeed}"),
     }
     if run.spec.reward.config and reward_yaml is not None:
         data[REWARD_CONFIG_FILE] = reward_yaml
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(run, ChildNames(run.name).config_map, "trainer"),
+        "metadata": child_metadata(run, ChildNames(run.name).config_map, "trainer"),
         "data": data,
     }
 
@@ -199,6 +199,6 @@ def config_map(run: Run, reward_yaml: str | None = None) -> dict[str, Any]:
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-def _yaml_text(document: dict[str, Any], title: str) -> str:
+def yaml_text(document: dict[str, Any], title: str) -> str:
     text = yaml.dump(document, Dumper=_DUMPER, sort_keys=False)
     return f"# {title} (rendered by atlas-operator; edit the run, not this file)\n" + text

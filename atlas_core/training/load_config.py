@@ -1,4 +1,5 @@
-"""Loading and validating a run configuration (the Hydra config tree in ``atlas_core/configs``).
+"""Loading and validating a run configuration (the Hydra config tree in ``atlas_core/configs``; on a cluster, the
+run.yaml the operator renders), typed by the contract (atlas_contract/run_config.py).
 
 ``load_run_config(overrides)`` composes ``train.yaml`` + a recipe + overrides;
 ``validate_run_config(cfg)`` returns every problem as ``"field: what was expected"``;
@@ -17,7 +18,7 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from atlas_contract import datasets, rules
+from atlas_contract import checks, datasets
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import ALGORITHMS
 from atlas_contract.run_config import RunConfig
@@ -219,7 +220,7 @@ def _reward_problems(cfg: DictConfig) -> list[str]:
     if not funcs and not rim and cfg.algorithm == "grpo":
         problems.append("reward.funcs: expected at least one reward function (or a RIM reward.config)")
     weights = None if cfg.reward.weights is None else list(cfg.reward.weights)
-    problems += rules.reward_problems(funcs, bool(rim), weights, name=lambda field: f"reward.{field}")
+    problems += checks.reward_problems(funcs, bool(rim), weights, name=lambda field: f"reward.{field}")
     if rim:
         from atlas_core.reward.config import RIMConfigError, load_rim_config
 
@@ -232,7 +233,7 @@ def _reward_problems(cfg: DictConfig) -> list[str]:
 
 def _model_problems(model: str, field: str = "model") -> list[str]:
 
-    return rules.model_problems(model, field, builtins=rules.BUILTIN_MODELS)
+    return checks.model_problems(model, field, builtins=checks.BUILTIN_MODELS)
 
 
 def _output_dir_problems(output_dir: str) -> list[str]:
@@ -258,7 +259,7 @@ def _trainer_value_problems(kwargs: dict[str, Any], config_class) -> list[str]:
         if f.name not in kwargs or (kwargs[f.name] == f.default and type(kwargs[f.name]) is type(f.default)):
             continue  # absent, or the trainer's own default (max_steps -1 = "not set")
         accepted = _accepted_kinds(f)
-        problem = rules.setting_problem(f.name, kwargs[f.name], accepted) if accepted else None
+        problem = checks.setting_problem(f.name, kwargs[f.name], accepted) if accepted else None
         if problem:
             problems.append(f"trainer.{f.name}: {problem}")
     return problems
@@ -286,7 +287,7 @@ def _accepted_kinds(f: dataclasses.Field) -> tuple | None:
 
 
 def _batch_problems(kwargs: dict[str, Any]) -> list[str]:
-    """GRPO needs whole prompt groups in every generation batch (TRL's rule, atlas_contract.rules). Called
+    """GRPO needs whole prompt groups in every generation batch (TRL's rule, atlas_contract.checks). Called
     once the values passed :func:`_trainer_value_problems` (whole numbers in range)."""
     from atlas_core.training.algorithms.grpo_config import GRPOConfig
 
@@ -295,7 +296,7 @@ def _batch_problems(kwargs: dict[str, Any]) -> list[str]:
         name: kwargs.get(name, defaults[name])
         for name in ("per_device_train_batch_size", "num_generations", "gradient_accumulation_steps")
     }
-    problem = rules.generation_batch_problem(
+    problem = checks.generation_batch_problem(
         values["num_generations"],
         values["per_device_train_batch_size"],
         world_size(),

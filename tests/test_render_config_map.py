@@ -1,4 +1,4 @@
-"""The run's configuration (atlas_operator.render.run_config): run.yaml as the trainer reads it, evaluation and
+"""The run's configuration (atlas_operator.render.config_map): run.yaml as the trainer reads it, evaluation and
 colocate settings, and a run that trains here."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_every_training_field_is_a_trainer_field():
 def test_rendered_run_config_is_accepted_by_the_trainer(tmp_path, tiny_model_dir):
     """The ConfigMap's run.yaml (a teacher's with its evaluation section), handed to the trainer's own loader and
     validator: no problem."""
-    from atlas_core.training.run_config import load_run_config, validate_run_config
+    from atlas_core.training.load_config import load_run_config, validate_run_config
 
     for manifest in (
         training(model=str(tiny_model_dir), resources={"nodes": 1, "gpusPerNode": 0}, rollout={"replicas": 0}),

@@ -37,9 +37,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from atlas_contract import datasets, defaults, rules
+from atlas_contract import checks, datasets, defaults
+from atlas_contract.checks import REWARD_FUNCTIONS
 from atlas_contract.names import MAX_RUN_NAME, TRAINJOB_RESERVED_ENV, max_jobset_run_name, max_trainjob_run_name
-from atlas_contract.rules import REWARD_FUNCTIONS
 
 # A rule reads the spec through these, so the defaults it assumes for an unset field are the spec types' own.
 from atlas_operator.schema import camel
@@ -223,12 +223,12 @@ def _rollout_placement_rules() -> Iterator[Rule]:
         f"{ROLLOUT_REPLICAS} == 0 || !{has('rollout.gpus')} || self.rollout.gpus == {ROLLOUT_TP}",
         "spec.rollout.gpus",
         "expected spec.rollout.tensorParallelSize (unset, it is): GPUs requested = GPUs used, a server uses "
-        f"tensorParallelSize x data-parallel GPUs and runs one data-parallel rank ({rules.DATA_PARALLEL_REASON}); "
+        f"tensorParallelSize x data-parallel GPUs and runs one data-parallel rank ({checks.DATA_PARALLEL_REASON}); "
         "to use more GPUs, raise spec.rollout.tensorParallelSize",
         text=f"{num('self.rollout.gpus')} + ' is not spec.rollout.tensorParallelSize (' + {num(ROLLOUT_TP)} + "
         + _quote(
             "): GPUs requested = GPUs used, a server uses tensorParallelSize x data-parallel GPUs and runs one "
-            f"data-parallel rank ({rules.DATA_PARALLEL_REASON}); to use more GPUs, raise "
+            f"data-parallel rank ({checks.DATA_PARALLEL_REASON}); to use more GPUs, raise "
             "spec.rollout.tensorParallelSize"
         ),
     )
@@ -272,7 +272,7 @@ def _student_rules() -> Iterator[Rule]:
         "self.replicas == 0 || !has(self.gpus) || self.gpus == self.tensorParallelSize",
         "spec.student.rollout.gpus",
         "expected spec.student.rollout.tensorParallelSize (unset, it is): GPUs requested = GPUs used, a server uses "
-        f"tensorParallelSize x data-parallel GPUs and runs one data-parallel rank ({rules.DATA_PARALLEL_REASON}); "
+        f"tensorParallelSize x data-parallel GPUs and runs one data-parallel rank ({checks.DATA_PARALLEL_REASON}); "
         "to use more GPUs, raise spec.student.rollout.tensorParallelSize or spec.student.rollout.replicas "
         "(PyTorchJob backend)",
         kinds=("AtlasTeacher",),
@@ -280,7 +280,7 @@ def _student_rules() -> Iterator[Rule]:
         f"{num('self.tensorParallelSize')} + "
         + _quote(
             "): GPUs requested = GPUs used, a server uses tensorParallelSize x data-parallel GPUs and runs one "
-            f"data-parallel rank ({rules.DATA_PARALLEL_REASON}); to use more GPUs, raise "
+            f"data-parallel rank ({checks.DATA_PARALLEL_REASON}); to use more GPUs, raise "
             "spec.student.rollout.tensorParallelSize or spec.student.rollout.replicas (PyTorchJob backend)"
         ),
     )
@@ -379,7 +379,7 @@ def _reward_rules() -> Iterator[Rule]:
         "set config or configMapRef, not both",
         '"config \'" + self.config + "\' and configMapRef \'" + self.configMapRef.name + "\'"',
     )
-    configs = rules.bundled_reward_configs()  # the operator's files: the CRDs are generated with them
+    configs = checks.bundled_reward_configs()  # the operator's files: the CRDs are generated with them
     yield Rule(
         "spec.reward",
         f"!has(self.config) || self.config in {_list(configs)}",
@@ -415,7 +415,7 @@ def _reward_rules() -> Iterator[Rule]:
     )
 
 
-# TRL's generation batch (atlas_contract.rules.generation_batch_problem) over the typed fields, with their defaults.
+# TRL's generation batch (atlas_contract.checks.generation_batch_problem) over the typed fields, with their defaults.
 _GRPO = defaults.training_defaults("grpo")
 NUM_GENERATIONS = value("training.numGenerations", _GRPO["num_generations"])
 PER_DEVICE_BATCH = value("training.perDeviceTrainBatchSize", _GRPO["per_device_train_batch_size"])
@@ -477,15 +477,13 @@ def _dataset_rules() -> Iterator[Rule]:
             found = f"({source} == '{name}' ? {expression} : {found})"
         return found
 
-    def listed(splits: tuple[str, ...]) -> str:
-        return datasets._listed(splits)
-
     source, split = "self.dataset.source", value("dataset.split", "train")
     allowed = chain(source, {n: f"{ALGORITHM} in {_list(b.algorithms)}" for n, b in builtins.items()}, "true")
     splits = {n: f"({ALGORITHM} == 'sft' ? {_list(b.sft_splits)} : {_list(b.splits)})" for n, b in builtins.items()}
     split_ok = chain(source, {n: f"{split} in {s}" for n, s in splits.items()}, "true")
+    named = datasets.splits_text
     split_names = {
-        n: f"({ALGORITHM} == 'sft' ? '{listed(b.sft_splits)}' : '{listed(b.splits)}')" for n, b in builtins.items()
+        n: f"({ALGORITHM} == 'sft' ? '{named(b.sft_splits)}' : '{named(b.splits)}')" for n, b in builtins.items()
     }
     training_splits = chain(source, split_names, "''")
     is_known = f"{has('dataset.source')} && {source} in {known}"
@@ -542,7 +540,7 @@ def _dataset_rules() -> Iterator[Rule]:
         ),
     )
     eval_split_ok = chain(evaluated, {n: f"{eval_split} in {_list(builtins[n].splits)}" for n in evaluable}, "true")
-    eval_names = {n: f"'{listed(builtins[n].splits)}'" for n in evaluable}
+    eval_names = {n: f"'{named(builtins[n].splits)}'" for n in evaluable}
     evaluation_splits = chain(evaluated, eval_names, "''")
     yield Rule(
         "spec",
@@ -681,11 +679,12 @@ def _compiled(kind: str) -> tuple[tuple[Rule, Any], ...]:
     # One compilation per kind, under a lock: the operator's handler threads all validate their first runs at once,
     # and each compiling the rules itself (25 ms with the runtime's imports) stalled a burst of new runs.
     with _compiling:
-        return _compile(kind)
+        return compile_kind(kind)
 
 
 @functools.cache
-def _compile(kind: str) -> tuple[tuple[Rule, Any, Any], ...]:
+def compile_kind(kind: str) -> tuple[tuple[Rule, Any, Any], ...]:
+    """``kind``'s rules compiled, each with its message expression (once: cached; call it through _compiled)."""
     from cel_expr_python import cel  # here: writing the CRDs (python -m atlas_operator.generate) needs no runtime
 
     env = cel.NewEnv(variables={"self": cel.Type.DYN})

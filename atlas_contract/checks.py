@@ -1,6 +1,7 @@
-"""Rules both halves apply: the operator when it validates a spec, the trainer when it loads a run.
+"""Checks both halves apply, in plain Python: the operator when it validates a spec, the trainer when it loads a run.
+(The CRDs' CEL rules are the operator's: atlas_operator/cel_rules.py.)
 
-Each rule takes plain values and a ``name`` function that spells a field the way the caller's user
+Each check takes plain values and a ``name`` function that spells a field the way the caller's user
 wrote it (``spec.training.numGenerations`` for a manifest, ``trainer.num_generations`` for a run
 configuration, ``num_generations`` for a GRPOConfig), so the messages name the field the user can fix.
 """
