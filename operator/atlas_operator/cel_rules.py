@@ -613,24 +613,8 @@ def _change(path: str) -> str:
 def _transition_rules() -> Iterator[Rule]:
     for path in CHECKPOINT_FIXED:
         yield Rule("spec", _unchanged(path), f"spec.{path}", FIXED, _change(path), transition=True)
-    yield Rule(
-        "spec",
-        _unchanged("algorithm"),
-        "spec.algorithm",
-        FIXED,
-        _change("algorithm"),
-        kinds=("AtlasTraining",),
-        transition=True,
-    )
-    yield Rule(
-        "spec",
-        _unchanged("student.model"),
-        "spec.student.model",
-        FIXED,
-        _change("student.model"),
-        kinds=("AtlasTeacher",),
-        transition=True,
-    )
+    for path, kind in (("algorithm", "AtlasTraining"), ("student.model", "AtlasTeacher")):
+        yield Rule("spec", _unchanged(path), f"spec.{path}", FIXED, _change(path), kinds=(kind,), transition=True)
 
 
 RULES: tuple[Rule, ...] = tuple(
