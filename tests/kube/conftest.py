@@ -166,6 +166,12 @@ def namespace(kube: Kube, request) -> Iterator[str]:
     # Short: the chart names objects <release>-metrics and the like after it, within 63 characters.
     name = f"t{next(_counter)}-{_dns_name(request.node.name.removeprefix('test_'))}"[:30].rstrip("-")
     kube.kubectl("create", "namespace", name)
+    # The controller manager's serviceaccount controller adds `default` a moment later; until then a ReplicaSet's
+    # pods are refused (FailedCreate) — a state no user's namespace is in by the time they apply a run.
+    eventually(
+        f"namespace {name}'s default ServiceAccount",
+        lambda: kube.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+    )
     yield name
     kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
