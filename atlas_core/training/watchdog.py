@@ -16,6 +16,7 @@ normal ``sys.exit`` would wait on forever.
 from __future__ import annotations
 
 import faulthandler
+import math
 import os
 import sys
 import threading
@@ -135,6 +136,23 @@ def server_check_timeout(args) -> float | None:
     if float(getattr(args, "step_timeout_seconds", 0) or 0) <= 0:
         return None
     return float(args.server_timeout_seconds)
+
+
+def wait_for_starting_server(url: str, args) -> None:
+    """Before training: wait for a server the trainer needs (the teacher's student endpoint) to start serving —
+    within the first step's allowance and then the watchdog's exit, with the watchdog on (its 0: no limit);
+    within ``server_timeout_seconds`` and then a ``RuntimeError`` naming the URL, with it off (a wrong URL must not
+    hang a local run)."""
+    step_timeout = float(getattr(args, "step_timeout_seconds", 0) or 0)
+    if step_timeout > 0:
+        allowance = first_step_timeout(step_timeout, getattr(args, "first_step_timeout_seconds", None))
+        wait_for_server(url, allowance if allowance > 0 else math.inf)
+        return
+
+    def refuse(message: str) -> None:
+        raise RuntimeError(message)
+
+    wait_for_server(url, float(getattr(args, "server_timeout_seconds", defaults.SERVER_TIMEOUT_S)), on_stall=refuse)
 
 
 def watchdog_callbacks(args) -> list[TrainerCallback]:

@@ -302,6 +302,56 @@ def test_a_two_node_teacher_trains_reports_progress_and_its_evaluated_result(wor
     assert list(worker_out.glob(".atlas-staging/checkpoint-6/global_step6/*rank_1*")), sorted(worker_out.rglob("*"))
 
 
+@pytest.fixture
+def real_vllm_on_the_nodes(nodes: ProcessNodes, tmp_path) -> Iterator[str]:
+    """For one test, the nodes' ``vllm`` is the CPU launcher (atlas_core/vllm_cpu.py) over the real CPU vLLM instead
+    of the stand-in; the builtin SmolLM2 is built first (the launcher would build it in the pod, minutes in). Yields
+    the student model to name."""
+    from atlas_contract.checks import SMOLLM2_MODEL_URI
+    from atlas_core.models.smollm2 import build_smollm2
+    from atlas_core.vllm_cpu import install_program
+    from tests.support.vllm import require_cpu_vllm
+
+    launcher = install_program(tmp_path / "vllm-launcher", python=require_cpu_vllm())
+    build_smollm2()
+    standin_path = nodes.extra_env["PATH"]
+    nodes.extra_env["PATH"] = os.pathsep.join((str(launcher), standin_path))
+    try:
+        yield SMOLLM2_MODEL_URI
+    finally:
+        nodes.extra_env["PATH"] = standin_path
+
+
+def test_a_teachers_student_server_is_a_real_vllm_run_by_the_process_node(world: World, real_vllm_on_the_nodes: str):
+    """PyTorchJob: the run's ``<name>-student`` Deployment → ReplicaSet → pod, run by a process node as the real
+    vLLM (PyPI's CPU build, started from the operator's own ``vllm serve`` command line by the CPU launcher): the
+    teacher waits for it to load, trains against its answers and is evaluated with them."""
+    teacher = world.apply(local_teacher(
+        "vllm-teacher", resources={"nodes": 1, "gpusPerNode": 0, "cpu": "1", "memory": "2Gi"},
+        training={"maxSteps": 2}, checkpoint={"path": "/checkpoints", "saveSteps": 2},
+        evaluation={"samples": 1, "limit": 4},
+        student={"model": real_vllm_on_the_nodes, "rollout": {"replicas": 1}},
+    ))  # fmt: skip
+    (master,) = world.wait_trainer_pods("vllm-teacher", 1)
+    status = world.wait_phase(teacher, "Succeeded", "Failed")
+    assert status["phase"] == "Succeeded", world.pod_logs("vllm-teacher")
+    (server,) = world.run_pods("vllm-teacher", "student")
+    assert server["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"  # the Deployment's
+    log = world.log(server)
+    assert "vllm (CPU launcher): " in log and "vLLM stand-in" not in log, log[-3000:]
+    # vLLM's own access log: the trainer's student calls, answered by the real server
+    answered = re.findall(r'"POST /v1/chat/completions HTTP/1.1" 200', log)
+    result = world.wait_status(teacher, lambda s: "result" in s, ".status.result", timeout=60)["result"]
+    assert result["step"] == 2 and result["evaluation"]["problems"] == 4
+    out = world.volume(master, "checkpoints") / "vllm-teacher"
+    rows = [json.loads(line) for line in (out / names.EVAL_DIR / names.EVAL_PROBLEMS_FILE).read_text().splitlines()]
+    # every evaluated problem's student answers came from the server (alone and guided: K=1 each), real text
+    assert len(answered) >= 2 * len(rows) and len({row["answers_alone"][0] for row in rows}) > 1, rows
+    # the teacher waited for the server to load: no step trained on a batch the student could not score
+    steps = [r for r in metrics_lines(out / "metrics.jsonl") if "loss" in r]
+    assert [r.get("teaching/unscored_batches") for r in steps] == [0.0, 0.0], steps
+
+
 def test_a_killed_worker_is_restarted_in_place_and_resumes_from_the_checkpoint(world: World):
     """PyTorchJob: the Worker's processes SIGKILLed (as an OOM kill); restartPolicy OnFailure restarts it in place,
     the Master's rendezvous fails and restarts too, and training resumes from the shared claim."""

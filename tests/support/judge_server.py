@@ -59,8 +59,11 @@ class JudgeServer:
         served_model: str = "served-model",
         port: int = 0,
         host: str = "127.0.0.1",
+        models_unavailable: int = 0,
     ):
         self.script = script
+        self.models_unavailable = models_unavailable  # the first N GET /v1/models answer 503: a server still loading
+        self.models_requests = 0
         self.host = host  # e.g. the process nodes' bridge address, where their pods reach the host
         self.served_model = served_model
         self.calls: list[Call] = []
@@ -131,6 +134,11 @@ class JudgeServer:
         )
 
     async def _models(self, request: web.Request) -> web.Response:
+        with self._lock:
+            self.models_requests += 1
+            loading = self.models_requests <= self.models_unavailable
+        if loading:
+            return web.json_response({"error": {"message": "loading"}}, status=503)
         return web.json_response({"object": "list", "data": [{"id": self.served_model, "object": "model"}]})
 
     def _serve(self) -> None:

@@ -54,7 +54,9 @@ class AtlasArguments:
         server_timeout_seconds (`float`, *optional*, defaults to `300`):
             With a rollout server (``vllm_mode="server"``) and the watchdog on: how long generation waits for the
             server's ``/health`` before the process exits as the watchdog does, naming the server's URL. With
-            ``step_timeout_seconds`` 0 nothing is checked and generation waits as TRL does.
+            ``step_timeout_seconds`` 0 nothing is checked and generation waits as TRL does. Also, with the watchdog
+            off, how long a teacher waits before training for its student endpoint to serve (then a
+            ``RuntimeError``; with the watchdog on, that wait is the first step's allowance).
     """
 
     model_name_or_path: str | None = field(

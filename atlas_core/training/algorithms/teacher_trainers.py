@@ -33,8 +33,9 @@ from atlas_core.teaching.protocol import (
     TeachingProtocol,
     diagnostic_judge_of,
 )
-from atlas_core.teaching.student import Student, load_student
+from atlas_core.teaching.student import EndpointStudent, Student, load_student
 from atlas_core.training.algorithms.grpo import GRPOTrainer
+from atlas_core.training.watchdog import wait_for_starting_server
 
 __all__ = ["DiagnosticResult", "TeacherGRPOTrainer"]
 
@@ -77,6 +78,10 @@ class TeacherGRPOTrainer(GRPOTrainer):
         super().__init__(model=model, reward_funcs=None, args=args, train_dataset=train_dataset, **kw)
         device = None if self.args.student_offload else self.accelerator.device
         self.student: Student = load_student(student_model, device=device, offload=self.args.student_offload)
+        if isinstance(self.student, EndpointStudent):
+            # A student server still loading its model (vLLM: minutes on GPUs, about one on 2 CPU cores) is waited
+            # for here, within the first step's allowance: else the first steps would train on unscorable batches.
+            wait_for_starting_server(f"{self.student.base_url}/models", self.args)
 
     # ------------------------------------------------------------------ public protocol
 
