@@ -24,6 +24,9 @@ OPENAI_API_SERVER = "vllm.entrypoints.openai.api_server"  # on CPU: `python -m .
 #: The environment a CPU server needs: vLLM's CPU platform, and its KV cache in GiB (vLLM's own default sizes it
 #: from the machine's memory; 2 GiB holds 2048-token sequences of a small model and keeps the server near 6.5 GB).
 CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "2"}
+#: A CPU server's weights and activations: float32 answers as the local float32 student does (bfloat16 is about 1.9x
+#: faster on CPUs with AMX or AVX512-BF16, and its answers differ by rounding: bench/real_speed.py times both).
+CPU_DTYPE = "float32"
 #: A CPU server's context when none is asked for: the model's own (8192 for SmolLM2) would not fit the KV cache.
 CPU_MAX_MODEL_LEN = 2048
 #: Flags only a GPU server takes: a CPU server started from a GPU command line (:func:`cpu_command_for`) drops them.
@@ -64,9 +67,10 @@ def server_flags(
     gpu_memory_utilization: float = 0.9,
     max_model_len: int | None = None,
     cpu: bool = False,
+    dtype: str | None = None,
 ) -> list[str]:
     """The flags after the model. On GPU: tensor parallelism and the memory share (the student server's, as the
-    operator renders it). On CPU: float32 (the CPU build's reliable dtype), a bounded context, and eager mode (no
+    operator renders it). On CPU: ``dtype`` (default :data:`CPU_DTYPE`), a bounded context, and eager mode (no
     graph capture to wait for); the GPU flags are left out."""
     flags = ["--host", host, "--port", str(port)]
     if served_model_name is not None:
@@ -74,7 +78,7 @@ def server_flags(
     if cpu:
         return flags + [
             "--dtype",
-            "float32",
+            dtype or CPU_DTYPE,
             "--max-model-len",
             str(max_model_len or CPU_MAX_MODEL_LEN),
             "--enforce-eager",

@@ -154,14 +154,16 @@ def serve(
     timeout_s: float = READY_TIMEOUT_S,
     served_model_name: str | None = None,
     max_model_len: int | None = None,
+    dtype: str | None = None,
 ) -> Iterator[Server]:
     """Start a CPU vLLM server on ``model`` (a folder or a ``builtin://`` name), wait until it answers, yield it,
-    stop it. ``log``: where its output goes (default ``vllm-cpu-PORT.log`` in the temporary folder)."""
+    stop it. ``log``: where its output goes (default ``vllm-cpu-PORT.log`` in the temporary folder); ``dtype``:
+    atlas_contract/vllm.py's CPU_DTYPE unless given."""
     python = require_python()
     folder = model_folder(model)
     port = port or _free_port()
     log_path = Path(log) if log else Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-cpu-{port}.log"
-    flags = {"served_model_name": served_model_name, "max_model_len": max_model_len}
+    flags = {"served_model_name": served_model_name, "max_model_len": max_model_len, "dtype": dtype}
     command = server_command(str(folder), port=port, cpu=True, python=str(python), **flags)
     start = time.monotonic()
     with open(log_path, "wb") as sink:

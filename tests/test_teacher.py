@@ -11,6 +11,7 @@ from datasets import Dataset
 
 from atlas_core.tasks.arithmetic import make_arithmetic_dataset
 from atlas_core.teaching import prompts
+from atlas_core.teaching.student import EndpointStudent
 from atlas_core.telemetry.metrics import TRAINER_REGISTRY
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
 from atlas_core.training.algorithms.teacher_trainers import DiagnosticResult, TeacherGRPOTrainer
@@ -206,6 +207,26 @@ def test_a_student_endpoint_that_never_serves_ends_a_local_run_naming_it(tmp_pat
         with pytest.raises(RuntimeError, match=rf"{re.escape(server.base_url)}/models did not answer for 1.5 s"):
             TeacherGRPOTrainer(args=args, train_dataset=arithmetic(), student_model=server.base_url)
         assert server.models_requests >= 2
+
+
+def test_greedy_samples_from_a_student_endpoint_are_one_request_each_as_vllm_requires():
+    """vLLM answers 400 to ``n`` > 1 at temperature 0 ("n must be 1 when using greedy sampling"): K greedy samples
+    are one request of n=1 per conversation, its answer repeated (greedy decoding gives every sample that answer);
+    sampled ones ask for n=K."""
+
+    def script(call):
+        if call.temperature == 0 and call.n > 1:
+            return Reply(status=400)  # as vLLM 0.32
+        return Reply([f"\\boxed{{{call.index}}}"] * call.n)
+
+    questions = [[{"role": "user", "content": "What is 3 + 4?"}], [{"role": "user", "content": "And 1 + 1?"}]]
+    with JudgeServer(script) as server:
+        student = EndpointStudent(server.base_url)
+        greedy = student.generate(questions, 8, num_samples=3, temperature=0)
+        sampled = student.generate(questions[:1], 8, num_samples=3, temperature=0.7)
+    assert sorted(c.n for c in server.calls) == [1, 1, 3]
+    assert [len(group) for group in greedy] == [3, 3] and all(len(set(group)) == 1 for group in greedy)
+    assert greedy[0][0] != greedy[1][0] and len(sampled[0]) == 3
 
 
 def test_endpoint_student_teaching_step(tmp_path, tiny_model_dir):

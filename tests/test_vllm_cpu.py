@@ -90,7 +90,7 @@ def real_vllm(tmp_path_factory):
 
 def _eval(student: str, out, limit: int) -> tuple[dict, list[dict]]:
     command = [PYTHON, "-m", "atlas_cli.main", "eval", "--teacher", SMOLLM2_MODEL_URI, "--student", student]
-    command += ["--dataset", "builtin://multistep", "--limit", str(limit), "-k", "1", "--output", str(out)]
+    command += ["--dataset", "builtin://multistep", "--limit", str(limit), "-k", "2", "--output", str(out)]
     command += ["--teacher-max-tokens", "48", "--max-guidance-tokens", "32", "--max-probe-tokens", "16"]
     command += ["--student-max-tokens", "64", "--student-temperature", "0", "--device", "cpu", "--seed", "0"]
     done = subprocess.run(command, cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=900)
@@ -101,7 +101,8 @@ def _eval(student: str, out, limit: int) -> tuple[dict, list[dict]]:
 
 def test_atlas_eval_with_a_real_vllm_student_gives_the_local_students_figures(real_vllm, tmp_path):
     """The same teacher (local, greedy) and the same student model, once in-process and once behind the real vLLM
-    server (greedy both): the same probes and answers on (nearly) every problem, so the same figures."""
+    server (greedy both, K=2: vLLM refuses n > 1 when greedy, the student asks once): the same probes and answers on
+    (nearly) every problem, so the same figures."""
     limit = 8
     served, served_rows = _eval(real_vllm.base_url, tmp_path / "vllm", limit)
     local, local_rows = _eval(SMOLLM2_MODEL_URI, tmp_path / "local", limit)

@@ -1,5 +1,5 @@
-"""Start a real CPU vLLM server (atlas_core/vllm_cpu.py's ``serve``), ask it twice, print its start-up time, RSS and
-tokens/s, stop it.
+"""Start a real CPU vLLM server (atlas_core/vllm_cpu.py's ``serve``), ask it twice alone and 32 times at once, print
+its start-up time, RSS and tokens/s, stop it.
 
     python -m tools.vllm_server [MODEL]   # default: builtin://smollm2-135m-instruct
 """
@@ -11,9 +11,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 from atlas_contract.checks import SMOLLM2_MODEL_URI
 from atlas_core.vllm_cpu import serve
+
+CONCURRENT = 32
 
 
 def post(url: str, body: dict, timeout: float = 300.0) -> dict:
@@ -25,7 +28,7 @@ def post(url: str, body: dict, timeout: float = 300.0) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    """Start a server (on the builtin SmolLM2 unless a folder is named), ask it once, print the figures, stop it."""
+    """Start a server (on the builtin SmolLM2 unless a model is named), ask it, print the figures, stop it."""
     model_dir = argv[0] if argv else SMOLLM2_MODEL_URI
     print(f"vllm-server: starting on {model_dir}", flush=True)
     with serve(model_dir) as server:
@@ -43,7 +46,14 @@ def main(argv: list[str]) -> int:
             print(f"vllm-server: {attempt} request: {tokens} tokens in {took:.2f} s: {tokens / took:.1f} tokens/s")
         print(f"vllm-server: completion {choice['text']!r}")
         print(f"vllm-server: first logprobs {choice['logprobs']['token_logprobs'][:5]}")
-        print(f"vllm-server: RSS {server.rss_bytes() / 2**30:.2f} GiB after the request")
+        began = time.monotonic()
+        with ThreadPoolExecutor(CONCURRENT) as pool:  # the student's way: concurrent requests
+            answers = list(pool.map(lambda _: post(f"{server.base_url}/completions", body), range(CONCURRENT)))
+        took = time.monotonic() - began
+        tokens = sum(a["usage"]["completion_tokens"] for a in answers)
+        rate = f"{tokens} tokens in {took:.2f} s: {tokens / took:.1f} tokens/s"
+        print(f"vllm-server: {CONCURRENT} concurrent requests: {rate}")
+        print(f"vllm-server: RSS {server.rss_bytes() / 2**30:.2f} GiB after the requests")
     print("vllm-server: stopped")
     return 0
 

@@ -283,11 +283,16 @@ class EndpointStudent:
         model = await self._served_model(client)
         semaphore = asyncio.Semaphore(self._max_concurrency)
 
+        # Greedy decoding gives every sample the same answer, and vLLM refuses n > 1 with it ("n must be 1 when using
+        # greedy sampling"): ask for one and repeat it.
+        greedy = temperature <= 0
+        asked = 1 if greedy else num_samples
+
         async def one(messages):
             answers: list[StudentAnswer] = []
             # A server that ignores `n` returns fewer choices: ask again for the rest (bounded).
-            for _ in range(num_samples):
-                wanted = num_samples - len(answers)
+            for _ in range(asked):
+                wanted = asked - len(answers)
                 response = await self._request(
                     lambda wanted=wanted: client.chat.completions.create(
                         model=model,
@@ -301,8 +306,8 @@ class EndpointStudent:
                 choices = response.choices or []
                 per_choice = (response.usage.completion_tokens // max(1, len(choices))) if response.usage else 0
                 answers += [StudentAnswer(_answer_text(c.message.content), per_choice) for c in choices]
-                if len(answers) >= num_samples:
-                    return answers[:num_samples]
+                if len(answers) >= asked:
+                    return answers[:1] * num_samples if greedy else answers[:num_samples]
             raise RuntimeError(f"{self.role} endpoint {self.base_url} returned no answer")
 
         tasks = [asyncio.ensure_future(one(c)) for c in conversations]
