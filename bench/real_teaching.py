@@ -1,6 +1,8 @@
 """The teaching claim on a real model: student alone vs untrained teacher vs trained teacher (SmolLM2-135M-Instruct).
 
-The student is ``builtin://smollm2-135m-instruct``, frozen and greedy. The teacher starts as the same model and is
+The student is ``builtin://smollm2-135m-instruct``, frozen and greedy: behind a CPU vLLM server (float32, the local
+student's answers; atlas_core/vllm_cpu.py) when ``make vllm`` installed one, else loaded in-process (``--student``
+chooses). The teacher starts as the same model and is
 trained by our pipeline within ``--minutes`` of training (default 45, on 2 cores): an SFT warm-up on the teacher
 demonstrations of ``builtin://teacher-multistep`` (as the demo's teacher stage does; ``--sft-share`` of the time),
 then teacher GRPO against the frozen student on ``builtin://multistep``'s train split (the rest). Each stage stops
@@ -34,13 +36,14 @@ import argparse
 import os
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TARGET_NON_DEGRADATION = 0.97
 
-#: (stage, recipe, overrides) of the teacher's two stages; {output}, {model} and {seed} are filled in. Learning rates
+#: (stage, recipe, overrides) of the teacher's two stages; {output}, {model} and {student} are filled in. Learning rates
 #: are a real model's (the demo's are the tiny model's, 10-100x larger).
 STAGES = (
     (
@@ -59,7 +62,7 @@ STAGES = (
         "tiny_teacher",
         [
             "model={output}/teacher-sft",
-            "student={model}",
+            "student={student}",
             "dataset.source=builtin://multistep",
             "dataset.num_samples=2000",
             "trainer.per_device_train_batch_size=4",
@@ -76,6 +79,8 @@ STAGES = (
 
 
 def main() -> int:
+    from bench.real_teaching_results import DEFAULT_FILE, append, print_summary, record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=45.0, help="training time, both stages (default 45)")
     parser.add_argument("--sft-share", type=float, default=0.3, help="share of it for the SFT warm-up (default 0.3)")
@@ -83,7 +88,24 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the training and the evaluation (default 0)")
     parser.add_argument("--output", help="folder (default: a temporary one)")
     parser.add_argument("--reuse", action="store_true", help="evaluate the teacher already trained in --output")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=DEFAULT_FILE,
+        help=f"each seed's table is appended to it; --summary reads it (default bench/results/{DEFAULT_FILE.name})",
+    )
+    parser.add_argument("--summary", action="store_true", help="print every recorded seed, mean, minimum, targets")
+    parser.add_argument("--settings", type=int, help="with --summary: the settings group (1-based) when they differ")
+    parser.add_argument(
+        "--student",
+        choices=("auto", "vllm", "local"),
+        default="auto",
+        help="where the frozen student generates: a CPU vLLM server (make vllm), loaded in-process, or (auto, the "
+        "default) the server when it is installed",
+    )
     args = parser.parse_args()
+    if args.summary:
+        return print_summary(args.results, args.settings)
 
     from atlas_contract.checks import SMOLLM2_MODEL_URI
     from atlas_core.cli.display import quiet_libraries
@@ -94,19 +116,56 @@ def main() -> int:
     model = resolve_model_path(SMOLLM2_MODEL_URI)
     budgets = {"teacher-sft": args.minutes * args.sft_share * 60, "teacher": args.minutes * (1 - args.sft_share) * 60}
     teacher_args = None
-    for stage, recipe, extra in STAGES:
-        if args.reuse and (output / stage / "model.safetensors").exists():
-            continue
-        started = time.perf_counter()
-        result = _train(stage, recipe, extra, output, model, args.seed, budgets[stage])
-        print(f"{stage}: {result.global_step} steps in {time.perf_counter() - started:.0f} s", flush=True)
-        teacher_args = result.args if stage == "teacher" else teacher_args
-    if teacher_args is None:
-        teacher_args = _saved_args(output / "teacher")
-    return _evaluate(output, model, teacher_args, args.problems)
+    began = time.perf_counter()
+    with _student_endpoint(args.student) as endpoint:
+        for stage, recipe, extra in STAGES:
+            if args.reuse and (output / stage / "model.safetensors").exists():
+                continue
+            started = time.perf_counter()
+            student = endpoint or model
+            result = _train(stage, recipe, extra, output, model, student, args.seed, budgets[stage])
+            print(f"{stage}: {result.global_step} steps in {time.perf_counter() - started:.0f} s", flush=True)
+            teacher_args = result.args if stage == "teacher" else teacher_args
+        if teacher_args is None:
+            teacher_args = _saved_args(output / "teacher")
+        reports = _evaluate(output, model, endpoint, teacher_args, args.problems)
+    if not args.reuse:  # a seed trained and evaluated whole, in this sitting
+        append(args.results, record(args.seed, _settings(args, endpoint), reports, time.perf_counter() - began))
+        print(f"seed {args.seed} appended to {args.results} (python -m bench.real_teaching --summary)")
+    return 0
 
 
-def _train(stage: str, recipe: str, extra: list[str], output: Path, model: str, seed: int, seconds: float):
+def _settings(args, endpoint: str | None) -> dict:
+    """What decides a seed's result besides the seed: a summary refuses to mix seeds whose settings differ."""
+    return {
+        "minutes": args.minutes,
+        "sft_share": args.sft_share,
+        "problems": args.problems,
+        "student": "vllm-cpu float32" if endpoint else "in-process",
+        "stages": [[stage, recipe, extra] for stage, recipe, extra in STAGES],
+    }
+
+
+@contextmanager
+def _student_endpoint(choice: str) -> Iterator[str | None]:
+    """The student's server URL for the run (a CPU vLLM on the same model, float32: the local student's answers),
+    or None for the student loaded in-process."""
+    from atlas_contract.checks import SMOLLM2_MODEL_URI
+    from atlas_contract.vllm import cpu_python
+    from atlas_core.vllm_cpu import serve
+
+    if choice == "local" or (choice == "auto" and cpu_python() is None):
+        print("student: loaded in-process", flush=True)
+        yield None
+        return
+    with serve(SMOLLM2_MODEL_URI) as server:
+        print(f"student: a CPU vLLM server at {server.base_url}, ready in {server.ready_s:.0f} s", flush=True)
+        yield server.base_url
+
+
+def _train(
+    stage: str, recipe: str, extra: list[str], output: Path, model: str, student: str, seed: int, seconds: float
+):
     from transformers import TrainerCallback
 
     from atlas_contract.errors import InvalidFields
@@ -122,7 +181,7 @@ def _train(stage: str, recipe: str, extra: list[str], output: Path, model: str, 
         def on_step_end(self, args, state, control, **kwargs):
             control.should_training_stop = time.monotonic() >= self.deadline
 
-    overrides = [f"recipe={recipe}", *(item.format(output=output, model=model) for item in extra)]
+    overrides = [f"recipe={recipe}", *(item.format(output=output, model=model, student=student) for item in extra)]
     overrides += [f"output_dir={output / stage}", f"run_name=real-{stage}", "trainer.max_steps=100000"]
     overrides += ["trainer.save_strategy=no", "trainer.logging_steps=1", "trainer.metrics_port=0", "resume=false"]
     overrides += [f"trainer.seed={seed}"]
@@ -139,16 +198,17 @@ def _saved_args(stage: Path):
     return torch.load(stage / "training_args.bin", weights_only=False)
 
 
-def _evaluate(output: Path, model: str, teacher_args, problems: int) -> int:
+def _evaluate(output: Path, model: str, endpoint: str | None, teacher_args, problems: int) -> dict:
     from atlas_contract.checks import SMOLLM2_MODEL_URI
     from atlas_contract.teaching import TeachingSettings
     from atlas_core.evaluation import GuidanceMeter, evaluate_teaching
     from atlas_core.evaluation_figures import comparison_lines
     from atlas_core.tasks.multistep import make_multistep_dataset
-    from atlas_core.teaching.student import LocalStudent
+    from atlas_core.teaching.student import EndpointStudent, LocalStudent
     from atlas_core.training.finish import evaluation_settings
+    from bench.real_teaching_results import TARGET_NON_DEGRADATION
 
-    student = LocalStudent(model)
+    student = EndpointStudent(endpoint) if endpoint else LocalStudent(model)
     rows = make_multistep_dataset(problems, "test")
     teaching = TeachingSettings.of(teacher_args)
     settings = evaluation_settings(teaching, teacher_args, samples=teaching.student_samples)
@@ -193,7 +253,7 @@ def _evaluate(output: Path, model: str, teacher_args, problems: int) -> int:
     for name, value, ok in checks:
         print(f"  {'PASS' if ok else 'MISS'}  {name}: {value:.3f}")
     print(f"\nmodels and per-problem records: {output}")
-    return 0
+    return reports
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ SERIAL_MODULES = {
     "test_distributed.py",
     "test_prometheus.py",
     "test_stop_on_signal.py",
+    "test_vllm_cpu.py",  # a real vLLM server: 6 GB and both cores while it generates
     "test_watchdog.py",
 }
 
