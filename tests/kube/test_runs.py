@@ -8,8 +8,9 @@ Each scenario runs once, on the backend it belongs to (what differs per backend 
 level: tests/test_render_*.py, tests/test_operator_*.py):
 
 - PyTorchJob, the default backend: a 2-node teacher trains, reports progress (the operator scrapes rank 0's metrics
-  through the run's Service name) and its evaluated result (the Master's termination message); a killed Worker is
-  restarted in place and training resumes from the checkpoint volume.
+  through the run's Service name) and its evaluated result (the Master's termination message); a teacher's
+  ``<name>-student`` Deployment runs the real CPU vLLM, and the teacher trains and is evaluated against it; a killed
+  Worker is restarted in place and training resumes from the checkpoint volume.
 - TrainJob (the Trainer → JobSet → Jobs): a stalled trainer is ended by its step watchdog; the runtime's failure
   policy restarts the gang, which resumes.
 - JobSet: a dead student server restarts the whole gang, which resumes; a drained trainer node stops every rank at
@@ -17,7 +18,8 @@ level: tests/test_render_*.py, tests/test_operator_*.py):
   workload and readmits it, and training resumes from the preemption's checkpoint with no restart counted.
 
 The student's ``vllm serve`` is tests/support/vllm_standin.py (a process the gang test kills; it answers without
-generating), put first on the nodes' PATH.
+generating), put first on the nodes' PATH; for the real-vLLM scenario, the CPU launcher (atlas_core/vllm_cpu.py) is
+put before it.
 """
 
 from __future__ import annotations
