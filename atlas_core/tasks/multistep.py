@@ -153,6 +153,33 @@ def student_solution(row: dict[str, Any], guided: bool) -> str:
     return f"{line}. \\boxed{{{row['ground_truth']}}}"
 
 
+def restated_guidance(row: dict[str, Any]) -> str:
+    """Guidance that does the first step and hands the student the one-step problem left, asked as the task asks
+    (``7 + 5 = 12, so the problem is now: What is 12 + 4? Put the final answer in \\boxed{}.``); the answer itself is
+    never stated. For a one-step problem there is no step to do: the problem, asked again."""
+    parts = row["question"].split()
+    if len(parts) == 3:
+        return f"The problem is: What is {row['question']}? {SYSTEM_HINT}"
+    first = _value(int(parts[0]), parts[1], int(parts[2]))
+    return f"{intermediate_step(row)}, so the problem is now: What is {first} {parts[3]} {parts[4]}? {SYSTEM_HINT}"
+
+
+def count_guidance(row: dict[str, Any]) -> str:
+    """Counting on from the first number (one-step problems): ``Count up 7 from 11.``"""
+    x, op, y = row["question"].split()[:3]
+    return f"Count {'up' if op == '+' else 'down'} {y} from {x}."
+
+
+def guidance_candidates(row: dict[str, Any]) -> list[str]:
+    """Every guidance this task can give a problem, most preferred first: what a rejection-sampled warm-up
+    (atlas_core.training.rejection_sampling) tries on a student that fails the problem alone. The order is the
+    measured one (``bench/real_teaching.py``, SmolLM2-135M student, train problems): a restated one-step problem
+    helps most with two-step problems, the generic method with one-step ones."""
+    if kind_of(row["question"]) == "two-step":
+        return [restated_guidance(row), step_guidance(row), METHOD_GUIDANCE, CHECK_GUIDANCE]
+    return [METHOD_GUIDANCE, count_guidance(row), CHECK_GUIDANCE]
+
+
 def demonstration_guidance(row: dict[str, Any], rng: random.Random, template: str) -> str:
     """The guidance of a teacher demonstration: the intermediate step, the generic method, a short check or nothing,
     drawn with the weights of ``template`` (:data:`DEMONSTRATION_WEIGHTS`)."""
