@@ -137,7 +137,7 @@ def main() -> int:
     budgets = {"teacher-sft": args.minutes * args.sft_share * 60, "teacher": args.minutes * (1 - args.sft_share) * 60}
     teacher_args = None
     began = time.perf_counter()
-    with _student_endpoint(args.student) as endpoint:
+    with student_endpoint(args.student) as endpoint:
         student = endpoint or model
         for stage, recipe, extra in STAGES:
             if args.reuse and (output / stage / "model.safetensors").exists():
@@ -202,7 +202,7 @@ def _settings(args, endpoint: str | None) -> dict:
 
 
 @contextmanager
-def _student_endpoint(choice: str) -> Iterator[str | None]:
+def student_endpoint(choice: str) -> Iterator[str | None]:
     """The student's server URL for the run (a CPU vLLM on the same model, float32: the local student's answers),
     or None for the student loaded in-process."""
     from atlas_contract.checks import SMOLLM2_MODEL_URI
