@@ -23,8 +23,9 @@ split of each. ``--seed N`` appends the seed's table, commit, machine and settin
 (bench/real_teaching_results.py).
 
 Measured here (2 cores, AMD EPYC; bench/results/real_teaching.jsonl), 100 held-out problems, the student alone at
-28.0% (one-step 57.5%, two-step 8.3%); the untrained teacher -23.0 points [-32.0, -14.0], non-degradation 76.0%
-(its rambling guidance throws the student). The trained teacher, default settings (about 31 minutes a seed):
+28.0% (one-step 57.5%, two-step 8.3%); the untrained teacher -23.0 points ([-32.0, -14.0] or [-32.0, -15.0]),
+non-degradation 76.0% (its rambling guidance throws the student). The trained teacher, default settings (about 31
+minutes a seed):
 
 * seed 0: +16.0 points [+9.0, +24.0], non-degradation 100.0%, 23.5 guidance tokens;
 * seed 1: +8.0 points [+3.0, +13.0], non-degradation 100.0%, 6.8 guidance tokens (its greedy teacher gives most weak
@@ -37,7 +38,8 @@ The fixed warm-up, 45 minutes (seed 0, the student behind vLLM): +6.0 points [+2
 its greedy teacher gives the 72 weak problems the generic method ("Add the numbers from left to right.", 67) or the
 check (5), never the first step.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.real_teaching [--minutes 45] [--problems 100] [--output DIR] [--reuse]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.real_teaching [--seed N] [--minutes 25] [--output DIR] [--reuse]
+    .venv/bin/python -m bench.real_teaching --summary
 """
 
 from __future__ import annotations
