@@ -48,18 +48,10 @@ def main() -> int:
         student = load_student(endpoint or resolve_model_path(SMOLLM2_MODEL_URI))
         protocol = TeachingProtocol(student, TeachingSettings(**STUDENT_SETTINGS))
         started = time.perf_counter()
-        alone = [
-            protocol.score_answers(
-                tasks,
-                [
-                    a[0].text
-                    for a in student.generate(
-                        [prompts.baseline_messages(t) for t in tasks], STUDENT_SETTINGS["student_max_tokens"], 1, 0.0
-                    )
-                ],
-                rows,
-            )
-        ]
+        answers = student.generate(
+            [prompts.baseline_messages(t) for t in tasks], STUDENT_SETTINGS["student_max_tokens"], 1, 0.0
+        )
+        solved = protocol.score_answers(tasks, [a[0].text for a in answers], rows)
         flat = [
             (i, position, g)
             for i, row in enumerate(rows)
@@ -67,7 +59,6 @@ def main() -> int:
         ]
         guided = protocol.guided([tasks[i] for i, _, _ in flat], [rows[i] for i, _, _ in flat], [g for *_, g in flat])
         seconds = time.perf_counter() - started
-    solved = alone[0]
     print(
         f"{len(rows)} distinct training problems (of {args.problems} drawn, seed {args.seed}); "
         f"{len(flat) + len(rows)} student answers in {seconds:.0f} s"

@@ -58,10 +58,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 #: The fixed warm-up: demonstrations drawn without looking at the student (``--warmup fixed``).
 FIXED_WARMUP = "builtin://teacher-multistep"
 FIXED_WARMUP_SAMPLES = 4000
+#: The warm-up stage's dataset, as recorded in a seed's settings: :func:`_warmup` gives its overrides.
+WARMUP_SOURCE = "dataset.source={warmup}"
 #: The student's settings in the teacher-GRPO stage, the evaluation and the rejection-sampled warm-up alike.
 STUDENT_SETTINGS = {"student_temperature": 0.0, "student_samples": 1, "student_max_tokens": 64, "max_probe_tokens": 24}
 
-#: (stage, recipe, overrides) of the teacher's two stages; {output}, {model}, {student} and {warmup} are filled in.
+#: (stage, recipe, overrides) of the teacher's two stages; {output}, {model} and {student} are filled in, the warm-up's
+#: dataset replaced.
 #: Learning rates are a real model's (the demo's are the tiny model's, 10-100x larger).
 STAGES = (
     (
@@ -69,7 +72,7 @@ STAGES = (
         "tiny_sft",
         [
             "model={model}",
-            "dataset.source={warmup}",
+            WARMUP_SOURCE,
             "trainer.per_device_train_batch_size=8",
             "trainer.learning_rate=2e-5",
         ],
@@ -156,11 +159,9 @@ def main() -> int:
                 continue
             started = time.perf_counter()
             if stage == "teacher-sft":
-                warmup, extra = _warmup(args, output, student), list(extra)
+                dataset = _warmup(args, output, student)
                 budgets[stage] -= time.perf_counter() - started  # the sampling is part of the warm-up's time
-                if warmup == FIXED_WARMUP:
-                    extra.append(f"dataset.num_samples={FIXED_WARMUP_SAMPLES}")
-                extra = [item.replace("{warmup}", warmup) for item in extra]
+                extra = [item for item in extra if item != WARMUP_SOURCE] + dataset
             result = _train(stage, recipe, extra, output, model, student, args.seed, budgets[stage])
             print(f"{stage}: {result.global_step} steps in {time.perf_counter() - started:.0f} s", flush=True)
             teacher_args = result.args if stage == "teacher" else teacher_args
@@ -173,8 +174,8 @@ def main() -> int:
     return 0
 
 
-def _warmup(args, output: Path, student: str) -> str:
-    """The SFT warm-up's dataset source: builtin://teacher-multistep, or a file of demonstrations kept where they
+def _warmup(args, output: Path, student: str) -> list[str]:
+    """The SFT warm-up's dataset overrides: builtin://teacher-multistep, or a file of demonstrations kept where they
     help this student (atlas_core.training.rejection_sampling) on ``--warmup-problems`` training problems."""
     import json
 
@@ -185,7 +186,7 @@ def _warmup(args, output: Path, student: str) -> str:
     from atlas_core.training.rejection_sampling import rejection_sampled_demonstrations
 
     if args.warmup == "fixed":
-        return FIXED_WARMUP
+        return [f"dataset.source={FIXED_WARMUP}", f"dataset.num_samples={FIXED_WARMUP_SAMPLES}"]
     started = time.perf_counter()
     protocol = TeachingProtocol(load_student(student), TeachingSettings(**STUDENT_SETTINGS))
     rows = multistep.make_multistep_dataset(args.warmup_problems, "train", seed=args.seed)
@@ -198,7 +199,7 @@ def _warmup(args, output: Path, student: str) -> str:
     found = report.to_dict() | {"seconds": round(time.perf_counter() - started, 1)}
     (output / "warmup-demonstrations.json").write_text(json.dumps(found, indent=2) + "\n")
     print(f"warm-up demonstrations: {len(demonstrations)} kept of {len(rows)} problems {found}", flush=True)
-    return str(path)
+    return [f"dataset.source={path}"]
 
 
 def _settings(args, endpoint: str | None) -> dict:

@@ -48,6 +48,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from atlas_core.cli.display import quiet_libraries
+    from atlas_core.tasks import multistep
     from atlas_core.teaching import prompts
     from atlas_core.teaching.student import LocalStudent
 
@@ -58,7 +59,7 @@ def main() -> int:
         rows = []
         for r in weak:
             question = r["task"].split("What is ", 1)[1].split("?", 1)[0]
-            rows.append({"question": question, "ground_truth": r["ground_truth"], "kind": _kind(question)})
+            rows.append({"question": question, "ground_truth": r["ground_truth"], "kind": multistep.kind_of(question)})
         conversations = [prompts.teacher_messages(r["task"], r["probe"], r["capability_level"]) for r in weak]
         for stage in STAGES:
             teacher = LocalStudent(str(output / stage), role="teacher")
@@ -70,12 +71,6 @@ def main() -> int:
             shown = ", ".join(f"{kind} {style} {n}" for (kind, style), n in sorted(counts.items()))
             print(f"{output} {stage}: {len(weak)} weak problems: {shown}", flush=True)
     return 0
-
-
-def _kind(question: str) -> str:
-    from atlas_core.tasks import multistep
-
-    return multistep.kind_of(question)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from atlas_core.teaching import prompts
@@ -40,14 +40,7 @@ class RejectionSamplingReport:
     winners: Counter = field(default_factory=Counter)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "problems": self.problems,
-            "solved_alone": self.solved_alone,
-            "fixed": self.fixed,
-            "dropped": self.dropped,
-            "student_calls": self.student_calls,
-            "winners": {str(k): v for k, v in sorted(self.winners.items())},
-        }
+        return asdict(self) | {"winners": {str(k): v for k, v in sorted(self.winners.items())}}
 
 
 def rejection_sampled_demonstrations(
