@@ -46,8 +46,11 @@ class EvaluationRunSettings:
     """Evaluate at most this many problems (the first of the split); None = all."""
     seed: int = 0
     """Seed of the sampling and of the bootstrap."""
-    batch_size: int = 32
-    """Problems per protocol batch (and per line flush of ``problems.jsonl``)."""
+    batch_size: int = 128
+    """Problems per protocol batch (and per line flush of ``problems.jsonl``). A local model decodes at most
+    ``LocalStudent.max_active_rows`` of a batch's rows at a time, a waiting row joining as one finishes, and an
+    endpoint takes at most its ``max_concurrency`` requests at once: a large batch keeps either full
+    (bench/real_speed.py: 128 problems in one batch against batches of 32)."""
     teacher_max_tokens: int = 256
     """Token budget of the teacher's whole completion (thinking and guidance)."""
     teacher_temperature: float = 0.0

@@ -56,14 +56,19 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 VLLM = "vLLM student"
+TODAY_BATCH = 32  # atlas eval's batch before rows joined a running batch: the reference paths'
+TODAY = "padded batches (today)"
 VLLM_DTYPES = ("float32", "bfloat16")  # the CPU default (the local student's answers), and the faster one
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--problems", type=int, default=16, help="held-out problems (default 16)")
+    parser.add_argument("--problems", type=int, default=96, help="held-out problems (default 96)")
     parser.add_argument(
-        "--batch", type=int, help="problems per batch (default: atlas eval's, EvaluationRunSettings.batch_size)"
+        "--batch",
+        type=int,
+        default=TODAY_BATCH,
+        help=f"problems per batch of the reference paths (default {TODAY_BATCH})",
     )
     parser.add_argument("--student-tokens", type=int, default=96, help="student answer budget (default 96)")
     parser.add_argument("--samples", type=int, default=1, help="student answers per problem, alone and guided (K)")
@@ -110,13 +115,14 @@ def main() -> int:
         ]
         return seconds, report, texts
 
-    args.batch = args.batch or EvaluationRunSettings().batch_size
+    default_batch = EvaluationRunSettings().batch_size
     paths = [
-        ("padded batches (today)", args.batch, "padded"),
+        (TODAY, args.batch, "padded"),
         ("shrinking batches", args.batch, "shrinking"),
     ]
-    if args.problems > args.batch:  # every problem in one batch: its finished rows leave it
-        paths.append(("shrinking, one batch", args.problems, "shrinking"))
+    if args.problems > args.batch:  # atlas eval's batches: rows join as others finish (LocalStudent.max_active_rows)
+        rows = LocalStudent.max_active_rows
+        paths.append((f"atlas eval's batches ({default_batch}), {rows} rows at a time", default_batch, "shrinking"))
     if not args.skip_continuous:
         paths.append(("continuous batching", args.batch, "continuous"))
     if not args.skip_one:
@@ -139,8 +145,8 @@ def main() -> int:
             served = run_on_vllm(args, run, show, dtype)
             if served is not None:
                 results[f"{VLLM}, {dtype}"] = served
-    today = results["padded batches (today)"][0]
-    reference = results["padded batches (today)"][2]
+    today = results[TODAY][0]
+    reference = results[TODAY][2]
     agreeing = {}  # the paths whose records are today's: only their figures count for the targets
     for label, (seconds, _, texts) in results.items():
         same = sum(a == b for a, b in zip(texts, reference, strict=True))

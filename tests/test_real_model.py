@@ -120,16 +120,17 @@ def test_atlas_eval_with_the_real_model_as_teacher_and_student(tmp_path, real_mo
     assert re.search(r"delta, points", done.stdout), done.stdout[-2000:]
 
 
-@pytest.mark.parametrize("decoding", ["shrinking", "continuous"])
-def test_each_decoding_gives_the_padded_batchs_greedy_answers(real_model_dir, decoding):
+@pytest.mark.parametrize(("decoding", "rows"), [("shrinking", 64), ("shrinking", 2), ("continuous", 64)])
+def test_each_decoding_gives_the_padded_batchs_greedy_answers(real_model_dir, decoding, rows):
     """LocalStudent's generation paths (bench/real_speed.py times them): the same answers, token counts and
-    per-sample grouping as one padded ``generate``, greedy; rows of different lengths (one ends early)."""
+    per-sample grouping as one padded ``generate``, greedy; rows of different lengths (one ends early). With two
+    rows at a time, the third joins the shrinking batch when one of them finishes."""
     from atlas_core.teaching.student import LocalStudent
 
     padded = LocalStudent(str(real_model_dir))
     padded.decoding = "padded"
     other = LocalStudent(padded.model, padded.tokenizer)
-    other.decoding = decoding
+    other.decoding, other.max_active_rows = decoding, rows
     prompts = [PROMPTS[0], [{"role": "user", "content": "What is 2 + 2?"}], [{"role": "user", "content": "Say hi."}]]
     expected = padded.generate(prompts, max_new_tokens=32, num_samples=2, temperature=0)
     assert other.generate(prompts, max_new_tokens=32, num_samples=2, temperature=0) == expected
