@@ -37,7 +37,7 @@ def joinable(model: Any) -> bool:
 class Rows:
     ids: list[int]  # the input row each batch row decodes
     cache: Any  # a DynamicCache over these rows
-    mask: Any  # [rows, length]: 0 on left padding
+    mask: Any  # [rows, length]: 0 on padding (left of a row, or between a shared prefix and the rest)
     logits: Any  # [rows, vocab]: the next token's
     joinable: bool  # joinable(model): the cache's tensors may be padded, stacked and trimmed
 

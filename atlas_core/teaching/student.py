@@ -168,8 +168,8 @@ class LocalStudent:
         prompts = [ids[mask.bool()] for ids, mask in zip(batch["input_ids"], batch["attention_mask"], strict=True)]
         prompts = [prompt for prompt in prompts for _ in range(repeats)]
         config = self.model.generation_config
-        end_ids = torch.tensor(sorted({self.tokenizer.eos_token_id, *_as_list(config.eos_token_id)} - {None}))
-        end_ids = end_ids.to(self.device)
+        ends = {self.tokenizer.eos_token_id, *_as_list(config.eos_token_id)} - {None}
+        end_ids = torch.tensor(sorted(ends), device=self.device)
         top_k = config.top_k or 0
         rows: list[list[int]] = [[] for _ in prompts]
         waiting = list(range(len(prompts)))
@@ -179,14 +179,15 @@ class LocalStudent:
         cap = max(1, self.max_active_rows) if joinable else len(waiting)
         shared = kv_rows.shared_prefix_length(prompts) if joinable and len(prompts) > 1 else 0
         prefix = kv_rows.Prefix.of(self.model, prompts[0][:shared]) if shared else None
+        pad = self.tokenizer.pad_token_id
         while waiting or running is not None:
             free = cap - (running.size if running is not None else 0)
             # Admit waiting rows in groups (a prefill of one row costs about what one of a quarter batch does).
             if waiting and (running is None or free >= max(1, min(cap // 4, len(waiting)))):
                 admitted, waiting = waiting[:free], waiting[free:]
-                admitted_prompts = [prompts[row] for row in admitted]
-                pad = self.tokenizer.pad_token_id
-                joined = kv_rows.prefill(self.model, admitted_prompts, admitted, joinable, pad, prefix)
+                joined = kv_rows.prefill(
+                    self.model, [prompts[row] for row in admitted], admitted, joinable, pad, prefix
+                )
                 running = joined if running is None else running.join(joined)
             logits = running.logits
             if greedy:
