@@ -259,7 +259,9 @@ class ControlPlane:
                 f"--audit-policy-file={policy}",
                 f"--audit-log-path={self.audit_log}",
                 "--audit-log-format=json",
-                "--audit-log-mode=blocking",  # a request's line is written before its response: tests read it at once
+                # Written by the request's own handler (not batched), just after its answer: a client may read its
+                # answer a moment before the line is in the file.
+                "--audit-log-mode=blocking",
                 "--v=1",
                 *self.apiserver_args,
             ],

@@ -47,9 +47,12 @@ def test_the_operator_killed_while_runs_come_and_go_converges_after_its_restart(
             run["metadata"]["namespace"] = namespace
         kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
 
-    def names(plural: str, group: str = "kubeflow.org", version: str = "v1") -> set[str]:
+    def uids(plural: str, group: str = "kubeflow.org", version: str = "v1") -> dict[str, str]:
         listed = custom.list_namespaced_custom_object(group, version, namespace, plural)["items"]
-        return {item["metadata"]["name"] for item in listed}
+        return {item["metadata"]["name"]: item["metadata"]["uid"] for item in listed}
+
+    def names(plural: str, group: str = "kubeflow.org", version: str = "v1") -> set[str]:
+        return set(uids(plural, group, version))
 
     def runs() -> set[str]:
         return names("atlastrainings", "atlas.arc.computer", "v1alpha1")
@@ -57,7 +60,7 @@ def test_the_operator_killed_while_runs_come_and_go_converges_after_its_restart(
     create_runs(*(f"r{i}" for i in range(RUNS // 2)))
     eventually("the operator's first job", lambda: names("pytorchjobs"), timeout=60)
     kube.cluster.supervisor.children[process].send_signal(signal.SIGKILL)  # mid-burst: some runs not reconciled yet
-    had_jobs = names("pytorchjobs")
+    had_jobs = uids("pytorchjobs")
     create_runs(*(f"r{i}" for i in range(RUNS // 2, RUNS)))
     for name in DELETED:  # a run kopf already finalized stays Terminating until the operator is back
         kube.kubectl("delete", "atlastraining", name, "-n", namespace, "--wait=false")
@@ -70,13 +73,22 @@ def test_the_operator_killed_while_runs_come_and_go_converges_after_its_restart(
     print(f"operator killed after {len(had_jobs)} of {RUNS // 2} jobs; converged {time.monotonic() - restarted:.1f} s "
           "after its restart")  # fmt: skip
 
-    created = [
-        e["objectRef"].get("name") for e in kube.cluster.control_plane.audit_events(mark)
-        if e["verb"] == "create" and e.get("objectRef", {}).get("resource") == "pytorchjobs"
-        and e["objectRef"].get("namespace") == namespace and e.get("responseStatus", {}).get("code") == 201
+    events = [
+        e for e in kube.cluster.control_plane.audit_events(mark)
+        if e.get("objectRef", {}).get("resource") == "pytorchjobs" and e["objectRef"].get("namespace") == namespace
     ]  # fmt: skip
-    # Each kept run's job made once; a deleted run's, at most once (before the kill, or never).
-    assert len(created) == len(kept) + len(had_jobs & set(DELETED)), created
+    created = Counter(e["objectRef"].get("name") for e in events
+                      if e["verb"] == "create" and e.get("responseStatus", {}).get("code") == 201)  # fmt: skip
+    # Nothing created twice, and no kept run's job deleted to be made again. (A create the SIGKILL cut short may be in
+    # etcd with its audit line saying otherwise: the answer is what the dead client did not read, so the count of
+    # 201s is not asserted, only that none repeats.)
+    assert [name for name, count in created.items() if count > 1] == [], created
+    assert not [e for e in events if e["verb"] == "delete" and e["objectRef"].get("name") in kept], events
+    assert set(created) <= kept | set(DELETED), created
+    jobs = uids("pytorchjobs")
+    assert {name: uid for name, uid in had_jobs.items() if name in kept} == {
+        name: jobs[name] for name in had_jobs if name in kept
+    }  # the same objects
 
 
 # ---------------------------------------------------------------------- the API server SIGKILLed mid-burst
