@@ -168,5 +168,10 @@ def test_a_spec_change_recreates_the_trainjob_with_a_checkpoint_volume(tmp_path)
         cluster.patch_spec(manifest, {"resources": {"nodes": 4, "gpusPerNode": 8}})
         after = wait_trainjob(cluster, "tj-change", other_than=before["metadata"]["uid"])
         assert after["spec"]["trainer"]["numNodes"] == 4
-        events = [e for e in cluster.events("tj-change") if e["reason"] == "JobRecreated"]
-        assert events and "TrainJob tj-change" in events[0]["message"]
+        # The Event is posted after the new TrainJob's create: wait for it, not for the job alone.
+        events = wait_for(
+            lambda: [e for e in cluster.events("tj-change") if e["reason"] == "JobRecreated"],
+            timeout=TIMEOUT,
+            what="the JobRecreated Event",
+        )
+        assert "TrainJob tj-change" in events[0]["message"], events
