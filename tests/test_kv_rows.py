@@ -1,5 +1,6 @@
-"""atlas_core/teaching/kv_rows.py on the tiny Llama: rows that join a running batch, leave it, and share a prompt
-prefix decode as each row does alone (the real model's answers: tests/test_real_model.py)."""
+"""atlas_core/teaching/kv_rows.py on the tiny Llama: rows that join a running batch, leave it, share a prompt
+prefix and write each step in place decode as each row does alone (the real model's answers:
+tests/test_real_model.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_rows_joining_leaving_and_sharing_a_prefix_decode_as_each_row_alone(mode
     assert kv_rows.shared_prefix_length(prompts) == len(shared)
     assert kv_rows.shared_prefix_length([torch.tensor(shared), torch.tensor(shared)]) == len(shared) - 1
     prefix = kv_rows.Prefix.of(model, prompts[0][: len(shared)])
-    fed = {row: [30 + row, 40 + row, 50 + row, 60 + row] for row in range(4)}
+    fed = {row: [30 + row, 40 + row, 50 + row, 60 + row, 70 + row] for row in range(4)}
     expected = {row: alone(model, prompts[row], fed[row]) for row in range(4)}
     seen = {row: [] for row in range(4)}
 
@@ -63,6 +64,10 @@ def test_rows_joining_leaving_and_sharing_a_prefix_decode_as_each_row_alone(mode
         running = running.select(torch.tensor([0, 2]))  # row 2 leaves: the padding only it needed goes too
         assert running.ids == [1, 3] and running.mask.shape[1] == width - 2
         feed(running)
+        keys = running.cache.layers[0].keys
+        feed(running)  # a step writes its token in place, after the filled part (kv_rows.RoomyLayer)
+        assert running.cache.layers[0].keys.data_ptr() == keys.data_ptr()
+        assert running.cache.layers[0].keys.shape[-2] == keys.shape[-2] + 1
     for row in range(4):
         assert len(seen[row]) >= 3
         for got, want in zip(seen[row], expected[row], strict=False):

@@ -120,20 +120,34 @@ def test_atlas_eval_with_the_real_model_as_teacher_and_student(tmp_path, real_mo
     assert re.search(r"delta, points", done.stdout), done.stdout[-2000:]
 
 
-@pytest.mark.parametrize(("decoding", "rows"), [("shrinking", 64), ("shrinking", 2), ("continuous", 64)])
-def test_each_decoding_gives_the_padded_batchs_greedy_answers(real_model_dir, decoding, rows):
-    """LocalStudent's generation paths (bench/real_speed.py times them): the same answers, token counts and
-    per-sample grouping as one padded ``generate``, greedy; rows of different lengths (one ends early). With two
-    rows at a time, the third joins the shrinking batch when one of them finishes."""
+QUESTIONS = ["What is 2 + 2?", "Say hi.", "What is 3 + 9?", "Say yes.", "Name a colour.", "What is 10 - 4?"]
+DECODED = [PROMPTS[0], *([{"role": "user", "content": q}] for q in QUESTIONS), *PROMPTS[1:], PROMPTS[0]]
+
+
+@pytest.fixture(scope="module")
+def padded_answers(real_model_dir):
+    """The real model, and one padded ``generate``'s greedy answers to DECODED (two samples each): what every
+    other decoding must give."""
     from atlas_core.teaching.student import LocalStudent
 
     padded = LocalStudent(str(real_model_dir))
     padded.decoding = "padded"
+    return padded, padded.generate(DECODED, max_new_tokens=32, num_samples=2, temperature=0)
+
+
+@pytest.mark.parametrize(("decoding", "rows"), [("shrinking", 64), ("shrinking", 2), ("continuous", 64)])
+def test_each_decoding_gives_the_padded_batchs_greedy_answers(padded_answers, decoding, rows):
+    """LocalStudent's generation paths (bench/real_speed.py times them): the same answers, token counts and
+    per-sample grouping as one padded ``generate``, greedy; rows of different lengths (some end early). With two
+    rows at a time, the others join the shrinking batch as rows finish."""
+    from atlas_core.teaching.student import LocalStudent
+
+    padded, expected = padded_answers
     other = LocalStudent(padded.model, padded.tokenizer)
     other.decoding, other.max_active_rows = decoding, rows
-    prompts = [PROMPTS[0], [{"role": "user", "content": "What is 2 + 2?"}], [{"role": "user", "content": "Say hi."}]]
-    expected = padded.generate(prompts, max_new_tokens=32, num_samples=2, temperature=0)
-    assert other.generate(prompts, max_new_tokens=32, num_samples=2, temperature=0) == expected
-    assert [len(group) for group in expected] == [2, 2, 2] and expected[0][0].tokens > 0
-    # the rows end at different steps, before the budget: the shrinking batch lost rows on its way
-    assert len({group[0].tokens for group in expected}) == 3 and max(g[0].tokens for g in expected) < 32, expected
+    assert other.generate(DECODED, max_new_tokens=32, num_samples=2, temperature=0) == expected
+    assert [len(group) for group in expected] == [2] * len(DECODED) and expected[0][0].tokens > 0
+    # Rows end at different steps (one at the budget): the shrinking batch lost rows on its way. With more than eight
+    # rows, a finished row stays a step before it leaves (idle steps add up to an eighth of the batch).
+    ends = sorted(group[0].tokens for group in expected)
+    assert len(set(ends)) >= 3 and ends[0] < 32 and len(DECODED) > 8, ends

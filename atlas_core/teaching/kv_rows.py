@@ -6,8 +6,10 @@ join (:meth:`Rows.join`). Rows are left-padded to a common length: a row's posit
 ``generate`` computes them), so the padding a join adds changes no row's positions, and the attention mask hides it.
 
 Joining edits the cache's per-layer tensors (transformers' ``DynamicLayer.keys``/``values``, no public API to
-concatenate two caches): :func:`joinable` is the one fence — a model whose cache has other layers (sliding windows,
-recurrent states) decodes without joins, and a changed ``DynamicLayer`` fails here loudly.
+concatenate two caches), and the cache of a joinable model is :class:`RoomyLayer`s, which write each step's token in
+place instead of copying the whole cache (``DynamicLayer.update``'s ``torch.cat``): :func:`joinable` is the one fence
+— a model whose cache has other layers (sliding windows, recurrent states) decodes without joins in transformers' own
+cache, and a changed ``DynamicLayer`` fails here loudly.
 """
 
 from __future__ import annotations
@@ -15,22 +17,73 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
 
 def joinable(model: Any) -> bool:
     """Whether ``model``'s cache is plain full-attention layers, whose tensors :meth:`Rows.join` may pad and stack."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
     layers = DynamicCache(config=model.config).layers
     if not all(type(layer) is DynamicLayer for layer in layers):
         return False
     probe = DynamicLayer()
-    if not all(hasattr(probe, name) for name in ("keys", "values", "is_initialized")):
+    if not all(hasattr(probe, name) for name in ("keys", "values", "is_initialized", "lazy_initialization")):
         raise ImportError(
-            "atlas_core.teaching.kv_rows: transformers' DynamicLayer no longer has keys/values/is_initialized "
-            "(tested with transformers 5.24.0, constraints.txt); port Rows.join"
+            "atlas_core.teaching.kv_rows: transformers' DynamicLayer no longer has keys/values/is_initialized/"
+            "lazy_initialization (tested with transformers 5.24.0, constraints.txt); port Rows.join and RoomyLayer"
         )
     return True
+
+
+class RoomyLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose ``keys``/``values`` are the filled part of buffers with room for ``room`` more
+    tokens: a decoding step writes its token in place. Whatever replaces ``keys``/``values`` (a row leaving or
+    joining, trimmed padding) is copied into new buffers at the next ``update``."""
+
+    room = 64
+    _key_buffer = _value_buffer = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self._key_buffer = _appended(self.keys, self._key_buffer, key_states, self.room)
+        self.values, self._value_buffer = _appended(self.values, self._value_buffer, value_states, self.room)
+        return self.keys, self.values
+
+
+def _appended(held, buffer, new, room: int):
+    """``held`` (``[rows, heads, length, dim]``, or empty) with ``new`` after it, as a view of ``buffer`` when
+    ``held`` is its filled part and there is room; else of a new buffer with ``room`` to spare."""
+    length = held.shape[-2] if held.dim() == 4 else 0
+    end = length + new.shape[-2]
+    in_place = (
+        buffer is not None
+        and length
+        and held.data_ptr() == buffer.data_ptr()
+        and held.shape[:2] == buffer.shape[:2]
+        and held.stride() == buffer.stride()
+        and end <= buffer.shape[-2]
+    )
+    if not in_place:
+        grown = new.new_empty((*new.shape[:2], end + room, new.shape[-1]))
+        if length:
+            grown[:, :, :length] = held
+        buffer = grown
+    buffer[:, :, length:end] = new
+    return buffer[:, :, :end], buffer
+
+
+def new_cache(model: Any, joinable: bool, room: int = 64):
+    """A cache for ``model``'s rows: of :class:`RoomyLayer`s with ``room`` tokens to grow when ``joinable`` (what
+    :func:`joinable` said of ``model``), else transformers' own."""
+    cache = DynamicCache(config=model.config)
+    if joinable:
+        cache.layers = [RoomyLayer() for _ in cache.layers]
+        for layer in cache.layers:
+            layer.room = max(1, room)
+    return cache
 
 
 @dataclass
@@ -53,9 +106,6 @@ class Rows:
 
     def join(self, other: Rows) -> Rows:
         """These rows and ``other``'s in one batch: the shorter side left-padded to the longer."""
-        import torch
-        import torch.nn.functional as F
-
         if not (self.joinable and other.joinable):
             raise ValueError("kv_rows: this model's cache cannot take joining rows (joinable() is False)")
         length = max(self.mask.shape[1], other.mask.shape[1])
@@ -72,8 +122,6 @@ class Rows:
 
     def step(self, model: Any, tokens) -> None:
         """Feed each row its next token (``tokens``, one per row): the cache grows by one, ``logits`` are the next."""
-        import torch
-
         self.mask = torch.cat([self.mask, self.mask.new_ones((self.size, 1))], dim=-1)
         self.logits = model(
             input_ids=tokens[:, None],
@@ -120,20 +168,20 @@ class Prefix:
 
     @classmethod
     def of(cls, model: Any, tokens) -> Prefix:
-        from transformers import DynamicCache
 
         cache = DynamicCache(config=model.config)
         model(input_ids=tokens[None, :], cache=cache, use_cache=True, logits_to_keep=1)
         return cls(len(tokens), [(layer.keys, layer.values) for layer in cache.layers])
 
 
-def prefill(model: Any, prompts: list, ids: list[int], joinable: bool, pad_id: int, prefix: Prefix | None) -> Rows:
-    """Rows ``ids`` (their prompts, 1-D token tensors) prefilled into a fresh cache, left-padded to the longest;
-    with ``prefix`` (a :func:`joinable` model's only), its cached tokens are copied in and only what follows them
-    is computed: the padding then sits between the prefix and the rest, hidden by the mask and skipped by the
-    positions. ``joinable``: :func:`joinable`'s verdict on ``model``."""
-    import torch
-    from transformers import DynamicCache
+def prefill(
+    model: Any, prompts: list, ids: list[int], joinable: bool, pad_id: int, prefix: Prefix | None, room: int = 64
+) -> Rows:
+    """Rows ``ids`` (their prompts, 1-D token tensors) prefilled into a fresh cache (:func:`new_cache`, ``room``
+    tokens to grow in place), left-padded to the longest; with ``prefix`` (a :func:`joinable` model's only), its
+    cached tokens are copied in and only what follows them is computed: the padding then sits between the prefix
+    and the rest, hidden by the mask and skipped by the positions. ``joinable``: :func:`joinable`'s verdict on
+    ``model``."""
 
     shared = prefix.length if prefix is not None else 0
     rests = [p[shared:] for p in prompts]
@@ -144,7 +192,7 @@ def prefill(model: Any, prompts: list, ids: list[int], joinable: bool, pad_id: i
     for row, rest in enumerate(rests):
         input_ids[row, width - len(rest) :] = rest
         mask[row, shared + width - len(rest) :] = 1
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model, joinable, room + width)  # the rest after the prefix, then the answer, in place
     if prefix is not None:
         for index, (keys, values) in enumerate(prefix.layers):
             cache.update(keys.expand(len(rests), -1, -1, -1), values.expand(len(rests), -1, -1, -1), index)

@@ -150,11 +150,11 @@ class LocalStudent:
         return [answers[i : i + num_samples] for i in range(0, len(answers), num_samples)]
 
     def _decode_shrinking(self, batch, max_new_tokens: int, num_samples: int, temperature: float) -> list[list[int]]:
-        """Decode a left-padded batch step by step, at most ``max_active_rows`` rows at a time: a row that wrote
-        its end-of-sequence token (or its last allowed one) leaves the batch and the KV cache, and waiting rows
-        are prefilled and join it (:mod:`atlas_core.teaching.kv_rows`), so a step computes only rows still writing
-        and the batch stays full while rows wait. Positions and masks as ``generate`` builds them; sampling with
-        its default top-k."""
+        """Decode a left-padded batch step by step, at most ``max_active_rows`` rows at a time: rows that wrote
+        their end-of-sequence token (or their last allowed one) leave the batch and the KV cache in groups, and
+        waiting rows are prefilled and join it (:mod:`atlas_core.teaching.kv_rows`), so a step computes mostly rows
+        still writing and the batch stays full while rows wait; a step writes in place in the cache. Positions and
+        masks as ``generate`` builds them; sampling with its default top-k."""
         import torch
 
         from atlas_core.teaching import kv_rows
@@ -180,15 +180,20 @@ class LocalStudent:
         shared = kv_rows.shared_prefix_length(prompts) if joinable and len(prompts) > 1 else 0
         prefix = kv_rows.Prefix.of(self.model, prompts[0][:shared]) if shared else None
         pad = self.tokenizer.pad_token_id
+        alive = None  # per running row: still writing (a finished row stays until enough of them leave together)
+        idle = 0  # steps computed for finished rows since rows last left
         while waiting or running is not None:
-            free = cap - (running.size if running is not None else 0)
+            free = cap - (int(alive.sum()) if running is not None else 0)
             # Admit waiting rows in groups (a prefill of one row costs about what one of a quarter batch does).
             if waiting and (running is None or free >= max(1, min(cap // 4, len(waiting)))):
+                if running is not None and not alive.all():  # the finished rows leave first, making the room
+                    running, idle = running.select(alive.nonzero().squeeze(1)), 0
                 admitted, waiting = waiting[:free], waiting[free:]
                 joined = kv_rows.prefill(
-                    self.model, [prompts[row] for row in admitted], admitted, joinable, pad, prefix
+                    self.model, [prompts[row] for row in admitted], admitted, joinable, pad, prefix, max_new_tokens
                 )
                 running = joined if running is None else running.join(joined)
+                alive = torch.ones(running.size, dtype=torch.bool, device=self.device)
             logits = running.logits
             if greedy:
                 tokens = logits.argmax(dim=-1)
@@ -198,16 +203,20 @@ class LocalStudent:
                     floor = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
                     scaled = scaled.masked_fill(scaled < floor, float("-inf"))
                 tokens = torch.multinomial(torch.softmax(scaled, dim=-1), 1).squeeze(1)
-            for row, token in zip(running.ids, tokens.tolist(), strict=True):
-                rows[row].append(token)
+            for row, token, writes in zip(running.ids, tokens.tolist(), alive.tolist(), strict=True):
+                if writes:
+                    rows[row].append(token)
             lengths = torch.tensor([len(rows[row]) for row in running.ids], device=self.device)
-            writing = ~torch.isin(tokens, end_ids) & (lengths < max_new_tokens)
-            if not writing.any():
+            alive = alive & ~torch.isin(tokens, end_ids) & (lengths < max_new_tokens)
+            if not alive.any():
                 running = None
                 continue
-            if not writing.all():  # finished rows leave the batch and the cache
-                running = running.select(writing.nonzero().squeeze(1))
-                tokens = tokens[writing]
+            # Finished rows leave the batch and the cache together: a step of a finished row costs little, a leaving
+            # copies the whole cache; they leave once their idle steps add up to an eighth of the batch.
+            idle += int((~alive).sum())
+            if idle * 8 >= running.size:
+                running, tokens = running.select(alive.nonzero().squeeze(1)), tokens[alive]
+                alive, idle = alive[alive], 0
             running.step(self.model, tokens)
         if greedy and num_samples > 1:  # greedy decoding gives one answer: each sample is that answer
             rows = [row for row in rows for _ in range(num_samples)]
