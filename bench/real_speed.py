@@ -25,11 +25,12 @@ fastest path >= 3x one at a time and >= 1.5x today's batches.
 
 Measured here (2 cores, AMD EPYC, 96-token answers and teacher completions):
 
-* 96 problems (the defaults, ``--skip-one --skip-continuous --skip-vllm``, 2026-12-06): padded batches of 32 22.37
-  problems/min, shrinking batches of 32 25.55 (1.14x), atlas eval's batch of 128, every row at once, 33.39 (1.49x:
-  MISS of the 1.5x target by 0.01); the same probes, guidance and answers on 96 of 96 problems. Two earlier runs the
-  same day: 64 rows at once, the rest joining, without the shared prefix 1.41x (179 s against 254 s), with it 1.44x
-  (182 s against 262 s); per call (one process, 96 rows): 128 rows at once 162 s, 64 at once 193 s;
+* 96 problems (the defaults, ``--skip-one --skip-continuous --skip-vllm``, 2026-12-06), the cache written in place
+  (atlas_core/teaching/kv_rows.py's RoomyLayer), finished rows leaving in groups: padded batches of 32 21.02
+  problems/min (274 s), shrinking batches of 32 25.53 (1.21x), atlas eval's batch of 128, every row at once, 36.10
+  (1.72x); a second run 1.59x (268 s, 240 s, 168 s); the same probes, guidance and answers on 96 of 96 problems
+  in both. Before the in-place cache, the same day: 1.49x (258 s against 172 s), and with 64 rows at once, the rest
+  joining, 1.41x and 1.44x; in one process, the 96 problems in one batch 150.5 s in place against 167.6 s;
 * 64 problems, batch 32, before rows joined or shared a prefix: padded 27.55 problems/min, shrinking 28.59 (1.04x),
   shrinking in one batch of 64 31.69 (1.15x); the same probes, guidance and answers on 64 of 64 problems;
 * 8 problems, batch 8 (before the shrinking path): one at a time 4.13 problems/min, padded 12.48 (3.02x),
@@ -43,11 +44,12 @@ step of 32 rows costs vLLM about what it costs transformers; bfloat16 halves the
 AMX and AVX512-BF16) at the price of other answers.
 
 On 2 CPU cores a decoding step of this 135M-parameter model costs 71 ms for 1 row, 169 ms for 32, 252 ms for 64
-and 358 ms for 96 (a 100-token cache), so a row leaving the batch saves little; what saves time is more rows per step
-and fewer prompt tokens to prefill (each prompt's 27 to 81 tokens of template and instructions, about half of them),
-and the longest answer still sets the number of steps. transformers' continuous batching runs paged attention in eager
-Python on CPU and loses what it saves on padding; on a GPU (flash or SDPA paged kernels) the balance differs and is
-not measured here.
+and 358 ms for 96 (a 100-token cache), so a row leaving the batch saves little; what saves time is more rows per step,
+fewer prompt tokens to prefill (each prompt's 27 to 81 tokens of template and instructions, about half of them) and
+no copy of the cache per step (96 rows, a 200-token cache: 347-429 ms a step in place against 455-499 ms with
+transformers' ``torch.cat``), and the longest answer still sets the number of steps. transformers' continuous
+batching runs paged attention in eager Python on CPU and loses what it saves on padding; on a GPU (flash or SDPA
+paged kernels) the balance differs and is not measured here.
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench.real_speed [--problems 96] [--batch 32] [--student-tokens 96]
 """

@@ -1,7 +1,7 @@
 """Rows of a batched decode that come and go: the running rows' KV cache, attention mask and next-token logits.
 
 ``LocalStudent``'s shrinking decoding (atlas_core/teaching/student.py) keeps at most its ``max_active_rows`` rows
-writing; a row that finished leaves (:meth:`Rows.select`) and rows that waited are prefilled (:func:`prefill`) and
+writing; rows that finished leave (:meth:`Rows.select`) and rows that waited are prefilled (:func:`prefill`) and
 join (:meth:`Rows.join`). Rows are left-padded to a common length: a row's positions come from its own mask (as
 ``generate`` computes them), so the padding a join adds changes no row's positions, and the attention mask hides it.
 

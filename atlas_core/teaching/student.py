@@ -65,11 +65,11 @@ class LocalStudent:
     """A model loaded frozen: no gradients, eval mode; on ``device`` or, with ``offload``, on CPU."""
 
     #: How a batch of conversations is decoded (bench/real_speed.py compares them, side by side):
-    #: ``"shrinking"`` (the default) — one left-padded batch whose finished rows leave it, so that each step
-    #: computes only the rows still writing (the KV cache is cut to them); ``"padded"`` — one ``model.generate``
-    #: over the batch, which computes every row until the longest one ends; ``"continuous"`` — transformers'
-    #: continuous batching (``model.generate_batch``, paged attention), slower on CPU. Greedy decoding gives the
-    #: same tokens on each.
+    #: ``"shrinking"`` (the default) — one left-padded batch whose finished rows leave it, so that a step
+    #: computes mostly the rows still writing (the KV cache is cut to them, and each step writes in place);
+    #: ``"padded"`` — one ``model.generate`` over the batch, which computes every row until the longest one ends;
+    #: ``"continuous"`` — transformers' continuous batching (``model.generate_batch``, paged attention), slower on
+    #: CPU. Greedy decoding gives the same tokens on each.
     decoding: str = "shrinking"
     DECODINGS = ("shrinking", "padded", "continuous")
     #: The most rows a shrinking batch decodes at once; a call with more waits its turn, a waiting row joining as
