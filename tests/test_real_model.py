@@ -135,10 +135,10 @@ def padded_answers(real_model_dir):
     return padded, padded.generate(DECODED, max_new_tokens=32, num_samples=2, temperature=0)
 
 
-@pytest.mark.parametrize(("decoding", "rows"), [("shrinking", 64), ("shrinking", 2), ("continuous", 64)])
+@pytest.mark.parametrize(("decoding", "rows"), [("shrinking", 64), ("shrinking", 4), ("continuous", 64)])
 def test_each_decoding_gives_the_padded_batchs_greedy_answers(padded_answers, decoding, rows):
     """LocalStudent's generation paths (bench/real_speed.py times them): the same answers, token counts and
-    per-sample grouping as one padded ``generate``, greedy; rows of different lengths (some end early). With two
+    per-sample grouping as one padded ``generate``, greedy; rows of different lengths (some end early). With four
     rows at a time, the others join the shrinking batch as rows finish."""
     from atlas_core.teaching.student import LocalStudent
 
