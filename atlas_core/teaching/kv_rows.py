@@ -42,8 +42,10 @@ class RoomyLayer(DynamicLayer):
     tokens: a decoding step writes its token in place. Whatever replaces ``keys``/``values`` (a row leaving or
     joining, trimmed padding) is copied into new buffers at the next ``update``."""
 
-    room = 64
-    _key_buffer = _value_buffer = None
+    def __init__(self, room: int):
+        super().__init__()
+        self.room = max(1, room)
+        self._key_buffer = self._value_buffer = None
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
@@ -80,9 +82,7 @@ def new_cache(model: Any, joinable: bool, room: int = 64):
     :func:`joinable` said of ``model``), else transformers' own."""
     cache = DynamicCache(config=model.config)
     if joinable:
-        cache.layers = [RoomyLayer() for _ in cache.layers]
-        for layer in cache.layers:
-            layer.room = max(1, room)
+        cache.layers = [RoomyLayer(room) for _ in cache.layers]
     return cache
 
 
@@ -168,7 +168,6 @@ class Prefix:
 
     @classmethod
     def of(cls, model: Any, tokens) -> Prefix:
-
         cache = DynamicCache(config=model.config)
         model(input_ids=tokens[None, :], cache=cache, use_cache=True, logits_to_keep=1)
         return cls(len(tokens), [(layer.keys, layer.values) for layer in cache.layers])
@@ -182,7 +181,6 @@ def prefill(
     cached tokens are copied in and only what follows them is computed: the padding then sits between the prefix
     and the rest, hidden by the mask and skipped by the positions. ``joinable``: :func:`joinable`'s verdict on
     ``model``."""
-
     shared = prefix.length if prefix is not None else 0
     rests = [p[shared:] for p in prompts]
     width = max(len(r) for r in rests)
@@ -192,7 +190,8 @@ def prefill(
     for row, rest in enumerate(rests):
         input_ids[row, width - len(rest) :] = rest
         mask[row, shared + width - len(rest) :] = 1
-    cache = new_cache(model, joinable, room + width)  # the rest after the prefix, then the answer, in place
+    # With a prefix, its copy is the first update: room for the rest of the prompts, then the answer, in place.
+    cache = new_cache(model, joinable, room + width if prefix is not None else room)
     if prefix is not None:
         for index, (keys, values) in enumerate(prefix.layers):
             cache.update(keys.expand(len(rests), -1, -1, -1), values.expand(len(rests), -1, -1, -1), index)
