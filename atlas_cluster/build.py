@@ -6,6 +6,8 @@ python -m atlas_cluster.build --print    # print the bin folder (builds first if
 python -m atlas_cluster.build --controllers jobset,kueue,trainer,training-operator
                                          # and these backends' controllers, each into
                                          # $ATLAS_CACHE_DIR/kube/controllers/<name>-<version>/bin
+python -m atlas_cluster.build --s3       # only the S3-compatible server (Versity's S3 Gateway, for
+                                         # atlas cluster up --s3) into $ATLAS_CACHE_DIR/s3/versitygw-<version>/bin
 
 The control plane does not install with a plain ``go install``, so each binary is built in a wrapper module:
 - etcd: its server module replaces its sibling modules by relative paths, which ``go install`` refuses; required
@@ -19,6 +21,8 @@ The control plane does not install with a plain ``go install``, so each binary i
   there, rather than ``go install MODULE/cmd/...@VERSION``: one way for every binary, the same ``_link`` into a
   folder of ours (``go install`` writes to GOBIN), and the dependency versions its go.mod asks for, as a user's
   ``go get`` resolves them.
+- the S3 server (``versitygw``, atlas_cluster/s3.py runs it) the same way as a controller: its go.mod has no
+  replace, but one way for every binary.
 
 Each binary is linked to a temporary name and renamed into place: a build interrupted or run twice at once never
 leaves a half-written binary. The Go module and build caches (``go env GOMODCACHE``, ``GOCACHE``) make a rebuild
@@ -39,6 +43,7 @@ from pathlib import Path
 
 from atlas_cluster import versions
 from atlas_cluster.paths import kube_root
+from atlas_contract.cache import cache_root
 
 ETCD_BINARIES = ("etcd",)
 KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -205,6 +210,35 @@ def ensure_controllers(names: tuple[str, ...], bin_dir: Path | None = None, log=
     return found
 
 
+def s3_server_binary() -> Path:
+    """Where the S3 server's binary is (built or not): ``$ATLAS_CACHE_DIR/s3/versitygw-<version>/bin/versitygw``."""
+    return cache_root() / "s3" / versions.s3_server_key() / "bin" / "versitygw"
+
+
+def build_s3_server(go: str, binary: Path) -> None:
+    wrapper = binary.parent.parent / "src"
+    _wrapper(wrapper, "atlas.local/versitygw-build", f"\nrequire {versions.VERSITYGW_MODULE} {versions.VERSITYGW}\n")
+    (wrapper / "tools.go").write_text(f'//go:build tools\n\npackage tools\n\nimport _ "{versions.VERSITYGW_PACKAGE}"\n')
+    _run(go, ["mod", "tidy"], wrapper, "versitygw")
+    stamp = f"-X main.Version={versions.VERSITYGW} -X main.Build={versions.VERSITYGW_MODULE}"  # as its Makefile
+    _link(go, wrapper, {binary.name: versions.VERSITYGW_PACKAGE}, binary.parent, f"-s -w {stamp}")
+
+
+def ensure_s3_server(binary: Path | None = None, log=None) -> Path:
+    """The S3 server's binary (at ``binary`` instead of its cache folder when given), built from its Go module when
+    missing (about 2 minutes cold on 2 cores, once per machine)."""
+    binary = binary or s3_server_binary()
+    if not os.access(binary, os.X_OK):
+        say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        go = go_binary()
+        say(f"atlas cluster: building versitygw {versions.VERSITYGW} from the Go module proxy into {binary.parent}")
+        started = time.monotonic()
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        build_s3_server(go, binary)
+        say(f"atlas cluster: built versitygw in {time.monotonic() - started:.0f} s")
+    return binary
+
+
 def ensure_built(bin_dir: Path | None = None, log=None) -> Path:
     """The bin folder with every control-plane binary, building what is missing (minutes, once per machine)."""
     bin_dir = bin_dir or default_bin_dir()
@@ -240,7 +274,7 @@ def ensure_built(bin_dir: Path | None = None, log=None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m atlas_cluster.build", description=__doc__.splitlines()[0])
     parser.add_argument("--bin-dir", type=Path, help="build into this folder (default: the cache's)")
-    parser.add_argument("--print", action="store_true", help="print the bin folder when done")
+    parser.add_argument("--print", action="store_true", help="print the bin folder (with --s3: the binary) when done")
     parser.add_argument(
         "--controllers",
         default="",
@@ -248,19 +282,29 @@ def main(argv: list[str] | None = None) -> int:
         help=f"also build these backends' controllers, comma-separated ({','.join(versions.CONTROLLERS)}; "
         "default none)",
     )
+    parser.add_argument(
+        "--s3",
+        action="store_true",
+        help="build only the S3-compatible server (versitygw; atlas cluster up --s3), not the control plane",
+    )
     args = parser.parse_args(argv)
     try:
         names = parse_controllers(args.controllers)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.s3 and names:
+        parser.error("--s3 builds only the S3 server: build the controllers in a run of their own")
     try:
-        bin_dir = ensure_built(args.bin_dir)
-        ensure_controllers(names)
+        if args.s3:
+            binary = ensure_s3_server()
+        else:
+            bin_dir = ensure_built(args.bin_dir)
+            ensure_controllers(names)
     except BuildError as exc:
         print(f"atlas cluster: {exc}", file=sys.stderr)
         return 1
     if args.print:
-        print(bin_dir)
+        print(binary if args.s3 else bin_dir)
     return 0
 
 

@@ -6,6 +6,10 @@ atlas cluster up --bin-dir DIR    # binaries from DIR (setup-envtest's folder wo
 atlas cluster up --controllers jobset,kueue,trainer,training-operator
                                   # also the backends' real controllers, webhooks serving (built once, minutes)
 atlas cluster up --nodes 2        # and two process nodes that run the pods (the real kube-scheduler; root)
+atlas cluster up --s3             # and an S3-compatible server (versitygw, built once) with a bucket `atlas`, its
+                                  # credentials in the Secret default/atlas-s3; also prints export AWS_ENDPOINT_URL=…
+                                  # AWS_ACCESS_KEY_ID=… AWS_SECRET_ACCESS_KEY=… ($ATLAS_S3_BIN: the binary to run)
+atlas cluster status              # the running processes, and the exports
 atlas cluster down                # stop every process it started and remove the cluster's folder
 """
 
@@ -20,13 +24,16 @@ from pathlib import Path
 import yaml
 
 from atlas_cluster import versions
-from atlas_cluster.build import BuildError, ensure_built, ensure_controllers, parse_controllers
-from atlas_cluster.cluster import STOP_ORDER, ClusterError, LocalCluster
+from atlas_cluster.build import BuildError, ensure_built, ensure_controllers, ensure_s3_server, parse_controllers
+from atlas_cluster.cluster import S3_SECRET, S3_SECRET_NAMESPACE, STOP_ORDER, ClusterError, LocalCluster
 from atlas_cluster.controllers import ControllerError
 from atlas_cluster.paths import DEFAULT_CLUSTER, cluster_dir
 from atlas_cluster.processes import ProcessFailed, Supervisor
+from atlas_cluster.s3 import DEFAULT_BUCKET, S3Server, export_line
+from atlas_cluster.s3 import PROCESS as S3
 
 BIN_ENV = "ATLAS_KUBE_BIN"
+S3_BIN_ENV = "ATLAS_S3_BIN"  # the versitygw binary to run (default: built from its Go module into the cache)
 
 
 def _say(line: str) -> None:
@@ -49,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="action", required=True)
     up = commands.add_parser("up", help="start a local cluster with the CRDs, the chart and the operator")
     down = commands.add_parser("down", help="stop the local cluster and remove its folder")
-    status = commands.add_parser("status", help="the cluster's processes and kubeconfig")
+    status = commands.add_parser("status", help="the cluster's processes, kubeconfig and S3 exports")
     for command in (up, down, status):
         command.add_argument("--name", default=DEFAULT_CLUSTER, help=f"cluster name (default {DEFAULT_CLUSTER})")
     up.add_argument(
@@ -79,6 +86,14 @@ def parser() -> argparse.ArgumentParser:
         help=f"also run these backends' upstream controllers, comma-separated ({','.join(versions.CONTROLLERS)}; "
         "default none); built from the Go modules into the cache the first time",
     )
+    up.add_argument(
+        "--s3",
+        action="store_true",
+        help=f"also run an S3-compatible server (versitygw {versions.VERSITYGW}, built from its Go module the first "
+        f"time; ${S3_BIN_ENV}: a binary instead) with an empty bucket `{DEFAULT_BUCKET}`, its credentials and "
+        f"the address pods reach in the Secret {S3_SECRET_NAMESPACE}/{S3_SECRET}; prints export AWS_ENDPOINT_URL=… "
+        "AWS_ACCESS_KEY_ID=… AWS_SECRET_ACCESS_KEY=… for the host",
+    )
     return parser
 
 
@@ -95,6 +110,9 @@ def up(args: argparse.Namespace) -> int:
     try:
         bin_dir = args.bin_dir or ensure_built(log=_say)
         binaries = ensure_controllers(controllers, log=_say)
+        s3_binary = None
+        if args.s3:
+            s3_binary = Path(os.environ[S3_BIN_ENV]) if os.environ.get(S3_BIN_ENV) else ensure_s3_server(log=_say)
         cluster = LocalCluster(
             directory,
             Path(bin_dir),
@@ -105,6 +123,7 @@ def up(args: argparse.Namespace) -> int:
             controller_binaries=binaries,
             nodes=args.nodes,
             gpus_per_node=args.gpus_per_node,
+            s3_binary=s3_binary,
         )
         cluster.up()
     except (BuildError, ClusterError, ControllerError, ProcessFailed, FileNotFoundError) as exc:
@@ -114,6 +133,8 @@ def up(args: argparse.Namespace) -> int:
         return 1
     _say(f"atlas cluster: logs in {cluster.logs}; stop it with: atlas cluster down --name {args.name}")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
+    if cluster.s3 is not None:
+        print(export_line(cluster.s3.env()))
     return 0
 
 
@@ -136,6 +157,11 @@ def status(args: argparse.Namespace) -> int:
     for name, pid in running.items():
         print(f"{name}: pid {pid}")
     print(f"export KUBECONFIG={directory / 'admin.kubeconfig'}")
+    s3 = S3Server.load(directory / S3, Path(), Supervisor(directory)) if S3 in running else None
+    if s3 is not None:
+        print(f"# S3 server on {', '.join(s3.hosts)} port {s3.port}: bucket {DEFAULT_BUCKET}, data in {s3.data}, "
+              f"Secret {S3_SECRET_NAMESPACE}/{S3_SECRET} for the pods")  # fmt: skip
+        print(export_line(s3.env()))
     return 0
 
 

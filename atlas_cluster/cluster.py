@@ -1,6 +1,7 @@
 """A local Kubernetes without Docker: the control plane (atlas_cluster/controlplane.py), the project's CRDs and chart
 installed with the real ``helm``, the backends' CRDs from their upstream modules, and the operator started as a
-process under its chart's ServiceAccount — never as admin, so every request it makes is judged by RBAC.
+process under its chart's ServiceAccount — never as admin, so every request it makes is judged by RBAC. Optionally
+an S3-compatible server (atlas_cluster/s3.py) beside it, with its credentials in the Secret ``default/atlas-s3``.
 
 This package imports neither half of the project: the chart and CRDs are files, the operator is ``atlas operator``
 in a process, configured from the environment the chart's own Deployment gives it.
@@ -24,8 +25,10 @@ from atlas_cluster.build import BuildError, go_binary, module_dir
 from atlas_cluster.controllers import controller_crd_files, start_controllers
 from atlas_cluster.controlplane import STOP_ORDER as CONTROL_PLANE_STOP_ORDER
 from atlas_cluster.controlplane import ControlPlane, kubeconfig, write_kubeconfig
-from atlas_cluster.podnet import with_cluster_names
+from atlas_cluster.podnet import PodNetwork, with_cluster_names
 from atlas_cluster.processes import Supervisor
+from atlas_cluster.s3 import DEFAULT_BUCKET, S3Server
+from atlas_cluster.s3 import PROCESS as S3
 from atlas_cluster.tools import helm_binary, kubectl_binary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,9 +37,11 @@ RELEASE = "atlas"
 RELEASE_NAMESPACE = "atlas-system"
 OPERATOR = "operator"
 NODES = "nodes"
+S3_SECRET = "atlas-s3"  # in S3_SECRET_NAMESPACE: AWS_ENDPOINT_URL (as the pods reach it), AWS_ACCESS_KEY_ID, …
+S3_SECRET_NAMESPACE = "default"
 # `down` stops what depends on the API server first (the nodes delete their Node objects and pods on the way out),
-# etcd last.
-STOP_ORDER = (OPERATOR, *versions.CONTROLLERS, NODES, "kube-scheduler", *CONTROL_PLANE_STOP_ORDER)
+# the S3 server once no pod uses it, etcd last.
+STOP_ORDER = (OPERATOR, *versions.CONTROLLERS, NODES, S3, "kube-scheduler", *CONTROL_PLANE_STOP_ORDER)
 TOKEN_SECONDS = 7 * 24 * 3600  # the operator's token: a local cluster is not meant to live longer
 # The environment the operator process keeps from ours (the rest comes from the chart's Deployment).
 HOST_ENV = ("PATH", "HOME", "LANG", "TMPDIR", "PYTHONPATH", "ATLAS_CACHE_DIR", "VIRTUAL_ENV")
@@ -106,9 +111,13 @@ class LocalCluster:
     nodes: int = 0
     gpus_per_node: int = 8
     apiserver_args: tuple[str, ...] = ()  # extra kube-apiserver flags (e.g. --watch-cache=false)
+    # An S3-compatible server (atlas_cluster/s3.py, this binary) started after the nodes, its data in s3/data of the
+    # cluster's folder, the bucket DEFAULT_BUCKET made, and its credentials in the Secret default/atlas-s3.
+    s3_binary: Path | None = None
 
     def __post_init__(self) -> None:
         self.supervisor = Supervisor(self.directory)
+        self.s3: S3Server | None = None
         self.control_plane = ControlPlane(self.directory, self.bin_dir, self.supervisor, self.apiserver_args)
 
     @property
@@ -139,6 +148,8 @@ class LocalCluster:
             start_controllers(self, self.controllers, self.controller_binaries, self.log)
         if self.nodes:
             self.start_nodes()
+        if self.s3_binary:
+            self.start_s3(self.s3_binary)
         self.install_chart(self.chart_values)
         if self.start_operator:
             self.start_operator_process()
@@ -166,6 +177,36 @@ class LocalCluster:
         log = self.supervisor.log(NODES)
         self.supervisor.wait_until(NODES, lambda: "process nodes ready" in log.read_text(), 120, "process nodes")
         self.log(f"atlas cluster: {self.nodes} process node(s) ready, {self.gpus_per_node} fake GPUs each")
+
+    def pod_gateway(self) -> str | None:
+        """The host's address on the pods' bridge (what a pod's default route goes through), once process nodes
+        run; None without them."""
+        try:
+            state = json.loads((self.directory / NODES / "network.json").read_text())  # ProcessNodes' workdir
+        except (OSError, ValueError):
+            return None
+        return PodNetwork(self.directory / NODES, state["prefix"], state["cidr"]).gateway
+
+    def start_s3(self, binary: Path) -> S3Server:
+        """The S3 server on 127.0.0.1 and, with process nodes, on the pods' gateway too (at one port), the bucket
+        ``atlas``, and the Secret default/atlas-s3 with the address the pods reach."""
+        gateway = self.pod_gateway()
+        hosts = ("127.0.0.1", gateway) if gateway else ("127.0.0.1",)
+        self.s3 = S3Server(self.directory / S3, binary, self.supervisor, hosts).start()
+        self.s3.create_bucket(DEFAULT_BUCKET)
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": S3_SECRET, "namespace": S3_SECRET_NAMESPACE},
+            "type": "Opaque",
+            "stringData": self.s3.env(hosts[-1]),
+        }
+        # From stdin: the secret is in no file and on no command line.
+        kubectl(self.kubeconfig, "apply", "--server-side", "--force-conflicts", "--field-manager=atlas-cluster",
+                "-f", "-", input=json.dumps(secret))  # fmt: skip
+        self.log(f"atlas cluster: S3 server on {', '.join(hosts)} port {self.s3.port} (bucket {DEFAULT_BUCKET}; "
+                 f"Secret {S3_SECRET_NAMESPACE}/{S3_SECRET})")  # fmt: skip
+        return self.s3
 
     # ------------------------------------------------------------------ installing
 

@@ -1,5 +1,5 @@
 """The one file that pins the real Kubernetes this project is proven on: the control plane built from the upstream
-Go modules, and the modules whose CRDs a local cluster installs.
+Go modules, the modules whose CRDs a local cluster installs, and the S3-compatible server it can run.
 
 Change a version here and nowhere else: the build (atlas_cluster/build.py) keys its cache folder on these, so a new
 pin builds anew beside the old one, and the backends' CRDs are read from the modules at these versions.
@@ -20,6 +20,12 @@ JOBSET = "v0.12.0"  # sigs.k8s.io/jobset
 TRAINER = "v2.3.0"  # github.com/kubeflow/trainer/v2
 TRAINING_OPERATOR = "v1.9.4"  # github.com/kubeflow/training-operator (PyTorchJob)
 KUEUE = "v0.19.2"  # sigs.k8s.io/kueue
+
+# The S3-compatible server of `atlas cluster up --s3` and of the tests' fixture (atlas_cluster/s3.py): Versity's S3
+# Gateway on its POSIX backend (a bucket is a top-level folder of its data folder), built from its module.
+VERSITYGW = "v1.8.0"  # github.com/versity/versitygw (go 1.25)
+VERSITYGW_MODULE = "github.com/versity/versitygw"
+VERSITYGW_PACKAGE = "github.com/versity/versitygw/cmd/versitygw"
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,11 @@ CONTROLLERS: dict[str, Controller] = {
 def control_plane_key() -> str:
     """The cache folder's name: every version its binaries are built from."""
     return f"kubernetes-{KUBERNETES}_etcd-{ETCD}"
+
+
+def s3_server_key() -> str:
+    """The S3 server's cache folder's name: a new pin builds anew beside the old one."""
+    return f"versitygw-{VERSITYGW}"
 
 
 def controller_key(controller: Controller) -> str:

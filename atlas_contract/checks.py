@@ -178,7 +178,12 @@ def model_reference(ref: str) -> str:
 
 def model_problems(ref: str, field: str = "model", builtins: tuple[str, ...] = ()) -> list[str]:
     """Problems of a model reference that can be checked here: a local folder that is missing or not
-    a saved model, an unknown builtin. Hub ids and endpoints are checked when they are used."""
+    a saved model, an unknown builtin, a malformed ``s3://``/``pvc://``/``hf://`` URI (atlas_contract/sources.py).
+    Hub ids, endpoints and what a URI holds are checked when they are used."""
+    from atlas_contract import sources
+
+    if ref.startswith((sources.S3_SCHEME, sources.PVC_SCHEME, sources.HUB_SCHEME)):
+        return sources.uri_problems(ref, field)
     kind = model_reference(ref)
     if kind == "builtin":
         if builtins and ref not in builtins:

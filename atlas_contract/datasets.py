@@ -112,6 +112,10 @@ def missing_split(source: str, split: str, splits: list[str], field: str, evalua
 
 
 def _path_problems(source: str, name: Callable[[str], str]) -> list[str]:
+    from atlas_contract import sources
+
+    if source.startswith((sources.S3_SCHEME, sources.PVC_SCHEME)):  # what it holds is checked once it is fetched
+        return sources.uri_problems(source, name("source"))
     if source.startswith(HUB_SCHEME):
         return [] if source.removeprefix(HUB_SCHEME).strip("/") else [f"{name('source')}: expected hf://org/name"]
     path = Path(os.path.expanduser(source))

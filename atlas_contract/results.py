@@ -62,10 +62,17 @@ def one_line(text: str, limit: int = MAX_EVALUATION_ERROR) -> str:
 
 
 def result_message(
-    step: int, reward: float | None, evaluation: dict[str, Any] | None = None, evaluation_error: str | None = None
+    step: int,
+    reward: float | None,
+    evaluation: dict[str, Any] | None = None,
+    evaluation_error: str | None = None,
+    output: dict[str, Any] | None = None,
+    export_error: dict[str, str] | None = None,
 ) -> str:
     """The termination message of a finished trainer: compact JSON, always under the size limit.
-    ``evaluation_error``: the evaluation after training failed (the trained run did not)."""
+    ``evaluation_error``: the evaluation after training failed (the trained run did not). ``output``: the export
+    (``{uri, files, bytes}``, ``.status.output``); ``export_error``: ``{reason, message}`` of an export that failed
+    (condition ``Exported=False``; the trainer exits non-zero so its job retries the export alone)."""
     result: dict[str, Any] = {"step": int(step)}
     if reward is not None and math.isfinite(reward):
         result["reward"] = round(float(reward), 6)
@@ -75,6 +82,13 @@ def result_message(
         }
     if evaluation_error:
         result["evaluationError"] = one_line(evaluation_error)
+    if output:
+        result["output"] = {"uri": str(output["uri"]), "files": int(output["files"]), "bytes": int(output["bytes"])}
+    if export_error:
+        result["exportError"] = {
+            "reason": one_line(export_error.get("reason", "ExportFailed"), 64),
+            "message": one_line(export_error.get("message", "")),
+        }
     text = json.dumps(result, separators=(",", ":"), sort_keys=True)
     if len(text.encode()) > MAX_MESSAGE_BYTES:  # cannot happen with the fixed keys above; stay safe anyway
         text = json.dumps({"step": int(step)})
@@ -118,6 +132,21 @@ def parse_result(text: str | None) -> tuple[dict[str, Any] | None, list[str]]:
     error = raw.get("evaluationError")
     if isinstance(error, str) and error.strip():
         result["evaluationError"] = one_line(error)
+    output = raw.get("output")
+    if (
+        isinstance(output, dict)
+        and isinstance(output.get("uri"), str)
+        and all(
+            _number(output.get(k), integer=True) and 0 <= output[k] <= MAX_STATUS_INTEGER for k in ("files", "bytes")
+        )
+    ):
+        result["output"] = {"uri": output["uri"][:1024], "files": int(output["files"]), "bytes": int(output["bytes"])}
+    export_error = raw.get("exportError")
+    if isinstance(export_error, dict) and isinstance(export_error.get("message"), str):
+        result["exportError"] = {
+            "reason": one_line(str(export_error.get("reason") or "ExportFailed"), 64),
+            "message": one_line(export_error["message"]),
+        }
     return result, dropped
 
 

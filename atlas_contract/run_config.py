@@ -177,6 +177,29 @@ def _number_list(reader: FieldReader, key: str) -> tuple[float, ...] | None:
     return None
 
 
+@dataclass(frozen=True)
+class OutputSettings:
+    """run.yaml's ``output``: where rank 0 exports the trained model when training succeeds (AtlasTraining and
+    AtlasTeacher ``spec.output``; atlas_core/sources/export.py)."""
+
+    uri: str
+    """``s3://bucket/prefix``, ``pvc://claim/path`` or ``hf://org/name`` (atlas_contract/sources.py)."""
+    merge: bool = False
+    """A LoRA run: also the adapter merged into the base model (a full run's export is its model either way)."""
+
+    KEYS = ("uri", "merge")
+
+    @classmethod
+    def read(cls, reader: FieldReader) -> OutputSettings:
+        reader.unknown_keys(cls.KEYS)
+        return cls(
+            uri=reader.text("uri", "", required="s3://…, pvc://… or hf://…"), merge=bool(reader.raw.get("merge"))
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"uri": self.uri, "merge": self.merge}
+
+
 def _names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
 
@@ -207,6 +230,8 @@ class RunConfig:
     """algorithm teacher: the frozen student — a hub id, a path, builtin://tiny-llama or an OpenAI-compatible URL."""
     evaluation: EvaluationSettings | None = None
     """algorithm teacher: the evaluation after training; None = none."""
+    output: OutputSettings | None = None
+    """Where the trained model is exported when training succeeds; None = it stays in ``output_dir`` only."""
     teaching: TeachingSettings | None = field(init=False, compare=False)
     """algorithm teacher: the teaching protocol, read from ``trainer`` (its unstated fields at their defaults); else
     None. Derived, not stored twice: ``trainer`` stays what the file says, so the file round-trips byte for byte."""
@@ -220,6 +245,7 @@ class RunConfig:
         "output_dir",
         "resume",
         "evaluation",
+        "output",
         "dataset",
         "reward",
         "trainer",
@@ -252,6 +278,7 @@ class RunConfig:
             trainer=_trainer(reader, teacher),
             student=_student(reader, teacher),
             evaluation=_evaluation(reader, algorithm),
+            output=_output(reader),
         )
         if problems:
             raise InvalidFields(problems)
@@ -273,6 +300,8 @@ class RunConfig:
             config["student"] = self.student
         if self.evaluation is not None:
             config["evaluation"] = self.evaluation.to_dict()
+        if self.output is not None:
+            config["output"] = self.output.to_dict()
         return config
 
     def evaluation_source(self) -> str | None:
@@ -298,6 +327,16 @@ def _student(reader: FieldReader, teacher: bool) -> str | None:
         reader.problems.append(f"student: required for algorithm teacher ({STUDENT_KINDS})")
         return None
     return reader.text("student")
+
+
+def _output(reader: FieldReader) -> OutputSettings | None:
+    section = reader.raw.get("output")
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        reader.problems.append(f"output: expected a mapping (uri, merge) or null, got {bounded_repr(section)}")
+        return None
+    return OutputSettings.read(FieldReader(section, "output", reader.problems))
 
 
 def _evaluation(reader: FieldReader, algorithm: Any) -> EvaluationSettings | None:

@@ -1,5 +1,6 @@
-"""Shared fixtures: the offline tiny model (built once per session), a warmed-up copy, and the trainer metrics
-cleared. Helpers the tests import are in tests/support/ (env.py: REPO, PYTHON, free_port, python_env)."""
+"""Shared fixtures: the offline tiny model (built once per session), a warmed-up copy, the trainer metrics
+cleared, and a real S3-compatible server (``s3_server``, tests/support/s3.py). Helpers the tests import are in
+tests/support/ (env.py: REPO, PYTHON, free_port, python_env)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,15 @@ def warm_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     trainer.train()
     trainer.save_model(str(out / "model"))
     return out / "model"
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3-compatible server (versitygw, make s3) on 127.0.0.1 for the session: ``endpoint``, ``access_key``,
+    ``secret_key``, ``region``, ``bucket(name)``, ``env()``, ``client()`` (tests/support/s3.py)."""
+    from tests.support.s3 import s3_server as start
+
+    yield from start(tmp_path_factory)
 
 
 @pytest.fixture

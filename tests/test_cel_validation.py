@@ -67,9 +67,38 @@ DATASETS = (
     {"source": "builtin://teacher-multistep", "split": "test"},
     {"source": "builtin://nothing"},
     {"source": "hf://org/data", "split": "whatever"},
+    {"source": "s3://data/train.jsonl"},
+    {"source": "s3://"},
+    {"source": "pvc://"},
+    {"source": "hf://"},
+)
+# URIs around each source rule's edge (atlas_contract/sources.py): valid, and one that cannot be, per scheme.
+MODELS = (
+    "builtin://tiny-llama",
+    "s3://models/tiny",
+    "s3://",
+    "s3://Bad_Bucket/m",
+    "pvc://models/tiny",
+    "pvc://",
+    "hf://org/model",
+    "hf://",
+)
+OUTPUTS = (
+    None,
+    {"uri": "s3://out/run"},
+    {"uri": "s3://"},
+    {"uri": "pvc://out/run"},
+    {"uri": "pvc://"},
+    {"uri": "hf://org/teacher"},
+    {"uri": "hf://"},
+    {"uri": "/checkpoints/out"},
 )
 EVALUATIONS = (
     {},
+    {"dataset": {"source": "s3://held-out/test.jsonl"}},
+    {"dataset": {"source": "pvc://"}},
+    {"dataset": {"source": "s3://x"}},
+    {"dataset": {"source": "hf://"}},
     {"samples": 2},
     {"dataset": {"split": "train"}},
     {"dataset": {"split": "dev"}},
@@ -102,6 +131,8 @@ def variants(count: int, seed: int = 33) -> list[dict[str, Any]]:
         spec["training"].update(pick({}, {}, *({key: value} for key, value in GRPO_ONLY_VALUES.items())))
         spec["training"].update(pick({}, {}, {}, {}, {"extra": {}}, {"extra": {"steps_per_generation": 2}}))
         spec["dataset"] = pick(*DATASETS)
+        spec["model"] = pick(*MODELS)
+        spec["output"] = pick(*OUTPUTS)
         if kind == "AtlasTraining":
             spec["algorithm"] = pick(None, "grpo", "sft")
         rollout = some(
@@ -135,6 +166,7 @@ def variants(count: int, seed: int = 33) -> list[dict[str, Any]]:
         )
         if kind == "AtlasTeacher":
             spec["evaluation"] = pick(None, None, *EVALUATIONS)
+            spec["student"]["model"] = pick(*MODELS)
             spec["student"]["rollout"] = some(
                 replicas=(None, 0, 1, 2, 3), gpus=(None, 1, 2, 3), tensorParallelSize=(1, 2)
             )

@@ -46,6 +46,7 @@ CONTEXT = {
     "spec.reward.configMapRef.key": {"reward": {"configMapRef": {"name": "my-judges"}}},
     "spec.evaluation.dataset.split": {"evaluation": {}},
     "spec.evaluation.samples": {"evaluation": {}},
+    "spec.output.merge": {"output": {"uri": "s3://out/run"}},
 }
 
 

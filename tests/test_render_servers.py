@@ -9,6 +9,7 @@ from atlas_operator.crd import custom_resource_definition
 from atlas_operator.render import Images, render_children
 from atlas_operator.validation import parse_run
 
+from atlas_contract import sources
 from atlas_contract.errors import InvalidFields
 from tests.support.env import REPO
 from tests.support.k8s_schemas import jobset_schema, jobset_webhook_problems, openapi_validate, pytorchjob_schema
@@ -72,7 +73,12 @@ def test_rollout_and_student_servers():
     service_ports = {p["name"]: p["port"] for p in objs[("Service", "teacher-run-rollout")]["spec"]["ports"]}
     assert service_ports == {"http": 8000, "weight-sync": 51216}
     student = objs[("Deployment", "teacher-run-student")]["spec"]["template"]["spec"]["containers"][0]
-    assert student["command"] == ["vllm", "serve"] and student["args"][0] == "meta-llama/Llama-3.2-1B-Instruct"
+    # A hub model is fetched once into the server's cache by its initializer (the trainer image), then served from it.
+    student_model = "meta-llama/Llama-3.2-1B-Instruct"
+    assert student["command"] == ["vllm", "serve"] and student["args"][0] == served_copy(student_model)
+    assert student["args"][student["args"].index("--served-model-name") + 1] == student_model
+    (initializer,) = objs[("Deployment", "teacher-run-student")]["spec"]["template"]["spec"]["initContainers"]
+    assert ["--uri", student_model] == initializer["command"][3:5] and initializer["image"] == Images().trainer
     assert student["readinessProbe"]["httpGet"]["path"] == "/health"
     config = yaml.safe_load(objs[("ConfigMap", "teacher-run-config")]["data"]["run.yaml"])
     assert config["trainer"]["use_vllm"] is True and config["trainer"]["vllm_mode"] == "server"
@@ -85,6 +91,11 @@ def test_rollout_and_student_servers():
     assert not any(kind == "Deployment" for kind, _ in local)
     config = yaml.safe_load(local[("ConfigMap", "teacher-run-config")]["data"]["run.yaml"])
     assert "use_vllm" not in config["trainer"] and config["student"] == "m/s"
+
+
+def served_copy(uri: str) -> str:
+    """Where a server without a checkpoint PVC finds its fetched model: its own cache volume."""
+    return sources.local_path(uri, f"/var/cache/atlas/{sources.SOURCES_DIR}")
 
 
 def trl_rollout_command(model: str, **script_args) -> list[str]:
@@ -125,7 +136,7 @@ def test_the_rollout_server_runs_what_trl_runs(rollout, backend):
         pod = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]
     (container,) = pod["spec"]["containers"]
     expected = trl_rollout_command(
-        manifest["spec"]["model"],
+        served_copy(manifest["spec"]["model"]),
         port=8000,
         tensor_parallel_size=rollout.get("tensorParallelSize", 1),
         data_parallel_size=1,
@@ -152,7 +163,7 @@ def test_remote_code_is_off_unless_the_run_asks():
         assert yaml.safe_load(config_map_of(objects)["data"]["run.yaml"])["trainer"]["trust_remote_code"] is trusted
         (container,) = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"]
         expected = trl_rollout_command(
-            manifest["spec"]["model"],
+            served_copy(manifest["spec"]["model"]),
             port=8000,
             tensor_parallel_size=2,
             data_parallel_size=1,

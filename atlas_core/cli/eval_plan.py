@@ -101,9 +101,13 @@ def _settings(args: argparse.Namespace, problems: list[str]):
 def _model_problems(option: str, ref: str | None) -> list[str]:
     """The contract's model-reference rule, under the option's name (endpoints are checked separately)."""
     from atlas_contract.checks import BUILTIN_MODELS, model_problems
+    from atlas_core.sources import remote_problems
 
     if not ref:
         return [f"{option}: required ({MODEL_KINDS})"]
+    remote = remote_problems(ref, option, "the model's folder")  # s3://, pvc://, hf://: fetched when it loads
+    if remote is not None:
+        return remote
     return model_problems(ref, option, builtins=BUILTIN_MODELS)
 
 

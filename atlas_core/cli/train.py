@@ -81,28 +81,54 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def finish_run(run, result) -> int:
-    """Rank 0 after training: the evaluation the run asks for, then its result for ``.status.result``."""
-    from atlas_core.training.finish import evaluate_trained_teacher, last_reward, write_result
+    """Rank 0 after training: the evaluation the run asks for, the export of the trained model (``run.output``),
+    then its result for ``.status.result``. Non-zero (SOURCES_EXIT_CODE) when the export failed: the model stays in
+    ``output_dir`` and the job restarts the pod, whose re-run trains nothing (``already_finished``), reports the
+    evaluation from its files and retries the export alone."""
+    from atlas_contract.sources import SOURCES_EXIT_CODE
+    from atlas_core.training.finish import (
+        evaluate_after_training,
+        export_trained_model,
+        last_kl,
+        last_reward,
+        note_pending_export,
+        write_result,
+    )
 
     evaluation = error = None
     if run.evaluation is not None:
         try:
-            report = evaluate_trained_teacher(run, result.args)
+            evaluation = evaluate_after_training(run, result.args)
         except Exception as exc:  # noqa: BLE001 - the model is trained and saved: an evaluation never fails the run
             error = " ".join(str(exc).split()) or type(exc).__name__
             print(f"warning: evaluation failed (the trained model is kept): {error}", file=sys.stderr)
-        else:
-            evaluation = report.to_dict()
     if evaluation is not None:
         print(
-            f"evaluation: {report.problems} problems, student alone {report.student_accuracy:.3f}, "
-            f"guided {report.guided_accuracy:.3f}, delta {100 * report.accuracy_delta:+.1f} points "
-            f"[{100 * report.accuracy_delta_low:+.1f}, {100 * report.accuracy_delta_high:+.1f}], "
-            f"non-degradation {report.non_degradation_rate:.3f}",
+            f"evaluation: {evaluation['problems']} problems, student alone {evaluation['student_accuracy']:.3f}, "
+            f"guided {evaluation['guided_accuracy']:.3f}, delta {100 * evaluation['accuracy_delta']:+.1f} points "
+            f"[{100 * evaluation['accuracy_delta_low']:+.1f}, {100 * evaluation['accuracy_delta_high']:+.1f}], "
+            f"non-degradation {evaluation['non_degradation_rate']:.3f}",
             file=sys.stderr,
         )
-    write_result(result.global_step, last_reward(result.log_history), evaluation, error)
-    return 0
+    reward = last_reward(result.log_history)
+    output = export_error = None
+    if run.output is not None:
+        output, export_error = export_trained_model(
+            run, result.global_step, reward, last_kl(result.log_history), evaluation
+        )
+        if output is not None:
+            print(f"exported: {output['uri']} ({output['files']} files, {output['bytes']} bytes)", file=sys.stderr)
+        else:
+            print(
+                f"error: export to {run.output.uri} failed ({export_error['reason']}): {export_error['message']}; "
+                f"the model stays in {run.output_dir}, and a re-run retries the export alone",
+                file=sys.stderr,
+            )
+    if run.output is not None:
+        pending = {"step": result.global_step, "reward": reward, "kl": last_kl(result.log_history)}
+        note_pending_export(run, {**pending, "evaluation": evaluation, "evaluation_error": error}, bool(export_error))
+    write_result(result.global_step, reward, evaluation, error, output=output, export_error=export_error)
+    return SOURCES_EXIT_CODE if export_error else 0
 
 
 _LEFT_GROUP = False

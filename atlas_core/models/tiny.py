@@ -141,16 +141,53 @@ def build_tiny_model(cache_dir: str | os.PathLike | None = None, spec: TinyModel
     return build_once(root / f"tiny-llama-{spec.cache_key()}", write)
 
 
-def resolve_model_path(model: str, cache_dir: str | os.PathLike | None = None) -> str:
-    """Map a builtin model (``builtin://tiny-llama``, ``builtin://smollm2-135m-instruct``) to its built folder;
-    anything else is returned unchanged."""
+def resolve_model_path(model: str, cache_dir: str | os.PathLike | None = None, field: str = "model") -> str:
+    """The folder ``from_pretrained`` loads for a model reference (atlas_contract/sources.py):
+
+    - a builtin (``builtin://tiny-llama``, ``builtin://smollm2-135m-instruct``): its built folder;
+    - ``s3://…`` or ``hf://…``: its fetched copy in ``$ATLAS_SOURCES_DIR`` (the pods', where the initializer fetched
+      it), else in ``$ATLAS_CACHE_DIR/sources``; fetched first when it is not whole there (``atlas eval --teacher
+      s3://…``), once;
+    - a bare hub id ``org/name``: its fetched copy when ``$ATLAS_SOURCES_DIR`` is set (a pod) or a whole copy is in
+      the cache already; otherwise the id as it is, for transformers' own hub cache (``~/.cache/huggingface``,
+      ``HF_HUB_OFFLINE``), as before;
+    - ``pvc://claim/path``: the claim's mount (``/mnt/atlas-pvc/<claim>/<path>`` in the pods); ValueError naming
+      ``field`` where it is not mounted;
+    - anything else (a path, an endpoint) unchanged.
+
+    A source that cannot be fetched raises :class:`atlas_core.sources.errors.SourceError`."""
     if model == TINY_MODEL_URI:
         return str(build_tiny_model(cache_dir))
     if model == SMOLLM2_MODEL_URI:
         from atlas_core.models.smollm2 import build_smollm2
 
         return str(build_smollm2(cache_dir))
-    return model
+    if not isinstance(model, str) or model.startswith(("builtin://", "http://", "https://")):
+        return model
+    from atlas_contract.sources import ENV_SOURCES_DIR, parse
+    from atlas_core.sources import local_copy, mounted_path
+
+    try:
+        location = parse(model)
+    except ValueError as exc:
+        raise ValueError(f"{field}: {exc}") from None
+    if location.scheme == "pvc":
+        return mounted_path(model, field, "the model's folder")
+    if location.scheme != "hf" and location.scheme != "s3":
+        return model
+    folder = local_copy(model)
+    assert folder is not None  # a fetched scheme always has a copy's folder
+    from atlas_core.sources.manifest import is_complete
+
+    bare_hub_id = location.scheme == "hf" and not model.startswith("hf://")
+    if is_complete(folder, source=model):
+        return folder
+    if bare_hub_id and not os.environ.get(ENV_SOURCES_DIR):
+        return model  # transformers' own hub cache, as a bare id always loaded
+    from atlas_core.sources.fetch import fetch
+
+    fetch(model, folder)
+    return folder
 
 
 def policy_model(model: Any, args: Any, config_name: str) -> Any:

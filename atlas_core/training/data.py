@@ -8,6 +8,10 @@
   one the whole file is split ``train``, or, named as the evaluation set, the evaluation set), a folder of one
   such file per split (``train.jsonl``, ``test.jsonl``), or a folder written by ``save_to_disk`` (in a pod: a
   path on the mounted PVC);
+* ``s3://bucket/prefix`` — one data file (the object itself) or a folder (every object under ``prefix/``), read
+  from its fetched copy (atlas_core/sources: the pods' initializer fetched it; elsewhere it is fetched once into
+  ``$ATLAS_CACHE_DIR/sources``); ``pvc://claim/path`` — a file or folder of a PersistentVolumeClaim, read in place
+  at its mount (``/mnt/atlas-pvc/<claim>`` in the pods);
 * ``hf://org/name`` — a hub dataset (needs network; ``HF_HUB_OFFLINE=1`` forbids it).
 
 Every split is real: a split the source does not have is an error (atlas_contract.datasets).
@@ -136,7 +140,7 @@ def _load_external(source: str, split: str, name, evaluation: bool, whole_file: 
     try:
         if source.startswith(datasets.HUB_SCHEME):
             return _hub_split(load_dataset, source, split, name)
-        path = Path(source).expanduser()
+        path = local_dataset_path(source, name("source"))
         if not path.exists():
             raise DatasetSourceError(f"{name('source')}: '{source}' does not exist")
         if path.is_dir():
@@ -165,6 +169,44 @@ def _load_external(source: str, split: str, name, evaluation: bool, whole_file: 
         raise
     except Exception as exc:  # datasets raises many types; the user needs the source and the reason
         raise DatasetSourceError(f"{name('source')}: cannot load '{source}': {_reason(exc)}") from None
+
+
+def local_dataset_path(source: str, field: str = "dataset.source") -> Path:
+    """Where a dataset source is read on this machine: an ``s3://`` source's fetched copy (fetched first when it is
+    not whole: the CLI's case; in a pod the initializer fetched it) — the one file of a single object, else the
+    folder —, a ``pvc://`` source's place under the claim's mount, a path as it is. DatasetSourceError naming
+    ``field`` when it cannot be fetched, or a claim is not mounted here."""
+    from atlas_contract.sources import PVC_SCHEME, S3_SCHEME
+
+    if source.startswith(PVC_SCHEME):
+        from atlas_core.sources import mounted_path
+
+        try:
+            return Path(mounted_path(source, field, "the file or folder"))
+        except ValueError as exc:
+            raise DatasetSourceError(str(exc)) from None
+    if not source.startswith(S3_SCHEME):
+        return Path(source).expanduser()
+    from atlas_core.sources import local_copy
+    from atlas_core.sources.errors import SourceError
+    from atlas_core.sources.fetch import fetch
+    from atlas_core.sources.manifest import is_complete, read_manifest
+
+    try:
+        folder = local_copy(source)
+    except ValueError as exc:  # a malformed URI
+        raise DatasetSourceError(f"{field}: {exc}") from None
+    assert folder is not None
+    if not is_complete(folder, source=source):
+        try:
+            fetch(source, folder)
+        except SourceError as exc:
+            raise DatasetSourceError(f"{field}: {exc.reason}: {exc.message}") from None
+    manifest = read_manifest(folder) or {}
+    files = manifest.get("files") or []
+    if manifest.get("kind") == "object" and len(files) == 1:
+        return Path(folder) / files[0]["path"]
+    return Path(folder)
 
 
 def split_files(folder: Path) -> dict[str, Path]:
@@ -317,7 +359,7 @@ def same_source(a: str, b: str) -> bool:
     """Whether two dataset sources name the same data (a path however spelled)."""
     if a == b:
         return True
-    schemes = (datasets.BUILTIN_SCHEME, datasets.HUB_SCHEME)
+    schemes = (datasets.BUILTIN_SCHEME, datasets.HUB_SCHEME, "s3://", "pvc://")
     if a.startswith(schemes) or b.startswith(schemes):
         return False
     return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
@@ -328,4 +370,8 @@ def _taken_whole(source: str, dataset) -> bool:
     either, but is a split)."""
     if source.startswith((datasets.BUILTIN_SCHEME, datasets.HUB_SCHEME)):
         return False
-    return Path(source).expanduser().is_file() and datasets.SPLIT_COLUMN not in dataset.column_names
+    try:
+        path = local_dataset_path(source)
+    except DatasetSourceError:
+        return False
+    return path.is_file() and datasets.SPLIT_COLUMN not in dataset.column_names

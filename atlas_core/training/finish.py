@@ -1,12 +1,15 @@
-"""After training, on rank 0: evaluate a trained teacher (run configuration ``evaluation``) and report the
-run's result where Kubernetes carries it to ``.status.result`` (``$ATLAS_RESULT_FILE``, the trainer
-container's termination message; ``atlas_contract.results``)."""
+"""After training, on rank 0: evaluate a trained teacher (run configuration ``evaluation``), export the trained model
+(run configuration ``output``: atlas_core/sources/export.py) and report the run's result where Kubernetes carries it
+to ``.status.result`` (``$ATLAS_RESULT_FILE``, the trainer container's termination message;
+``atlas_contract.results``)."""
 
 from __future__ import annotations
 
 import logging
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,15 +29,22 @@ def evaluation_dataset_problems(run: RunConfig) -> list[str]:
     rules, then the data itself: a file's splits, a builtin's problem count). A hub dataset is checked when
     it loads (it needs the network). The section's own fields are the contract's to check (RunConfig.from_dict)."""
     from atlas_contract import datasets
+    from atlas_core.sources import remote_problems
     from atlas_core.training.data import DatasetSourceError
 
     if run.evaluation is None or not run.dataset.source:
         return []
     source, split = run.evaluation_source(), run.evaluation.dataset.split
     training = run.dataset.source
-    if source == training and datasets.dataset_problems(training, run.dataset.split, run.algorithm):
-        return []  # the run's own source is wrong: its dataset.source check names it once
-    problems = datasets.evaluation_problems(source, split)
+    if source == training:
+        wrong = remote_problems(training, "dataset.source")
+        if wrong is None:
+            wrong = datasets.dataset_problems(training, run.dataset.split, run.algorithm)
+        if wrong:
+            return []  # the run's own source is wrong: its dataset.source check names it once
+    problems = remote_problems(source, "evaluation.dataset.source", "the dataset")
+    if problems is None:
+        problems = datasets.evaluation_problems(source, split)
     if problems or source.startswith(datasets.HUB_SCHEME):
         return problems
     try:
@@ -78,6 +88,17 @@ def evaluation_settings(
     )
 
 
+def _evaluation_names(run: RunConfig) -> dict[str, str]:
+    reward = run.reward
+    return {
+        "teacher": run.output_dir,
+        "student": run.student,
+        "dataset": run.evaluation_source(),
+        "split": run.evaluation.dataset.split,
+        "scorer": ", ".join([*reward.funcs, *([reward.config] if reward.config else [])]) or "exact_match",
+    }
+
+
 def evaluate_trained_teacher(run: RunConfig, args: Any):
     """The two-pass evaluation of the teacher saved in ``output_dir`` against the run's student, with the
     run's teaching settings; files in ``<output_dir>/evaluation`` (an interrupted one resumes)."""
@@ -99,7 +120,7 @@ def evaluate_trained_teacher(run: RunConfig, args: Any):
 
     device = "cuda" if torch.cuda.is_available() else None  # rank 0's GPU is free once training is over
     teacher = load_student(run.output_dir, device=device, role="teacher")
-    student = load_student(resolve_model_path(run.student), device=device)
+    student = load_student(resolve_model_path(run.student, field="student"), device=device)
     return evaluate_teaching(
         teacher,
         student,
@@ -108,14 +129,115 @@ def evaluate_trained_teacher(run: RunConfig, args: Any):
         output_dir=Path(run.output_dir) / EVAL_DIR,
         scorers=scorers,
         weights=weights,
-        names={
-            "teacher": run.output_dir,
-            "student": run.student,
-            "dataset": run.evaluation_source(),
-            "split": run.evaluation.dataset.split,
-            "scorer": ", ".join([*reward.funcs, *([reward.config] if reward.config else [])]) or "exact_match",
-        },
+        names=_evaluation_names(run),
     )
+
+
+def finished_evaluation(run: RunConfig, args: Any) -> dict[str, Any] | None:
+    """The report of an evaluation after training that is already whole in ``<output_dir>/evaluation`` (every
+    problem in ``problems.jsonl`` under this run's settings, and its ``eval.json``), without loading a model: a
+    re-run of a finished run (its export retried) reports it again. None when there is none, or it is not whole."""
+    import json
+
+    from atlas_contract.names import EVAL_PROBLEMS_FILE, EVAL_REPORT_FILE
+    from atlas_core.evaluation import fingerprint, resumable_records
+
+    folder = Path(run.output_dir) / EVAL_DIR
+    if not (folder / EVAL_REPORT_FILE).is_file() or not (folder / EVAL_PROBLEMS_FILE).is_file():
+        return None
+    settings = evaluation_settings(run.teaching, args, run.evaluation.samples, run.evaluation.limit)
+    rows = list(load_evaluation_dataset(run))
+    rows = rows[: settings.limit] if settings.limit else rows
+    try:
+        records = resumable_records(folder / EVAL_PROBLEMS_FILE, rows, fingerprint(settings, _evaluation_names(run)))
+        report = json.loads((folder / EVAL_REPORT_FILE).read_text(encoding="utf-8"))
+    except ValueError:
+        return None
+    if not rows or len(records) != len(rows) or not isinstance(report, dict) or report.get("problems") != len(rows):
+        return None
+    return report
+
+
+def evaluate_after_training(run: RunConfig, args: Any) -> dict[str, Any]:
+    """The evaluation's report (``eval.json``'s fields): the whole one already on disk (a re-run), else the
+    evaluation run now (resuming from its files)."""
+    report = finished_evaluation(run, args)
+    if report is not None:
+        logger.info("evaluation: already whole in %s; reported again", Path(run.output_dir) / EVAL_DIR)
+        return report
+    return evaluate_trained_teacher(run, args).to_dict()
+
+
+def last_kl(log_history: list[dict[str, Any]]) -> float | None:
+    """The last logged KL of the policy to its reference (GRPO, teacher); None when none was logged."""
+    for record in reversed(log_history):
+        value = record.get("kl")
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def export_trained_model(
+    run: RunConfig, step: int, reward: float | None, kl: float | None, evaluation: dict[str, Any] | None
+) -> tuple[dict[str, Any] | None, dict[str, str] | None]:
+    """(output, export_error): ``output_dir``'s final model exported to ``run.output.uri`` with its model card
+    (``{uri, files, bytes}``), or why it was not (``{reason, message}``: the model stays in ``output_dir``)."""
+    from atlas_core.sources.errors import SourceError
+    from atlas_core.sources.export import export_model, model_card
+
+    uri = run.output.uri
+    try:
+        card = model_card(run, step, reward, kl, evaluation)
+        with _merged_model(run) as folder:
+            return export_model(folder, uri, card), None
+    except SourceError as exc:
+        return None, {"reason": exc.reason, "message": exc.message}
+    except Exception as exc:  # noqa: BLE001 - the model is trained and saved: reported, retried by a re-run
+        from atlas_core.sources.errors import redact
+
+        reason = redact(" ".join(str(exc).split())) or type(exc).__name__
+        return None, {"reason": "ExportFailed", "message": f"{uri}: {reason}"}
+
+
+@contextmanager
+def _merged_model(run: RunConfig) -> Iterator[str]:
+    """The folder exported: ``output_dir``, or (``output.merge`` with a LoRA adapter there) the adapter merged into
+    its base model, in a temporary folder beside it."""
+    folder = Path(run.output_dir)
+    if not (run.output.merge and (folder / "adapter_config.json").is_file()):
+        yield str(folder)
+        return
+    import shutil
+    import tempfile
+
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoTokenizer
+
+    staging = Path(tempfile.mkdtemp(prefix=".atlas-merged-", dir=folder))
+    try:
+        merged = AutoPeftModelForCausalLM.from_pretrained(str(folder)).merge_and_unload()
+        merged.save_pretrained(staging)
+        AutoTokenizer.from_pretrained(str(folder)).save_pretrained(staging)
+        yield str(staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def note_pending_export(run: RunConfig, inputs: dict[str, Any], pending: bool) -> None:
+    """Keep what a failed export needs in ``<output_dir>/EXPORT_PENDING_FILE`` (written whole: temp + rename), or
+    remove it once the export is done: a restarted trainer pod retries the export alone from it
+    (``python -m atlas_core.cli.export``)."""
+    import json
+
+    from atlas_contract.sources import EXPORT_PENDING_FILE
+
+    path = Path(run.output_dir) / EXPORT_PENDING_FILE
+    if not pending:
+        path.unlink(missing_ok=True)
+        return
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(json.dumps(inputs, sort_keys=True), encoding="utf-8")
+    os.replace(staging, path)
 
 
 def last_reward(log_history: list[dict[str, Any]]) -> float | None:
@@ -128,7 +250,12 @@ def last_reward(log_history: list[dict[str, Any]]) -> float | None:
 
 
 def write_result(
-    step: int, reward: float | None, evaluation: dict[str, Any] | None, evaluation_error: str | None = None
+    step: int,
+    reward: float | None,
+    evaluation: dict[str, Any] | None,
+    evaluation_error: str | None = None,
+    output: dict[str, Any] | None = None,
+    export_error: dict[str, str] | None = None,
 ) -> Path | None:
     """Write the result to ``$ATLAS_RESULT_FILE`` when set (a pod's termination message); the path written."""
     target = os.environ.get(ENV_RESULT_FILE)
@@ -136,7 +263,7 @@ def write_result(
         return None
     path = Path(target)
     try:
-        path.write_text(result_message(step, reward, evaluation, evaluation_error))
+        path.write_text(result_message(step, reward, evaluation, evaluation_error, output, export_error))
     except OSError as exc:  # the result is a report, not the run: never fail a finished run over it
         logger.warning("could not write the run's result to %s: %s", path, exc)
         return None

@@ -24,6 +24,7 @@ from atlas_contract.names import ALGORITHMS
 from atlas_contract.run_config import RunConfig
 from atlas_contract.teaching import TEACHING_FIELDS
 from atlas_contract.text import read_text
+from atlas_core.sources import remote_problems
 
 CONFIG_MODULE = "atlas_core.configs"
 PRIMARY_CONFIG = "train"
@@ -176,7 +177,10 @@ def validate_run_config(cfg: DictConfig) -> list[str]:
     if not OmegaConf.is_missing(cfg, "model"):
         problems += _model_problems(str(cfg.model))
     if not OmegaConf.is_missing(cfg.dataset, "source"):
-        problems += datasets.dataset_problems(str(cfg.dataset.source), str(cfg.dataset.get("split")), cfg.algorithm)
+        remote = remote_problems(str(cfg.dataset.source), "dataset.source", "the dataset")
+        if remote is None:
+            remote = datasets.dataset_problems(str(cfg.dataset.source), str(cfg.dataset.get("split")), cfg.algorithm)
+        problems += remote
     problems += _output_dir_problems(str(cfg.output_dir))
 
     from atlas_core.training.resume import resume_policy
@@ -232,7 +236,9 @@ def _reward_problems(cfg: DictConfig) -> list[str]:
 
 
 def _model_problems(model: str, field: str = "model") -> list[str]:
-
+    remote = remote_problems(model, field, "the model's folder")  # s3://, pvc://, hf:// (atlas_core/sources)
+    if remote is not None:
+        return remote
     return checks.model_problems(model, field, builtins=checks.BUILTIN_MODELS)
 
 

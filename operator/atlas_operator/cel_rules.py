@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from atlas_contract import checks, datasets, defaults
+from atlas_contract import checks, datasets, defaults, sources
 from atlas_contract.checks import REWARD_FUNCTIONS
 from atlas_contract.names import MAX_RUN_NAME, TRAINJOB_RESERVED_ENV, max_jobset_run_name, max_trainjob_run_name
 
@@ -552,6 +552,48 @@ def _dataset_rules() -> Iterator[Rule]:
     )
 
 
+# The URI fields (atlas_contract/sources.py) and the kinds that have them.
+URI_FIELDS = {
+    "model": BOTH,
+    "student.model": ("AtlasTeacher",),
+    "dataset.source": BOTH,
+    "evaluation.dataset.source": ("AtlasTeacher",),
+    "output.uri": BOTH,
+}
+OUTPUT_SCHEMES = (sources.S3_SCHEME, sources.PVC_SCHEME, sources.HUB_SCHEME)
+
+
+def _source_rules() -> Iterator[Rule]:
+    """A URI that cannot be valid: an ``s3://`` without a bucket, a ``pvc://`` without a claim, an ``hf://`` without
+    a repository (atlas_contract.sources.uri_problems says the same words); an output that is none of the three."""
+    patterns = {
+        sources.S3_SCHEME: f"^s3://{sources.S3_BUCKET_PATTERN}(/.*)?$",
+        sources.PVC_SCHEME: f"^pvc://{sources.PVC_CLAIM_PATTERN}(/.*)?$",
+        sources.HUB_SCHEME: f"^hf://{sources.HUB_REPO_PATTERN}$",
+    }
+    for path, kinds in URI_FIELDS.items():
+        field = f"self.{path}"
+        for scheme, pattern in patterns.items():
+            expected = f"expected {sources.EXPECTED[scheme]}"
+            yield Rule(
+                "spec",
+                f"!{has(path)} || !{field}.startsWith('{scheme}') || {field}.matches('{pattern}')",
+                f"spec.{path}",
+                f"not a valid URI ({expected})",
+                kinds=kinds,
+                text=f"{quoted(field)} + {_quote(f' is not a valid URI ({expected})')}",
+            )
+    schemes = " || ".join(f"self.output.uri.startsWith('{scheme}')" for scheme in OUTPUT_SCHEMES)
+    expected = f"expected {', '.join(f'{scheme}…' for scheme in OUTPUT_SCHEMES)}"
+    yield Rule(
+        "spec",
+        f"!{has('output.uri')} || {schemes}",
+        "spec.output.uri",
+        f"not an export destination ({expected})",
+        text=f"{quoted('self.output.uri')} + {_quote(f' is not an export destination ({expected})')}",
+    )
+
+
 # The spec fields a checkpoint fixes (see the module's docstring): a change would be silently half-applied.
 CHECKPOINT_FIXED = (
     "model",
@@ -628,6 +670,7 @@ RULES: tuple[Rule, ...] = tuple(
         _reward_rules,
         _training_rules,
         _dataset_rules,
+        _source_rules,
         _transition_rules,
     )
     for rule in group()

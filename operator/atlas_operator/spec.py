@@ -59,8 +59,10 @@ class DatasetSpec:
     """Where the training prompts come from."""
 
     source: str = spec_field(
-        "hf://org/name (needs hub access or a mounted HF cache), a .jsonl/.json/.csv/.parquet file or "
-        "save_to_disk folder on the checkpoint volume, or builtin://arithmetic (the bundled task)",
+        "hf://org/name (needs hub access or a mounted HF cache), s3://bucket/prefix (a data file or a folder of "
+        "split files, fetched once per run with spec.storage's credentials), pvc://claim/path (read in place), a "
+        ".jsonl/.json/.csv/.parquet file or save_to_disk folder on the checkpoint volume, or builtin://arithmetic "
+        "(the bundled task)",
         required=True,
         max_length=MAX_REFERENCE,
     )
@@ -337,7 +339,12 @@ class CheckpointSpec:
 class StudentSpec:
     """The frozen student the teacher is rewarded for improving."""
 
-    model: str = spec_field("HF id or path of the student model", required=True, max_length=MAX_REFERENCE)
+    model: str = spec_field(
+        "the student model: a hub id or hf://org/name, s3://bucket/prefix, pvc://claim/path, builtin://… or a path "
+        "(spec.model's forms); fetched once per run by the server that loads it",
+        required=True,
+        max_length=MAX_REFERENCE,
+    )
     rollout: RolloutSpec = spec_field(
         "vLLM servers for the student (`vllm serve`, OpenAI API); replicas 0 = load it in every trainer process",
         RolloutSpec,
@@ -374,9 +381,10 @@ class EvaluationDatasetSpec:
     """The held-out problems of the evaluation after training."""
 
     source: str | None = spec_field(
-        "where the problems come from, as spec.dataset.source (hf://org/name, a file or folder on the checkpoint "
-        "volume, builtin://…)",
+        "where the problems come from, as spec.dataset.source (hf://org/name, s3://bucket/prefix, "
+        "pvc://claim/path, a file or folder on the checkpoint volume, builtin://…)",
         unset="spec.dataset.source (the run's own dataset)",
+        max_length=MAX_REFERENCE,
     )
     split: str = spec_field(
         "dataset split to evaluate on (held out from training)",
@@ -408,6 +416,64 @@ class EvaluationSpec:
 
 
 @dataclass
+class SecretKeySelector:
+    name: str = spec_field("Secret in the run's namespace", required=True, max_length=MAX_NAME)
+
+
+@dataclass
+class HubSpec:
+    """The Hugging Face hub (or a mirror) for hub ids and hf:// models, datasets and outputs."""
+
+    endpoint: str | None = spec_field(
+        "the hub's address, a mirror (HF_ENDPOINT)", unset="https://huggingface.co", max_length=MAX_REFERENCE
+    )
+    secret_ref: SecretKeySelector | None = spec_field(
+        "Secret whose key HF_TOKEN is the hub token (read by the pods through secretKeyRef; never by the operator)",
+        unset="no token (public repositories only)",
+    )
+
+
+@dataclass
+class StorageSpec:
+    """Where s3:// sources and outputs live, and the credentials the pods use (by Secret reference only)."""
+
+    endpoint: str | None = spec_field(
+        "the S3-compatible store's address, e.g. http://minio.storage:9000",
+        unset="the Secret's AWS_ENDPOINT_URL, else AWS's own endpoint",
+        max_length=MAX_REFERENCE,
+    )
+    region: str | None = spec_field(
+        "the store's region (AWS_DEFAULT_REGION)",
+        unset="the Secret's AWS_DEFAULT_REGION, else us-east-1",
+        max_length=64,
+    )
+    secret_ref: SecretKeySelector | None = spec_field(
+        "Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and optionally AWS_ENDPOINT_URL and "
+        "AWS_DEFAULT_REGION; the pods read it through secretKeyRef (the operator never reads a Secret)",
+        unset="no credentials from a Secret (the pods' own: a workload identity, or public buckets)",
+    )
+    hub: HubSpec = spec_field("the Hugging Face hub: its address and token", HubSpec)
+
+
+@dataclass
+class OutputSpec:
+    """Where the trained model goes when training succeeds: a Hugging Face folder (safetensors, config, tokenizer,
+    generation config), its model card README.md (sources, spec, final step, reward and KL, the evaluation table)
+    and atlas-manifest.json (every file, size and sha256) written last. .status.output and condition Exported
+    say where and what; a failed export is retried without training again, the model kept on the checkpoint volume."""
+
+    uri: str = spec_field(
+        "s3://bucket/prefix (spec.storage), pvc://claim/path or hf://org/name (pushed with spec.storage.hub's token)",
+        required=True,
+        max_length=MAX_REFERENCE,
+    )
+    merge: bool = spec_field(
+        "a LoRA run: also export the adapter merged into the base model (a full fine-tuning's export is its model)",
+        False,
+    )
+
+
+@dataclass
 class EnvVar:
     name: str = spec_field("variable name", required=True)
     value: str | None = spec_field(
@@ -421,9 +487,17 @@ class RunSpec:
     """Spec shared by AtlasTraining and AtlasTeacher."""
 
     model: str = spec_field(
-        "HF id or path of the policy to train (the teacher for AtlasTeacher)", required=True, max_length=MAX_REFERENCE
+        "the policy to train (the teacher for AtlasTeacher): a hub id or hf://org/name, s3://bucket/prefix "
+        "(spec.storage), pvc://claim/path, builtin://… or a path on the checkpoint volume; hub and S3 models are "
+        "fetched once per run into <checkpoint.path>/<name>/sources, and every rank and server loads that copy",
+        required=True,
+        max_length=MAX_REFERENCE,
     )
     dataset: DatasetSpec = spec_field("training prompts", required=True)
+    storage: StorageSpec = spec_field("the S3 store and the hub: addresses and credentials", StorageSpec)
+    output: OutputSpec | None = spec_field(
+        "export the trained model when training succeeds", unset="the model stays in <checkpoint.path>/<name>"
+    )
     image: str | None = spec_field("trainer image", unset="the operator's trainer image")
     image_pull_secrets: list[LocalObjectReference] = spec_field("Secrets for pulling the images", [])
     service_account_name: str | None = spec_field(

@@ -1,19 +1,25 @@
 """``atlas cluster up`` as a user runs it: a cluster of its own (its own folder, ports and processes, beside the
 session's), the example teacher applied with the printed KUBECONFIG shows its children and status in ``kubectl get``,
-and ``atlas cluster down`` leaves no process."""
+and ``atlas cluster down`` leaves no process. The same cluster runs ``--s3``: the S3 server's Secret, and its printed
+exports reach it with boto3."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import boto3
+
 from atlas_cluster.tools import kubectl_binary
 from tests.kube.conftest import BIN_DIR
 from tests.support.env import REPO, python_env
+from tests.support.s3 import require_binary
 
 
 def _atlas(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -32,8 +38,10 @@ def process_alive(pid: int) -> bool:
 
 
 def test_cluster_up_runs_the_example_teacher_to_its_children_and_down_leaves_no_process(kube, tmp_path):
-    env = python_env(ATLAS_CACHE_DIR=str(tmp_path / "cache"), ATLAS_KUBE_BIN=str(BIN_DIR))
-    up = _atlas("up", "--name", "cli-test", env=env)
+    env = python_env(
+        ATLAS_CACHE_DIR=str(tmp_path / "cache"), ATLAS_KUBE_BIN=str(BIN_DIR), ATLAS_S3_BIN=str(require_binary())
+    )
+    up = _atlas("up", "--name", "cli-test", "--s3", env=env)
     pids_file = tmp_path / "cache/kube/clusters/cli-test/pids.json"
     recorded = json.loads(pids_file.read_text()) if pids_file.exists() else {}
     pids = {name: entry["pid"] for name, entry in recorded.items()}
@@ -41,7 +49,7 @@ def test_cluster_up_runs_the_example_teacher_to_its_children_and_down_leaves_no_
         assert up.returncode == 0, up.stderr
         exports = [line for line in up.stdout.splitlines() if line.startswith("export KUBECONFIG=")]
         assert len(exports) == 1, up.stdout
-        assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager", "operator"}
+        assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager", "s3", "operator"}
         kubeconfig = exports[0].split("=", 1)[1]
 
         def kubectl(*args: str) -> str:
@@ -67,6 +75,23 @@ def test_cluster_up_runs_the_example_teacher_to_its_children_and_down_leaves_no_
         # The operator is the chart's ServiceAccount, not the admin: its own kubeconfig carries a token.
         operator_config = Path(kubeconfig).with_name("operator.kubeconfig").read_text()
         assert "token:" in operator_config and "client-key" not in operator_config
+
+        # --s3: what `eval "$(atlas cluster up --s3)"` sets reaches the server, and its bucket `atlas` is there.
+        aws = [line for line in up.stdout.splitlines() if line.startswith("export AWS_")]
+        assert len(aws) == 1, up.stdout
+        printed = dict(word.split("=", 1) for word in shlex.split(aws[0])[1:])
+        assert set(printed) == {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+        s3 = boto3.client("s3", endpoint_url=printed["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id=printed["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=printed["AWS_SECRET_ACCESS_KEY"])  # fmt: skip
+        s3.put_object(Bucket="atlas", Key="runs/local-teacher/hello.txt", Body=b"from the host")
+        assert s3.get_object(Bucket="atlas", Key="runs/local-teacher/hello.txt")["Body"].read() == b"from the host"
+        # The Secret the pods read: the same credentials, the address they reach (127.0.0.1: no process nodes).
+        secret = json.loads(kubectl("get", "secret", "atlas-s3", "-n", "default", "-o", "json"))
+        stored = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+        assert stored == printed
+        status = _atlas("status", "--name", "cli-test", env=env)
+        assert aws[0] in status.stdout.splitlines() and f"s3: pid {pids['s3']}" in status.stdout, status.stdout
     finally:
         down = _atlas("down", "--name", "cli-test", env=env)
     assert down.returncode == 0, down.stderr

@@ -18,7 +18,14 @@ from atlas_contract.names import (
     WEIGHT_SYNC_PORT,
     ChildNames,
 )
-from atlas_contract.run_config import DatasetConfig, EvaluationDataset, EvaluationSettings, RewardConfig, RunConfig
+from atlas_contract.run_config import (
+    DatasetConfig,
+    EvaluationDataset,
+    EvaluationSettings,
+    OutputSettings,
+    RewardConfig,
+    RunConfig,
+)
 from atlas_operator.presets import accelerate_config
 from atlas_operator.render.common import REWARD_REF_DIR, child_metadata, on_jobset
 from atlas_operator.spec import AtlasTeacherSpec, Run, TrainingSpec, reward_funcs
@@ -92,6 +99,7 @@ def typed_run_config(run: Run) -> RunConfig:
         trainer=trainer,
         student=student,
         evaluation=evaluation_settings(run),
+        output=OutputSettings(spec.output.uri, spec.output.merge) if spec.output else None,
     )
 
 

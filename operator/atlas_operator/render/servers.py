@@ -12,6 +12,7 @@ from atlas_contract.names import (
     WEIGHT_SYNC_PORT,
     ChildNames,
 )
+from atlas_contract.sources import SOURCES_DIR
 from atlas_contract.vllm import SERVE, server_flags
 from atlas_operator.config import Images
 from atlas_operator.render.common import (
@@ -27,7 +28,14 @@ from atlas_operator.render.common import (
     pod_selector,
     with_queue_label,
 )
+from atlas_operator.render.sources import claim_volumes, fetched, initializer_container, served_model, sources_dir
 from atlas_operator.spec import RolloutSpec, Run
+
+
+def server_sources_dir(run: Run) -> str:
+    """Where a server finds its model's fetched copy: the run's cache on the checkpoint PVC (shared with the trainer:
+    fetched once per run), else its own cache volume (fetched once per pod)."""
+    return sources_dir(run) if run.spec.checkpoint.pvc else f"{CACHE_DIR}/{SOURCES_DIR}"
 
 
 def _vllm_pod_template(
@@ -39,8 +47,32 @@ def _vllm_pod_template(
     args: list[str],
     probe_path: str,
     ports: list[dict[str, Any]],
+    model: str,
+    trainer_image: str,
 ) -> dict[str, Any]:
-    """A vLLM server's pod template: a Deployment's (PyTorchJob backend) or a replicated job's (JobSet)."""
+    """A vLLM server's pod template: a Deployment's (PyTorchJob backend) or a replicated job's (JobSet). ``model``:
+    the URI the server loads, whose local copy an initializer fetches first (with the trainer image, which has the
+    fetcher) when it is an S3 or hub model, and whose claim is mounted when it is a ``pvc://`` one."""
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "cache", "mountPath": CACHE_DIR}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": run.spec.resources.shm_size}},
+        {"name": "cache", "emptyDir": {}},
+    ]
+    claims, claim_mounts = claim_volumes([model])
+    volumes += claims
+    mounts += claim_mounts
+    init = []
+    if fetched(model, model=True):
+        source_mounts = [mounts[1]]
+        if run.spec.checkpoint.pvc:  # the run's shared cache: the trainer's and every server's copy is one
+            checkpoints = {"name": "checkpoints", "mountPath": run.spec.checkpoint.path}
+            volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": run.spec.checkpoint.pvc}})
+            mounts.append({**checkpoints, "readOnly": True})
+            source_mounts.append(checkpoints)
+        hf_home = f"{CACHE_DIR}/huggingface"
+        init.append(
+            initializer_container(run, trainer_image, source_mounts, server_sources_dir(run), hf_home, uris=[model])
+        )
     container = {
         "name": "vllm",
         "image": image,
@@ -52,7 +84,7 @@ def _vllm_pod_template(
         "startupProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 10, "failureThreshold": 120},
         "readinessProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 10},
         "livenessProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 30, "failureThreshold": 5},
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "cache", "mountPath": CACHE_DIR}],
+        "volumeMounts": mounts,
         "securityContext": dict(CONTAINER_SECURITY),
     }
     resources = container_resources(rollout.gpus, rollout.cpu, rollout.memory)
@@ -64,11 +96,9 @@ def _vllm_pod_template(
         "spec": {
             **pod_placement(run),
             "securityContext": pod_security(),
+            **({"initContainers": init} if init else {}),
             "containers": [container],
-            "volumes": [
-                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": run.spec.resources.shm_size}},
-                {"name": "cache", "emptyDir": {}},
-            ],
+            "volumes": volumes,
         },
     }
 
@@ -97,7 +127,7 @@ def rollout_server_command(run: Run) -> list[str]:
     command = [
         "vllm",
         "serve",
-        run.spec.model,
+        served_model(run.spec.model, server_sources_dir(run)),
         "--host",
         "0.0.0.0",
         "--port",
@@ -146,7 +176,10 @@ def rollout_pod_template(run: Run, images: Images) -> dict[str, Any]:
         {"name": "weight-sync", "containerPort": WEIGHT_SYNC_PORT, "protocol": "TCP"},
     ]
     image = rollout.image or images.rollout
-    template = _vllm_pod_template(run, "rollout", rollout, image, command[:2], command[2:], "/health", ports)
+    trainer_image = run.spec.image or images.trainer
+    template = _vllm_pod_template(
+        run, "rollout", rollout, image, command[:2], command[2:], "/health", ports, run.spec.model, trainer_image
+    )
     # The weight-transfer endpoints the trainer calls live behind vLLM's dev mode (as `trl vllm-serve` sets it).
     template["spec"]["containers"][0]["env"].append({"name": "VLLM_SERVER_DEV_MODE", "value": "1"})
     return template
@@ -163,10 +196,13 @@ def student_pod_template(run: Run, images: Images) -> dict[str, Any]:
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         max_model_len=rollout.max_model_len,
     )
-    args = [student.model, *flags, *rollout.args]
+    args = [served_model(student.model, server_sources_dir(run)), *flags, *rollout.args]
     ports = [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}]
     image = rollout.image or images.rollout
-    return _vllm_pod_template(run, "student", rollout, image, list(SERVE), args, "/health", ports)
+    trainer_image = run.spec.image or images.trainer
+    return _vllm_pod_template(
+        run, "student", rollout, image, list(SERVE), args, "/health", ports, student.model, trainer_image
+    )
 
 
 def rollout_deployment(run: Run, images: Images) -> dict[str, Any]:

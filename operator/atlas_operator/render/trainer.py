@@ -6,6 +6,7 @@ import hashlib
 import json
 from typing import Any
 
+from atlas_contract import sources
 from atlas_contract.names import (
     ACCELERATE_CONFIG_FILE,
     CONFIG_DIR,
@@ -35,12 +36,23 @@ from atlas_operator.render.common import (
     NCCL_ENV,
     REWARD_REF_DIR,
     container_resources,
+    has_student_server,
     labels,
     on_jobset,
     on_trainjob,
     pod_placement,
     pod_security,
     trainer_container,
+)
+from atlas_operator.render.config_map import output_dir
+from atlas_operator.render.sources import (
+    claim_volumes,
+    dataset_uris,
+    initializer_command,
+    model_uris,
+    sources_dir,
+    storage_env,
+    trainer_fetches,
 )
 from atlas_operator.spec import Run
 
@@ -68,7 +80,7 @@ def launch_command(run: Run) -> list[str]:
         f" -m atlas_core.cli.train recipe={CONFIG_DIR}/{RUN_CONFIG_FILE}"
     )
     script = f"""set -u
-{launch} &
+{_export_retry_step(run)}{_fetch_step(run)}{launch} &
 launcher=$!
 trap 'kill -TERM "$launcher" 2>/dev/null' TERM INT
 while true; do
@@ -87,6 +99,35 @@ exit "$code"
     return ["/bin/bash", "-c", script]
 
 
+def _export_retry_step(run: Run) -> str:
+    """With spec.output: a restarted trainer pod whose run trained and evaluated but did not export (the pending
+    file in the output folder, atlas_contract.sources.EXPORT_PENDING_FILE) retries the export alone on the first
+    node, and the other nodes exit (atlas_core/cli/export.py): nothing trained again, no rank left waiting for a
+    rendezvous its peers never join."""
+    if run.spec.output is None:
+        return ""
+    pending = f"{output_dir(run)}/{sources.EXPORT_PENDING_FILE}"
+    retry = f"python -m atlas_core.cli.export --config {CONFIG_DIR}/{RUN_CONFIG_FILE}"
+    return f"""if [ -f {pending} ]; then
+  if [ "${{PET_NODE_RANK:-0}}" = 0 ]; then {retry}; exit $?; fi
+  exit 0
+fi
+"""
+
+
+def _fetch_step(run: Run) -> str:
+    """The trainer container's first step when the run has S3 or hub sources: the initializer
+    (atlas_core/sources/initializer.py) fetches them into the run's cache, or skips what a pod before it fetched
+    (whole: its manifest). A step of the trainer's own container rather than an init container, so that it is the
+    same on every backend (a TrainJob's runtime patch cannot add a container with its own command). A source that
+    cannot be fetched ends the container with SOURCES_EXIT_CODE and ``{reason, uri, message}`` in the termination
+    message, which the operator shows as SourcesReady=False."""
+    if not trainer_fetches(run, has_student_server(run)):
+        return ""
+    command = " ".join(initializer_command(run))
+    return f'{command} --message-file "${ENV_RESULT_FILE}" || exit $?\n'
+
+
 def _env(run: Run) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -101,10 +142,12 @@ def _env(run: Run) -> list[dict[str, Any]]:
         # SIGKILL (its default: 30 s).
         {"name": ENV_TERMINATION_GRACE, "value": str(run.spec.termination_grace_period_seconds)},
         {"name": ENV_TORCH_ELASTIC_SHUTDOWN_TIMEOUT, "value": str(run.spec.termination_grace_period_seconds)},
-        {"name": "HF_HOME", "value": f"{run.spec.checkpoint.path.rstrip('/')}/.cache/huggingface"},
+        {"name": "HF_HOME", "value": hf_home(run)},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     env += [{"name": k, "value": v} for k, v in NCCL_ENV.items()]
+    if _reads_sources(run):  # the fetched copies, and the store an export writes to
+        env += [{"name": sources.ENV_SOURCES_DIR, "value": sources_dir(run)}, *storage_env(run)]
     own = {e["name"] for e in env}
     for var in run.spec.env:  # the user's values win over ours
         entry = {"name": var.name}
@@ -116,6 +159,24 @@ def _env(run: Run) -> list[dict[str, Any]]:
             env = [e for e in env if e["name"] != var.name]
         env.append(entry)
     return env
+
+
+def hf_home(run: Run) -> str:
+    return f"{run.spec.checkpoint.path.rstrip('/')}/.cache/huggingface"
+
+
+def _trainer_uris(run: Run) -> list[str]:
+    """The models and datasets the trainer pods load (the student only when no server holds it)."""
+    models = model_uris(run)
+    if has_student_server(run):
+        models.pop("student", None)
+    return [*models.values(), *dataset_uris(run)]
+
+
+def _reads_sources(run: Run) -> bool:
+    """Whether the trainer reads a fetched copy or a claim, or exports."""
+    remote = any(sources.parse(uri).remote for uri in _trainer_uris(run))
+    return remote or run.spec.output is not None
 
 
 def jobset_topology_env(run: Run) -> list[dict[str, Any]]:
@@ -161,6 +222,10 @@ def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
     if spec.reward.config_map_ref:
         mounts.append({"name": "reward-config", "mountPath": REWARD_REF_DIR, "readOnly": True})
         volumes.append({"name": "reward-config", "configMap": {"name": spec.reward.config_map_ref.name}})
+    output = spec.output.uri if spec.output else None
+    claims, claim_mounts = claim_volumes(_trainer_uris(run), writable=output)
+    volumes += claims
+    mounts += claim_mounts
     container = {
         "name": trainer_container(run),
         "image": image,
