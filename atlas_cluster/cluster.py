@@ -187,12 +187,13 @@ class LocalCluster:
             return None
         return PodNetwork(self.directory / NODES, state["prefix"], state["cidr"]).gateway
 
-    def start_s3(self, binary: Path) -> S3Server:
+    def start_s3(self, binary: Path, access_log: Path | None = None) -> S3Server:
         """The S3 server on 127.0.0.1 and, with process nodes, on the pods' gateway too (at one port), the bucket
-        ``atlas``, and the Secret default/atlas-s3 with the address the pods reach."""
+        ``atlas``, and the Secret default/atlas-s3 with the address the pods reach. ``access_log``: the server's
+        access log there (one line per request; bench/sources.py counts the GETs)."""
         gateway = self.pod_gateway()
         hosts = ("127.0.0.1", gateway) if gateway else ("127.0.0.1",)
-        self.s3 = S3Server(self.directory / S3, binary, self.supervisor, hosts).start()
+        self.s3 = S3Server(self.directory / S3, binary, self.supervisor, hosts, access_log=access_log).start()
         self.s3.create_bucket(DEFAULT_BUCKET)
         secret = {
             "apiVersion": "v1",

@@ -66,6 +66,9 @@ class S3Server:
     secret_key: str = field(default_factory=lambda: _key(40, string.ascii_letters + string.digits))
     region: str = REGION
     name: str = PROCESS
+    # versitygw's S3 server access log (``--access-log``: one line per request, AWS's format: the operation, the
+    # key, the status and the client's address), for what a test or a bench counts; None: none.
+    access_log: Path | None = None
 
     @property
     def data(self) -> Path:
@@ -90,6 +93,7 @@ class S3Server:
 
     def argv(self) -> list[str]:
         listen = [arg for host in self.hosts for arg in ("--port", f"{host}:{self.port}")]
+        listen += ["--access-log", str(self.access_log)] if self.access_log else []
         return [
             str(self.binary), *listen, "--region", self.region, "--iam-dir", str(self.directory / "iam"),
             "--health", HEALTH_PATH, "posix", "--sidecar", str(self.directory / "meta"), str(self.data),

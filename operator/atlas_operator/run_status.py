@@ -29,6 +29,8 @@ class ConditionType(enum.StrEnum):
     ROLLOUT_READY = "RolloutReady"  # the vLLM servers are Ready
     PODS_STARTED = "PodsStarted"  # no pod of the run is kept from starting (an image, a Secret)
     TRAINING = "Training"  # the trainer runs (the job's own words)
+    SOURCES_READY = "SourcesReady"  # the run's S3, hub and PVC sources are fetched (runs that name one)
+    EXPORTED = "Exported"  # the trained model is exported to spec.output.uri (runs with spec.output)
 
 
 class EventReason(enum.StrEnum):
@@ -68,6 +70,12 @@ class EventReason(enum.StrEnum):
     RESULT_OUT_OF_RANGE = "ResultOutOfRange"
     EVALUATION_FAILED = "EvaluationFailed"
     PREEMPTION_SAVE = "PreemptionSave"  # Normal
+    # A source that could not be fetched, or an export that failed (atlas_contract.sources.REASONS), and the
+    # export's other failures.
+    ACCESS_DENIED = "AccessDenied"
+    NOT_FOUND = "NotFound"
+    UNREACHABLE = "Unreachable"
+    EXPORT_FAILED = "ExportFailed"
     # What the operator changed (Normal).
     JOB_RECREATED = "JobRecreated"
     QUEUED_RUN_SUSPENDED = "QueuedRunSuspended"
@@ -179,6 +187,15 @@ class RunResult:
 
 
 @dataclass
+class Output:
+    """Where the trained model was exported (spec.output), as the trainer reported it: whole, its manifest last."""
+
+    uri: str | None = spec_field("spec.output.uri")
+    files: int | None = spec_field("files exported, the manifest included", minimum=0)
+    bytes: int | None = spec_field("bytes exported", minimum=0)
+
+
+@dataclass
 class Preemption:
     """The trainer's saves on SIGTERM (Kueue preemption, a node drain, a spot reclaim): every rank finished the step in
     flight and saved a checkpoint at it (each trainer node's stop report, its termination message)."""
@@ -208,4 +225,5 @@ class RunStatus:
     result: RunResult | None = spec_field(
         "read from the finished rank-0 trainer pod's termination message once the job has succeeded"
     )
+    output: Output | None = spec_field("the export of the trained model (spec.output; condition Exported)")
     kopf: dict[str, Any] = spec_field("the operator framework's bookkeeping (last handled spec, handler progress)", {})

@@ -10,6 +10,8 @@ from typing import Any
 
 from atlas_contract.metrics import PROGRESS
 from atlas_contract.names import CHECKPOINT_PREFIX, STOP_EXIT_CODE, TRAINJOB_TRAINER_JOB, WATCHDOG_EXIT_CODE
+from atlas_contract.results import parse_result
+from atlas_contract.sources import REASONS, SOURCES_EXIT_CODE, SOURCES_MARK
 from atlas_contract.stops import StopReport, parse_stop_report
 from atlas_operator.run_status import CHILD_KEYS, ConditionType, EventReason
 
@@ -76,6 +78,7 @@ class Outcome:
     # that is (atlas_training_preemption_saves_total).
     preemption: dict[str, Any] | None = None
     preemption_saves: int = 0
+    output: dict[str, Any] | None = None  # .status.output to write: the export the finished trainer reported
 
 
 def now() -> str:
@@ -251,6 +254,69 @@ def stop_report(pod: dict[str, Any]) -> tuple[StopReport, str | None] | None:
     return max(found, key=lambda item: item[0].step) if found else None
 
 
+@dataclass(frozen=True)
+class Failure:
+    """Why a pod's source fetch or export failed: a reason of atlas_contract.sources.REASONS (or ExportFailed), the
+    URI, and the message, as the pod's termination message says them (credentials never in it: the fetcher
+    redacts them)."""
+
+    reason: str
+    uri: str
+    message: str
+
+
+def _failed_terminations(pod: dict[str, Any], statuses: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(container, terminated, state) of each container of ``statuses`` that ended with SOURCES_EXIT_CODE, now or
+    before its restart (``lastState``) — unless it has since succeeded (an init container that ended with 0)."""
+    found = []
+    for entry in (pod.get("status") or {}).get(statuses) or []:
+        if not isinstance(entry, dict):
+            continue
+        state = entry.get("state") or {}
+        if (state.get("terminated") or {}).get("exitCode") == 0:
+            continue
+        for key in ("state", "lastState"):
+            terminated = (entry.get(key) or {}).get("terminated")
+            if isinstance(terminated, dict) and terminated.get("exitCode") == SOURCES_EXIT_CODE:
+                found.append((str(entry.get("name")), terminated, state))
+                break
+    return found
+
+
+def sources_failure(pod: dict[str, Any]) -> Failure | None:
+    """The failure a pod's initializer reported (a server's init container, or the trainer container's first step):
+    ``atlas sources: {reason, uri, message}`` in the termination message of a container that exited with
+    SOURCES_EXIT_CODE; None when there is none."""
+    import json
+
+    for statuses in ("initContainerStatuses", "containerStatuses"):
+        for _, terminated, _ in _failed_terminations(pod, statuses):
+            message = terminated.get("message")
+            if not isinstance(message, str) or not message.startswith(SOURCES_MARK):
+                continue
+            try:
+                said = json.loads(message.removeprefix(SOURCES_MARK))
+            except ValueError:
+                continue
+            if isinstance(said, dict) and isinstance(said.get("reason"), str):
+                return Failure(str(said["reason"]), str(said.get("uri", "")), str(said.get("message", "")))
+    return None
+
+
+def export_failure(pod: dict[str, Any], container: str) -> Failure | None:
+    """The failed export the trainer container reported (a result message with ``exportError``, exit code
+    SOURCES_EXIT_CODE), or None."""
+    for name, terminated, _ in _failed_terminations(pod, "containerStatuses"):
+        if name != container:
+            continue
+        message = terminated.get("message")
+        result, _ = parse_result(message if isinstance(message, str) else None)
+        error = (result or {}).get("exportError")
+        if error:
+            return Failure(error["reason"], "", error["message"])
+    return None
+
+
 def save_message(report: StopReport) -> str:
     """The PreemptionSave Event's message."""
     return (
@@ -347,6 +413,10 @@ def status_update(old: dict[str, Any], generation: int | None, result: Outcome, 
         new["result"] = result.result
     elif result.result_stale:
         new["result"] = None
+    if result.output is not None:
+        new["output"] = result.output
+    elif result.result_stale:
+        new["output"] = None
     patch = {key: value for key, value in new.items() if old.get(key) != value}
     for key in ("children", "progress"):  # a merge patch keeps keys it does not name: delete what is gone
         before, after = old.get(key) or {}, patch.get(key)
@@ -393,6 +463,9 @@ def transition_message(result: Outcome) -> str:
     for blocking in (ConditionType.VALID, ConditionType.PREREQUISITES_MET, ConditionType.SPEC_APPLIED):
         if by_type.get(blocking, {}).get("status") == "False":
             return by_type[blocking]["message"]
+    sources = by_type.get(ConditionType.SOURCES_READY, {})
+    if result.phase == "Failed" and sources.get("status") == "False" and sources.get("reason") in REASONS:
+        return sources["message"]  # what failed the run: the source, not the job's words
     training = by_type.get(ConditionType.TRAINING)
     return training["message"] if training else result.phase
 

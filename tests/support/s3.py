@@ -101,6 +101,32 @@ class S3:
         return boto3.client("s3", **{**options, **overrides})
 
 
+@dataclass(frozen=True)
+class Access:
+    """One request of versitygw's access log (``S3Server(access_log=…)``; AWS's server access log format)."""
+
+    bucket: str
+    client: str  # the remote address: 127.0.0.1 for the host, a pod's IP for a pod
+    operation: str  # s3_GetObject, s3_PutObject, s3_ListObjectsV2, s3_HeadObject, …
+    key: str  # "-" for none
+    status: int
+    error: str  # "-" for none
+
+
+def read_access_log(path: Path) -> list[Access]:
+    """Every request of an access log, in order (versitygw v1.8.0 writes each line when the request is answered; it
+    records neither the Range of a GET nor the bytes a GetObject sent, so count GETs, not bytes)."""
+    found = []
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+        fields = line.split(" ")
+        # owner bucket [time zone] remote requester request-id operation key request-uri status error …
+        if len(fields) < 12 or not fields[2].startswith("["):
+            continue  # "log starts …"
+        status = int(fields[10]) if fields[10].isdigit() else 0
+        found.append(Access(fields[1], fields[4], fields[7], fields[8], status, fields[11]))
+    return found
+
+
 def s3_server(tmp_path_factory) -> Iterator[S3]:
     """The fixture's body (tests/conftest.py: ``s3_server``, session scope): starts the server, stops it after."""
     binary = require_binary()

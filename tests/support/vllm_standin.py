@@ -5,7 +5,9 @@ rather than a model's answers. It does NOT generate: /health answers 200, /v1/mo
 endpoints a trainer's rollout client needs (init_communicator, update_named_param, ...) answer 404.
 
 ``vllm serve MODEL [--host H] [--port P] [--served-model-name NAME] …`` (other flags are ignored), as the operator
-renders it (operator/atlas_operator/render/servers.py).
+renders it (operator/atlas_operator/render/servers.py). A MODEL that is a path (a fetched copy, a claim's mount)
+must be a model folder (its config.json), as vLLM would load it: else the stand-in exits 1 naming it; its first
+line names what it serves and from where (``model MODEL``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,13 @@ def parse(argv: list[str]) -> tuple[str, int, str]:
     return options["--host"], int(options["--port"]), options["--served-model-name"]
 
 
-def serve(host: str, port: int, model: str) -> None:
+def check_model(path: str) -> None:
+    """A MODEL given as a path must be a model folder (what vLLM would load); exit 1 naming it otherwise."""
+    if path.startswith("/") and not (Path(path) / "config.json").is_file():
+        raise SystemExit(f"vllm stand-in: no model at {path} (no config.json)")
+
+
+def serve(host: str, port: int, model: str, path: str | None = None) -> None:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -65,7 +73,8 @@ def serve(host: str, port: int, model: str) -> None:
                 return self.send(200, {**answer, "object": "text_completion", "choices": choices})
             self.send(404, {"error": {"message": "not served by the vLLM stand-in"}})
 
-    print(f"vLLM stand-in (tests/support/vllm_standin.py): serving {model} on {host}:{port}", flush=True)
+    source = f" (model {path})" if path else ""
+    print(f"vLLM stand-in (tests/support/vllm_standin.py): serving {model}{source} on {host}:{port}", flush=True)
     ThreadingHTTPServer((host, port), Handler).serve_forever()
 
 
@@ -79,4 +88,7 @@ def install(folder: Path) -> Path:
 
 
 if __name__ == "__main__":
-    serve(*parse(sys.argv[1:]))
+    arguments = sys.argv[1:]
+    host, port, served = parse(arguments)
+    check_model(arguments[1])
+    serve(host, port, served, arguments[1])

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from atlas_contract.stops import StopReport
+from atlas_operator.status_update import Failure
 
 # A run: (kind, namespace, name). Pods and the Trainer's JobSets name their run by namespace and name alone (its
 # app.kubernetes.io/instance label), so what comes from them is kept per (namespace, name).
@@ -33,6 +34,8 @@ class RunMemory:
         self._kinds: dict[tuple[str, str], str] = {}
         self._stuck: dict[tuple[str, str], dict[str, Stuck]] = {}  # run → pod → why it cannot start
         self._stops: dict[tuple[str, str], tuple[StopReport, str | None]] = {}  # run → (report, when it ended)
+        self._source_failures: dict[tuple[str, str], dict[str, Failure]] = {}  # run → pod → its fetch's failure
+        self._export_failures: dict[tuple[str, str], dict[str, Failure]] = {}  # run → pod → its export's failure
         self._saves: dict[tuple, int] = {}  # (namespace, name, run uid) → the step last counted
         self._restarts: dict[tuple, int] = {}  # (namespace, name, run uid, JobSet uid) → restarts seen
         self._result_reads: dict[tuple, int] = {}  # (namespace, name, run uid, job uid) → pod reads so far
@@ -53,13 +56,24 @@ class RunMemory:
             return self._kinds.get((namespace, name))
 
     def note_pod(
-        self, namespace: str, run: str, pod: str, stuck: Stuck | None, stop: tuple[StopReport, str | None] | None
+        self,
+        namespace: str,
+        run: str,
+        pod: str,
+        stuck: Stuck | None,
+        stop: tuple[StopReport, str | None] | None,
+        failures: tuple[Failure | None, Failure | None] = (None, None),
     ) -> tuple[bool, str | None]:
-        """Note whether ``pod`` of ``run`` is stuck, and its stop report when its step is newer than the one noted
-        (every node reports the same step: the first pod seen with it speaks for the run). Returns whether either
-        changed what the run should say, and the run's kind."""
+        """Note whether ``pod`` of ``run`` is stuck, its stop report when its step is newer than the one noted
+        (every node reports the same step: the first pod seen with it speaks for the run), and ``failures``: its
+        source fetch's and its export's. Returns whether any changed what the run should say, and the run's kind."""
         key = (namespace, run)
         with self._lock:
+            failed = False
+            for table, failure in zip((self._source_failures, self._export_failures), failures, strict=True):
+                failed |= _note(table.setdefault(key, {}), pod, failure)
+                if not table[key]:
+                    del table[key]
             pods = self._stuck.setdefault(key, {})
             before = pods.pop(pod, None)
             if stuck is not None:
@@ -70,7 +84,17 @@ class RunMemory:
             new_stop = stop is not None and (noted is None or stop[0].step > noted[0].step)
             if new_stop:
                 self._stops[key] = stop
-            return stuck != before or new_stop, self._kinds.get(key)
+            return stuck != before or new_stop or failed, self._kinds.get(key)
+
+    def source_failures(self, namespace: str, name: str) -> list[tuple[str, Failure]]:
+        """The run's pods whose source fetch failed, by name."""
+        with self._lock:
+            return sorted((self._source_failures.get((namespace, name)) or {}).items())
+
+    def export_failures(self, namespace: str, name: str) -> list[tuple[str, Failure]]:
+        """The run's pods whose export failed, by name."""
+        with self._lock:
+            return sorted((self._export_failures.get((namespace, name)) or {}).items())
 
     def stuck_pods(self, namespace: str, name: str) -> list[tuple[str, Stuck]]:
         """The run's pods that cannot start, by name."""
@@ -188,9 +212,26 @@ class RunMemory:
 
     def _tables(self) -> list[tuple[dict | set, Callable[[tuple], tuple]]]:
         """Each table, and how its key names a run: (namespace, name, ...) first, or a RunKey's last two."""
-        by_name = (self._kinds, self._stuck, self._stops, self._saves, self._restarts, self._result_reads)
+        by_name = (
+            self._kinds,
+            self._stuck,
+            self._stops,
+            self._source_failures,
+            self._export_failures,
+            self._saves,
+            self._restarts,
+            self._result_reads,
+        )
         by_run = (self._run_locks, self._unwritten, self._unreconciled_since, self._refreshing)
         return [(table, _first_two) for table in by_name] + [(table, _last_two) for table in by_run]
+
+
+def _note(pods: dict[str, Failure], pod: str, failure: Failure | None) -> bool:
+    """``pod``'s failure in ``pods`` (none: removed); whether that changed it."""
+    before = pods.pop(pod, None)
+    if failure is not None:
+        pods[pod] = failure
+    return before != failure
 
 
 def _first_two(key: tuple) -> tuple:

@@ -7,12 +7,14 @@ from typing import Any
 
 from atlas_contract.names import KINDS, LABEL_COMPONENT, LABEL_INSTANCE, ChildNames
 from atlas_contract.results import parse_result
+from atlas_contract.sources import REASONS
 from atlas_operator import kube
 from atlas_operator.kube import ApiError, Kube
 from atlas_operator.ownership import is_controlled_by
 from atlas_operator.reconcile.common import condition, log
 from atlas_operator.reconcile.memory import RunMemory
 from atlas_operator.render import COMPLETION_INDEX_KEY, child_names, has_student_server, on_jobset, trainer_container
+from atlas_operator.render.sources import needs_sources, source_uris
 from atlas_operator.run_status import ConditionType as Condition
 from atlas_operator.run_status import EventReason
 from atlas_operator.spec import Run
@@ -22,6 +24,7 @@ from atlas_operator.status_update import (
     TRAINER_JOBS,
     Event,
     Outcome,
+    export_failure,
     gang_of,
     job_phase,
     job_ran,
@@ -31,6 +34,7 @@ from atlas_operator.status_update import (
     preempted_message,
     save_message,
     servers_waiting,
+    sources_failure,
     stop_report,
     termination_message,
     training_reason,
@@ -84,8 +88,13 @@ class Observation:
         if job is not None and result.phase == "Succeeded":
             if not (body.get("status") or {}).get("result"):
                 result.result = self.read_result(run, gang or job, result.events)
+                if result.result is not None:  # the export: .status.output, not the result's
+                    result.output = result.result.pop("output", None)
+                    result.result.pop("exportError", None)
         elif job is not None:
             result.result_stale = True  # a job made again (spec change) has not reported yet
+        self.observe_sources(run, body, result)
+        self.observe_export(run, body, result)
 
     @staticmethod
     def preempted(body: dict[str, Any], job: dict[str, Any], result: Outcome) -> bool:
@@ -181,9 +190,59 @@ class Observation:
         if not run_name or not pod_name:
             return None
         stuck = None if deleted else pod_stuck(pod)
-        stop = stop_report(pod) if labels.get(LABEL_COMPONENT) == "trainer" else None
-        changed, kind = self.memory.note_pod(meta.get("namespace", "default"), run_name, pod_name, stuck, stop)
+        trainer = labels.get(LABEL_COMPONENT) == "trainer"
+        stop = stop_report(pod) if trainer else None
+        failures = (None, None) if deleted else (sources_failure(pod), export_failure(pod, _container_of(pod)))
+        namespace = meta.get("namespace", "default")
+        changed, kind = self.memory.note_pod(namespace, run_name, pod_name, stuck, stop, failures)
         return (kind, run_name) if changed and kind in KINDS else None
+
+    def observe_sources(self, run: Run, body: dict[str, Any], result: Outcome) -> None:
+        """SourcesReady, for a run that names an S3, hub or PVC source: False with the fetcher's reason (a Warning
+        Event too) while a pod's initializer reports a failure, True once the trainer reports progress (its sources
+        were whole), else False Fetching. An endpoint that did not answer within the fetcher's bounded wait
+        (Unreachable) fails the run; AccessDenied and NotFound leave it Pending while the kubelet's back-off
+        retries, so a fixed Secret or an uploaded object lets it go on."""
+        if not needs_sources(run):
+            return
+        started = bool((body.get("status") or {}).get("progress") or result.progress) or result.phase == "Succeeded"
+        failures = [] if started else self.memory.source_failures(run.namespace, run.name)
+        if failures:
+            pod, failure = failures[0]
+            message = f"{failure.uri}: {failure.message} (pod {pod})"
+            result.conditions.append(condition(Condition.SOURCES_READY, False, failure.reason, message))
+            if failure.reason in REASONS:
+                result.events.append(Event("Warning", EventReason(failure.reason), message))
+            if failure.reason == EventReason.UNREACHABLE:
+                result.phase = "Failed"
+            return
+        if started:
+            ready = condition(Condition.SOURCES_READY, True, "Fetched", "the run's sources are whole on its volume")
+        else:
+            ready = condition(Condition.SOURCES_READY, False, "Fetching", f"fetching {', '.join(source_uris(run))}")
+        result.conditions.append(ready)
+
+    def observe_export(self, run: Run, body: dict[str, Any], result: Outcome) -> None:
+        """Exported, for a run with spec.output: True with .status.output once the finished trainer reported its
+        export; False with the export's reason (a Warning Event too) while a trainer pod reports a failed one (the
+        model stays on the checkpoint volume; the restarted pod retries the export alone); else False Pending."""
+        if run.spec.output is None:
+            return
+        shown = (body.get("status") or {}).get("output")
+        output = result.output or (None if result.result_stale else shown)
+        failures = self.memory.export_failures(run.namespace, run.name)
+        if output:
+            message = f"{output.get('files')} files, {output.get('bytes')} bytes at {output.get('uri')}"
+            result.conditions.append(condition(Condition.EXPORTED, True, "Exported", message))
+        elif failures:
+            pod, failure = failures[0]
+            message = f"{failure.message} (pod {pod}); the model stays on the checkpoint volume; the export is retried"
+            reason = failure.reason if failure.reason in REASONS else EventReason.EXPORT_FAILED
+            result.conditions.append(condition(Condition.EXPORTED, False, reason, message))
+            result.events.append(Event("Warning", EventReason(reason), message))
+        else:
+            waiting = f"the trained model is exported to {run.spec.output.uri} when training succeeds"
+            result.conditions.append(condition(Condition.EXPORTED, False, "Pending", waiting))
 
     def observe_preemption(self, run: Run, body: dict[str, Any], result: Outcome) -> None:
         """A save on SIGTERM newer than the run's status shows (pod_changed noted it): .status.preemption, a Normal
@@ -290,6 +349,13 @@ class Observation:
             if (meta.get("annotations") or {}).get(COMPLETION_INDEX_KEY) == "0":
                 return pod
         return None
+
+
+def _container_of(pod: dict[str, Any]) -> str:
+    """The trainer container's name in a run's pod (``pytorch`` on PyTorchJob, ``trainer`` on JobSet, ``node`` in
+    a TrainJob's), the first container's for any pod: only a trainer reports an export."""
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    return str(containers[0].get("name"))
 
 
 def _made_by(pod: dict[str, Any], job_uid: str | None) -> bool:

@@ -38,6 +38,17 @@ def dataset_uris(run: Run) -> list[str]:
     return found
 
 
+def source_uris(run: Run) -> list[str]:
+    """The run's S3, hub and PVC models and datasets, once each."""
+    uris = [*model_uris(run).values(), *dataset_uris(run)]
+    return list(dict.fromkeys(uri for uri in uris if sources.parse(uri).remote))
+
+
+def needs_sources(run: Run) -> bool:
+    """Whether the run reads a source from outside its volume and image (condition SourcesReady)."""
+    return bool(source_uris(run))
+
+
 def fetched(uri: str, model: bool) -> bool:
     """Whether the initializer copies ``uri``: an S3 model or dataset, a hub model (hub datasets stay with datasets'
     own cache in HF_HOME on the checkpoint volume)."""
