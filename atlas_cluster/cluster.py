@@ -173,10 +173,30 @@ class LocalCluster:
             NODES,
             [sys.executable, "-m", "atlas_cluster.node", "--cluster-dir", str(self.directory),
              "--nodes", str(self.nodes), "--gpus", str(self.gpus_per_node), "--network-prefix", prefix],
+            env=self.node_environment(),
         )  # fmt: skip
         log = self.supervisor.log(NODES)
         self.supervisor.wait_until(NODES, lambda: "process nodes ready" in log.read_text(), 120, "process nodes")
         self.log(f"atlas cluster: {self.nodes} process node(s) ready, {self.gpus_per_node} fake GPUs each")
+
+    def node_environment(self) -> dict[str, str]:
+        """The process nodes' environment: this one, with the real CPU vLLM's launcher first on PATH when it is
+        installed (``make vllm``), so the runs' rollout and student servers (``vllm serve <model>``) are the real
+        vLLM on CPU. Asked of atlas_core's launcher as a program (this package imports neither half)."""
+        env = dict(os.environ)
+        folder = self.directory / "vllm-launcher"
+        done = subprocess.run(
+            [sys.executable, "-m", "atlas_core.vllm_cpu", "install-launcher", str(folder)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode == 0:
+            env["PATH"] = os.pathsep.join((done.stdout.strip(), env.get("PATH", "/usr/bin:/bin")))
+            self.log(f"atlas cluster: the nodes' vllm is the real CPU vLLM ({done.stdout.strip()}/vllm)")
+        else:
+            self.log(f"atlas cluster: no vllm on the nodes' PATH: {done.stderr.strip() or 'make vllm'}")
+        return env
 
     def pod_gateway(self) -> str | None:
         """The host's address on the pods' bridge (what a pod's default route goes through), once process nodes

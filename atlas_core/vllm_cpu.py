@@ -209,7 +209,19 @@ def install_program(folder: str | os.PathLike, python: str | os.PathLike | None 
     return folder
 
 
+#: ``python -m atlas_core.vllm_cpu install-launcher DIR``: write the launcher into DIR when the CPU vLLM is installed
+#: (exit 0), else say so (exit 1) — how ``atlas cluster up --nodes`` (atlas_cluster, which imports no atlas_core)
+#: puts the real CPU vLLM on its process nodes' PATH.
+INSTALL_LAUNCHER = "install-launcher"
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == [INSTALL_LAUNCHER] and len(argv) == 2:
+        if cpu_python() is None:
+            print("the CPU vLLM is not installed (make vllm)", file=sys.stderr)
+            return 1
+        print(install_program(argv[1]))
+        return 0
     try:
         command = launch(argv)
     except (ValueError, FileNotFoundError, ServerFailed) as exc:

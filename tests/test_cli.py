@@ -153,7 +153,8 @@ def test_invalid_manifest_lists_every_problem(tmp_path):
     proc = run([PYTHON, "-m", "atlas_cli.main", "train", str(manifest)], tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [
-        "error: spec.model: required (HF id or path of the policy to train (the teacher for AtlasTeacher))",
+        "error: spec.model: required (the policy to train (the teacher for AtlasTeacher): a hub id, hf://org/name, "
+        "s3://bucket/prefix, pvc://claim/path, builtin://… or a path (hub and S3 models are fetched once per run))",
         "error: spec.dataset: required (training prompts)",
     ]
 

@@ -49,7 +49,10 @@ def launch(tmp_path: Path):
     result_file = tmp_path / "termination-log"
     result_file.write_text("")
     ready = tmp_path / "ready"
-    command = launch_command(parse_run(training(resources={"nodes": 2, "gpusPerNode": 8})))
+    # A builtin model: nothing to fetch, the launcher is the first step (the fetch step: the tests below).
+    command = launch_command(
+        parse_run(training(model="builtin://tiny-llama", resources={"nodes": 2, "gpusPerNode": 8}))
+    )
 
     def start(mode: str, message: str = "", code: int = 1) -> tuple[subprocess.Popen, Path]:
         env = {
@@ -110,3 +113,70 @@ def test_the_exit_code_follows_the_termination_message(launch, message, code, ex
     start, _ = launch
     proc, _ = start("message", message, code)
     assert proc.wait(timeout=20) == expected
+
+
+# The initializer and the export retry, as the stand-in `python` on PATH sees them: it records its arguments and
+# exits with STANDIN_PYTHON_CODE, writing STANDIN_MESSAGE to the file after --message-file when it has one.
+PYTHON_STANDIN = """#!/bin/bash
+echo "$*" >> "$STANDIN_CALLS"
+while [ $# -gt 0 ]; do
+  if [ "$1" = --message-file ]; then printf "%s" "$STANDIN_MESSAGE" > "$2"; fi
+  shift
+done
+exit "$STANDIN_PYTHON_CODE"
+"""
+
+
+def _run_with_standins(tmp_path: Path, manifest: dict, rank: str, python_code: int, message: str = "") -> dict:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in (("accelerate", STANDIN), ("python", PYTHON_STANDIN)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    result_file, calls = tmp_path / "termination-log", tmp_path / "calls"
+    result_file.write_text("")
+    calls.write_text("")
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "ATLAS_RESULT_FILE": str(result_file),
+        **{"PET_NNODES": "2", "PET_NODE_RANK": rank, "PET_NPROC_PER_NODE": "1", "MASTER_ADDR": "127.0.0.1"},
+        **{"MASTER_PORT": "23456", "STANDIN_MODE": "message", "STANDIN_CODE": "0", "STANDIN_MESSAGE": message},
+        **{"STANDIN_CALLS": str(calls), "STANDIN_PYTHON_CODE": str(python_code)},
+    }
+    done = subprocess.run(launch_command(parse_run(manifest)), env=env, timeout=30, check=False)
+    return {"code": done.returncode, "calls": calls.read_text().splitlines(), "message": result_file.read_text()}
+
+
+def test_a_run_with_s3_sources_fetches_them_first_and_a_failed_fetch_ends_the_container_with_its_code(tmp_path):
+    from atlas_contract.sources import SOURCES_EXIT_CODE, SOURCES_MARK
+
+    manifest = training(model="s3://models/tiny", resources={"nodes": 2, "gpusPerNode": 8})
+    failure = SOURCES_MARK + ' {"reason": "AccessDenied", "uri": "s3://models/tiny", "message": "denied"}'
+    failed = _run_with_standins(tmp_path / "failed", manifest, "0", SOURCES_EXIT_CODE, failure)
+    assert failed["code"] == SOURCES_EXIT_CODE and failed["message"] == failure
+    (call,) = failed["calls"]  # the initializer alone: the launcher never started
+    assert call.startswith("-m atlas_core.sources.initializer --config /etc/atlas/run.yaml")
+    fetched = _run_with_standins(tmp_path / "fetched", manifest, "1", 0)
+    assert fetched["code"] == 0 and len(fetched["calls"]) == 1  # then accelerate (the stand-in) ran and succeeded
+
+
+def test_a_pending_export_is_retried_alone_on_the_first_node_and_the_others_exit(tmp_path):
+    from atlas_contract.sources import EXPORT_PENDING_FILE
+
+    checkpoints = tmp_path / "checkpoints"
+    manifest = training(
+        model="builtin://tiny-llama",
+        output={"uri": "s3://out/grpo-run"},
+        checkpoint={"path": str(checkpoints)},
+        resources={"nodes": 2, "gpusPerNode": 8},
+    )
+    (checkpoints / "grpo-run").mkdir(parents=True)
+    first = _run_with_standins(tmp_path / "none-pending", manifest, "0", 0, "trained")
+    assert first["calls"] == [] and first["message"] == "trained\n"  # nothing pending: the launcher ran
+    (checkpoints / "grpo-run" / EXPORT_PENDING_FILE).write_text("{}")
+    rank0 = _run_with_standins(tmp_path / "rank0", manifest, "0", 69)
+    assert rank0["code"] == 69 and rank0["calls"] == ["-m atlas_core.cli.export --config /etc/atlas/run.yaml"]
+    assert rank0["message"] == ""  # the launcher (whose stand-in writes the message) never ran
+    rank1 = _run_with_standins(tmp_path / "rank1", manifest, "1", 0)
+    assert rank1["code"] == 0 and rank1["calls"] == [] and rank1["message"] == ""

@@ -487,9 +487,8 @@ class RunSpec:
     """Spec shared by AtlasTraining and AtlasTeacher."""
 
     model: str = spec_field(
-        "the policy to train (the teacher for AtlasTeacher): a hub id or hf://org/name, s3://bucket/prefix "
-        "(spec.storage), pvc://claim/path, builtin://… or a path on the checkpoint volume; hub and S3 models are "
-        "fetched once per run into <checkpoint.path>/<name>/sources, and every rank and server loads that copy",
+        "the policy to train (the teacher for AtlasTeacher): a hub id, hf://org/name, s3://bucket/prefix, "
+        "pvc://claim/path, builtin://… or a path (hub and S3 models are fetched once per run)",
         required=True,
         max_length=MAX_REFERENCE,
     )
