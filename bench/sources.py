@@ -96,10 +96,11 @@ def teacher(name: str, model_uri: str, pvc: str | None) -> dict:
 
 class Bench:
     def __init__(self, cluster, server, part_bytes: int):
-        from atlas_cluster.cluster import kubectl
+        from atlas_cluster.cluster import OPERATOR, kubectl
 
         self.cluster, self.server, self.part_bytes = cluster, server, part_bytes
         self._kubectl = kubectl
+        self.operator = OPERATOR
         self.sizes: dict[str, int] = {}
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True):
@@ -189,6 +190,7 @@ class Bench:
                     for key, line in (("start", "resume: "), ("evaluated", "evaluation: "), ("exported", "exported: ")):
                         if line in text:
                             marks.setdefault(key, now)
+            self.cluster.supervisor.check(self.operator)  # a dead operator: its log's end, not a wait for nothing
             phase = self.status(name).get("phase", "")
             if phase in ("Succeeded", "Failed"):
                 measured.phase, measured.total_s = phase, now
@@ -273,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from atlas_cluster.build import controller_binary, default_bin_dir, missing, s3_server_binary
     from atlas_cluster.cluster import LocalCluster
+    from atlas_cluster.controlplane import free_port
     from atlas_core.sources.fetch import PART_BYTES
     from tests.support import vllm_standin
 
@@ -303,11 +306,21 @@ def main(argv: list[str] | None = None) -> int:
 
     directory = Path(tempfile.mkdtemp(prefix="atlas-bench-sources-"))
     standin = vllm_standin.install(directory / "vllm-standin")
-    os.environ["PATH"] = os.pathsep.join((str(standin), os.environ.get("PATH", "/usr/bin:/bin")))  # the pods' vllm
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    cluster = LocalCluster(
+
+    class Cluster(LocalCluster):
+        def node_environment(self) -> dict[str, str]:
+            """The nodes' ``vllm`` is the stand-in, before the real CPU vLLM's launcher that ``atlas cluster up`` puts
+            first when it is installed: what is measured is the fetch, not a server's load."""
+            env = super().node_environment()
+            env["PATH"] = os.pathsep.join((str(standin), env.get("PATH", "/usr/bin:/bin")))
+            return env
+
+    # The operator's metrics and health port: a free one (the chart's 8080 may be another local operator's).
+    operator_env = {"ATLAS_OPERATOR_METRICS_PORT": str(free_port()), "ATLAS_PROGRESS_INTERVAL": "1"}
+    cluster = Cluster(
         directory / "cluster", bin_dir, controllers=("training-operator",), nodes=TRAINER_PODS, gpus_per_node=2,
-        log=lambda line: print(line, file=sys.stderr),
+        operator_env=operator_env, log=lambda line: print(line, file=sys.stderr),
     )  # fmt: skip
     rows: list[Measured] = []
     try:

@@ -76,9 +76,12 @@ def s3_reason(exc: BaseException) -> str | None:
         ConnectionClosedError,
         ConnectTimeoutError,
         EndpointConnectionError,
+        NoCredentialsError,
         ReadTimeoutError,
     )
 
+    if isinstance(exc, NoCredentialsError):  # nothing to sign with: no Secret, no workload identity
+        return ACCESS_DENIED
     if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError, ConnectionClosedError, ReadTimeoutError)):
         return UNREACHABLE
     if isinstance(exc, ClientError):
@@ -101,6 +104,9 @@ def from_s3(exc: BaseException, uri: str, endpoint: str, what: str) -> SourceErr
         return None
     if reason == UNREACHABLE and not hasattr(cause, "response"):
         return SourceError(reason, uri, f"{what}: the S3 endpoint {endpoint} does not answer ({_short(cause)})")
+    if reason == ACCESS_DENIED and not hasattr(cause, "response"):
+        hint = "set spec.storage.secretRef to a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+        return SourceError(reason, uri, f"{what}: no S3 credentials to sign the request with ({hint})")
     code, status, message = _code_of(cause)
     detail = f"{code}{f' (HTTP {status})' if status and str(status) != code else ''}"
     if message:

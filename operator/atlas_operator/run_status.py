@@ -191,7 +191,9 @@ class Output:
     """Where the trained model was exported (spec.output), as the trainer reported it: whole, its manifest last."""
 
     uri: str | None = spec_field("spec.output.uri")
-    files: int | None = spec_field("files exported, the manifest included", minimum=0)
+    files: int | None = spec_field(
+        "files exported: the model's and its card README.md (atlas-manifest.json beside them lists them)", minimum=0
+    )
     bytes: int | None = spec_field("bytes exported", minimum=0)
 
 

@@ -438,7 +438,7 @@ class StorageSpec:
     """Where s3:// sources and outputs live, and the credentials the pods use (by Secret reference only)."""
 
     endpoint: str | None = spec_field(
-        "the S3-compatible store's address, e.g. http://minio.storage:9000",
+        "the S3-compatible store's address, e.g. https://s3.example.com",
         unset="the Secret's AWS_ENDPOINT_URL, else AWS's own endpoint",
         max_length=MAX_REFERENCE,
     )
@@ -450,7 +450,8 @@ class StorageSpec:
     secret_ref: SecretKeySelector | None = spec_field(
         "Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and optionally AWS_ENDPOINT_URL and "
         "AWS_DEFAULT_REGION; the pods read it through secretKeyRef (the operator never reads a Secret)",
-        unset="no credentials from a Secret (the pods' own: a workload identity, or public buckets)",
+        unset="no credentials from a Secret (the pods' own, e.g. a workload identity; with none, a fetch fails "
+        "AccessDenied)",
     )
     hub: HubSpec = spec_field("the Hugging Face hub: its address and token", HubSpec)
 
@@ -468,7 +469,8 @@ class OutputSpec:
         max_length=MAX_REFERENCE,
     )
     merge: bool = spec_field(
-        "a LoRA run: also export the adapter merged into the base model (a full fine-tuning's export is its model)",
+        "a LoRA run: export the adapter merged into its base model instead of the adapter alone (a full "
+        "fine-tuning's export is its model either way)",
         False,
     )
 

@@ -45,7 +45,6 @@ from atlas_contract.sources import (
     EXPORT_PENDING_FILE,
     MANIFEST_FILE,
     MODEL_CARD_FILE,
-    SOURCES_EXIT_CODE,
     UNREACHABLE_WAIT_S,
     cache_name,
     local_path,
@@ -291,7 +290,7 @@ def test_a_teacher_from_s3_fetches_each_source_once_and_exports_its_evaluated_mo
     logs = [world.log(pod) for pod in trainers] + [world.log(server, "initializer")]
     assert sum(f"fetched {model}:" in log for log in logs) == 1, "\n---\n".join(logs)
     assert sum(f"fetched {data}:" in log for log in logs[:2]) == 1, "\n---\n".join(logs[:2])
-    assert store.pod_gets(bucket) == Counter(uploaded), store.pod_gets(bucket)
+    assert store.pod_gets(bucket) == Counter(uploaded.keys()), store.pod_gets(bucket)
     sources_dir = SOURCES_DIR.format(run=name)
     copy = local_path(model, sources_dir)
     init = server["status"]["initContainerStatuses"][0]
@@ -484,18 +483,17 @@ def test_an_export_to_a_missing_bucket_is_retried_alone_once_the_bucket_exists(s
     assert not (out / EXPORT_PENDING_FILE).exists()
     keys = {o["Key"] for o in store.client().list_objects_v2(Bucket=later)["Contents"]}
     assert f"exports/{name}/{MANIFEST_FILE}" in keys and f"exports/{name}/model.safetensors" in keys
-    # The trainer container's log (every run appended): trained and evaluated once; each restart ran the export
-    # alone (python -m atlas_core.cli.export): no fetch, no rendezvous, no step.
+    # The trainer container's log (every run appended): fetched, trained and evaluated once; each restart ran the
+    # export alone (python -m atlas_core.cli.export): no fetch, no step, no evaluation.
     (pod,) = world.run_pods(name)
     log = world.log(pod)
     first_failure = log.index(f"error: export to {export} failed (NotFound)")
     before, after = log[:first_failure], log[first_failure:]
-    assert "resume: " in before and "evaluation: " in before
-    assert "resume: " not in after and "evaluation: " not in after and "sources: " not in after, after[-3000:]
+    for once in ("sources: ", "'train_runtime'", "evaluation: "):  # the fetch, the training's end, the evaluation
+        assert before.count(once) == 1 and once not in after, (once, log[-4000:])
     assert re.search(rf"^exported: {re.escape(export)} \(\d+ files, \d+ bytes\)$", after, re.M), after[-3000:]
     container = pod["status"]["containerStatuses"][0]
-    assert container["restartCount"] >= 1
-    assert container["lastState"]["terminated"]["exitCode"] == SOURCES_EXIT_CODE, container
+    assert container["restartCount"] >= 1 and container["lastState"]["terminated"]["exitCode"] != 0, container
 
 
 def test_an_endpoint_that_does_not_answer_fails_the_run_after_the_bounded_wait(sources: Sources):

@@ -199,24 +199,32 @@ class Observation:
 
     def observe_sources(self, run: Run, body: dict[str, Any], result: Outcome) -> None:
         """SourcesReady, for a run that names an S3, hub or PVC source: False with the fetcher's reason (a Warning
-        Event too) while a pod's initializer reports a failure, True once the trainer reports progress (its sources
-        were whole), else False Fetching. An endpoint that did not answer within the fetcher's bounded wait
-        (Unreachable) fails the run; AccessDenied and NotFound leave it Pending while the kubelet's back-off
-        retries, so a fixed Secret or an uploaded object lets it go on."""
+        Event too) while a pod's initializer reports a failure; True once the trainer got past its sources (it
+        reports progress, succeeded, or reports an export); else False Fetching. An endpoint that did not answer
+        within the fetcher's bounded wait (Unreachable) fails the run. AccessDenied and NotFound are retried with
+        the kubelet's back-off: a trainer's restarts count toward its job's limit (spec.maxRestarts), so the phase
+        follows the job (a fixed Secret or an uploaded object in time lets the run go on); a server retries
+        until it fetches."""
         if not needs_sources(run):
             return
-        started = bool((body.get("status") or {}).get("progress") or result.progress) or result.phase == "Succeeded"
-        failures = [] if started else self.memory.source_failures(run.namespace, run.name)
+        status = body.get("status") or {}
+        past = (
+            bool(status.get("progress") or result.progress or status.get("output") or result.output)
+            or result.phase == "Succeeded"
+            or bool(self.memory.export_failures(run.namespace, run.name))
+        )
+        failures = [] if past else self.memory.source_failures(run.namespace, run.name)
         if failures:
             pod, failure = failures[0]
-            message = f"{failure.uri}: {failure.message} (pod {pod})"
+            said = failure.message if failure.uri in failure.message else f"{failure.uri}: {failure.message}"
+            message = f"{said} (pod {pod})"
             result.conditions.append(condition(Condition.SOURCES_READY, False, failure.reason, message))
             if failure.reason in REASONS:
                 result.events.append(Event("Warning", EventReason(failure.reason), message))
             if failure.reason == EventReason.UNREACHABLE:
                 result.phase = "Failed"
             return
-        if started:
+        if past:
             ready = condition(Condition.SOURCES_READY, True, "Fetched", "the run's sources are whole on its volume")
         else:
             ready = condition(Condition.SOURCES_READY, False, "Fetching", f"fetching {', '.join(source_uris(run))}")
