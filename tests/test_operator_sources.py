@@ -152,3 +152,19 @@ def test_exported_from_the_finished_trainer_and_a_failed_export_from_its_pod():
     assert by_type(done)["Exported"]["status"] == "True" and "9 files" in by_type(done)["Exported"]["message"]
     patch, _ = status_update({}, 1, done, "2026-12-07T00:00:00Z")
     assert patch["output"] == output
+
+
+def test_no_credentials_at_all_is_access_denied_naming_the_secret_to_set(s3_server: S3, tmp_path):
+    bucket = s3_server.bucket("models-unsigned")
+    env = {k: v for k, v in s3_server.env().items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    isolated = {
+        "AWS_ACCESS_KEY_ID": "",
+        "AWS_SECRET_ACCESS_KEY": "",
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    code, message = initializer_message(tmp_path, f"s3://{bucket}/m", {**env, **isolated})
+    failure = sources_failure(pod("p", "rollout", init=[terminated("initializer", code, message)]))
+    assert code == SOURCES_EXIT_CODE and failure is not None
+    assert failure.reason == "AccessDenied" and "spec.storage.secretRef" in failure.message
