@@ -45,6 +45,8 @@ RESULT_RANGES: dict[str, tuple[float | None, float | None]] = {
     "nonDegradationRate": (0.0, 1.0),
     "guidanceTokensMean": (0.0, None),
 }
+#: The result message's key of a failed export (the trainer container's launch script looks for it).
+EXPORT_ERROR_KEY = "exportError"
 #: ``.status.result.evaluationError``: why the evaluation after training failed (the run still succeeded), in
 #: one line of at most this many characters.
 MAX_EVALUATION_ERROR = 500
@@ -85,7 +87,7 @@ def result_message(
     if output:
         result["output"] = {"uri": str(output["uri"]), "files": int(output["files"]), "bytes": int(output["bytes"])}
     if export_error:
-        result["exportError"] = {
+        result[EXPORT_ERROR_KEY] = {
             "reason": one_line(export_error.get("reason", "ExportFailed"), 64),
             "message": one_line(export_error.get("message", "")),
         }
@@ -141,9 +143,9 @@ def parse_result(text: str | None) -> tuple[dict[str, Any] | None, list[str]]:
         )
     ):
         result["output"] = {"uri": output["uri"][:1024], "files": int(output["files"]), "bytes": int(output["bytes"])}
-    export_error = raw.get("exportError")
+    export_error = raw.get(EXPORT_ERROR_KEY)
     if isinstance(export_error, dict) and isinstance(export_error.get("message"), str):
-        result["exportError"] = {
+        result[EXPORT_ERROR_KEY] = {
             "reason": one_line(str(export_error.get("reason") or "ExportFailed"), 64),
             "message": one_line(export_error["message"]),
         }

@@ -15,8 +15,10 @@ checkpoint PVC (the trainer pods and the server fetch into the run's cache on it
   model's objects against the model's size (the target: at most 1.05x with a shared volume), and the pods that
   read them;
 - apply → sources ready (the last fetching pod's initializer says its sources are whole: the trainer pods' first
-  step, the server's init container) and apply → training start (rank 0's resume decision, made before step 1);
-- the export: its time (rank 0's ``evaluation:`` line → its ``exported:`` line) and size (``.status.output``).
+  step, the server's init container) and apply → training start (rank 0's Trainer shows its progress bar: the model
+  loaded, step 1 begun), read from the pods' logs every POLL_S;
+- the export: its time (rank 0's ``evaluation:`` line → its ``exported:`` line, within POLL_S) and size
+  (``.status.output``).
 
 Today, before this change, each rank and each server downloaded the model itself (``from_pretrained`` of a hub id
 in every trainer process and ``vllm serve`` of it in every server): fetches per run = trainer pods + servers (3 here,
@@ -33,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -48,6 +51,9 @@ BUCKET = "atlas"
 DATA_KEY = "data/multistep.jsonl"
 TRAINER_PODS, SERVERS = 2, 1
 RUN_TIMEOUT_S = 1500.0
+POLL_S = 0.1  # the logs and the run's status are read this often: the resolution of the times
+#: The Trainer's progress bar (no label, unlike "Loading weights: …"): trainer.train() has begun its first step.
+TRAINING_BAR = re.compile(r"(?:^|[\r\n])[ \t]*\d+%\|")
 
 
 def commit() -> str:
@@ -187,7 +193,9 @@ class Bench:
                 if "sources: " in text and (trainer or container == "initializer"):
                     marks.setdefault(f"ready {where}", now)
                 if "-master-" in pod:
-                    for key, line in (("start", "resume: "), ("evaluated", "evaluation: "), ("exported", "exported: ")):
+                    if TRAINING_BAR.search(text):
+                        marks.setdefault("start", now)
+                    for key, line in (("evaluated", "evaluation: "), ("exported", "exported: ")):
                         if line in text:
                             marks.setdefault(key, now)
             self.cluster.supervisor.check(self.operator)  # a dead operator: its log's end, not a wait for nothing
@@ -195,7 +203,7 @@ class Bench:
             if phase in ("Succeeded", "Failed"):
                 measured.phase, measured.total_s = phase, now
                 break
-            time.sleep(0.25)
+            time.sleep(POLL_S)
         else:
             measured.phase = f"timed out ({RUN_TIMEOUT_S:.0f} s)"
         ready = [t for key, t in marks.items() if key.startswith("ready ")]

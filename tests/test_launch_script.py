@@ -15,6 +15,7 @@ from atlas_operator.render.trainer import launch_command
 from atlas_operator.validation import parse_run
 
 from atlas_contract.names import STOP_EXIT_CODE, WATCHDOG_EXIT_CODE
+from atlas_contract.results import result_message
 from atlas_contract.stops import StopReport, parse_stop_report
 from tests.support.manifests import training
 
@@ -37,6 +38,7 @@ esac
 exit 2
 """
 REPORT = StopReport(step=120, seconds=41.5).message()
+EXPORT_FAILED = result_message(4, 0.5, export_error={"reason": "NotFound", "message": "s3://out/x: no bucket 'out'"})
 
 
 @pytest.fixture
@@ -106,8 +108,10 @@ def test_sigterm_without_a_saved_checkpoint_keeps_the_launchers_code(launch):
         (REPORT, 0, 0),  # a launcher that succeeded is a success, whatever the file says
         (f"some words before\n{REPORT}", 1, STOP_EXIT_CODE),  # the mark starts a line, not necessarily the first
         (f"the trainer said: {REPORT}", 1, 1),  # … but must start one
+        (EXPORT_FAILED, 1, 69),  # torch elastic reports rank 0's SOURCES_EXIT_CODE as 1: the operator reads 69
+        (EXPORT_FAILED, 0, 0),
     ],
-    ids=["stop", "watchdog", "crash", "other-code", "success", "later-line", "not-at-line-start"],
+    ids=["stop", "watchdog", "crash", "other-code", "success", "later-line", "not-at-line-start", "export", "exported"],
 )
 def test_the_exit_code_follows_the_termination_message(launch, message, code, expected):
     start, _ = launch

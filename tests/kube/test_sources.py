@@ -45,6 +45,7 @@ from atlas_contract.sources import (
     EXPORT_PENDING_FILE,
     MANIFEST_FILE,
     MODEL_CARD_FILE,
+    SOURCES_EXIT_CODE,
     UNREACHABLE_WAIT_S,
     cache_name,
     local_path,
@@ -492,8 +493,11 @@ def test_an_export_to_a_missing_bucket_is_retried_alone_once_the_bucket_exists(s
     for once in ("sources: ", "'train_runtime'", "evaluation: "):  # the fetch, the training's end, the evaluation
         assert before.count(once) == 1 and once not in after, (once, log[-4000:])
     assert re.search(rf"^exported: {re.escape(export)} \(\d+ files, \d+ bytes\)$", after, re.M), after[-3000:]
+    # Every failed export (the trainer's, whose launcher torch elastic reports as 1, and each retry's) ended the
+    # container with SOURCES_EXIT_CODE, which Exported=False is read from (status_update.export_failure).
     container = pod["status"]["containerStatuses"][0]
-    assert container["restartCount"] >= 1 and container["lastState"]["terminated"]["exitCode"] != 0, container
+    assert container["restartCount"] >= 1, container
+    assert container["lastState"]["terminated"]["exitCode"] == SOURCES_EXIT_CODE, container
 
 
 def test_an_endpoint_that_does_not_answer_fails_the_run_after_the_bounded_wait(sources: Sources):

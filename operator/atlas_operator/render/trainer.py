@@ -29,6 +29,7 @@ from atlas_contract.names import (
     WATCHDOG_MARK,
     ChildNames,
 )
+from atlas_contract.results import EXPORT_ERROR_KEY
 from atlas_operator.config import Images
 from atlas_operator.render.common import (
     COMPLETION_INDEX_KEY,
@@ -68,8 +69,9 @@ def launch_command(run: Run) -> list[str]:
     with WATCHDOG_EXIT_CODE instead (what a JobSet's podFailurePolicy and `kubectl describe` see). Likewise a
     trainer that stopped on SIGTERM after saving a checkpoint at the step in flight (its stop report, STOP_MARK,
     in the termination message) exits with STOP_EXIT_CODE, which the JobSet and TrainJob trainer Job's
-    podFailurePolicy ignores. The launcher runs in the background so that SIGTERM (pod deletion: Kueue preemption,
-    a node drain, a spot reclaim) is passed on to it."""
+    podFailurePolicy ignores; and a trainer whose export failed (its result with ``exportError``) exits with
+    SOURCES_EXIT_CODE, which the operator reads as Exported=False. The launcher runs in the background so that
+    SIGTERM (pod deletion: Kueue preemption, a node drain, a spot reclaim) is passed on to it."""
     master = "PET_MASTER" if on_trainjob(run) else "MASTER"
     launch = (
         "accelerate launch"
@@ -93,6 +95,9 @@ if [ "$code" -ne 0 ] && grep -qs '^{WATCHDOG_MARK}' "${ENV_RESULT_FILE}"; then
 fi
 if [ "$code" -ne 0 ] && grep -qs '^{STOP_MARK}' "${ENV_RESULT_FILE}"; then
   exit {STOP_EXIT_CODE}
+fi
+if [ "$code" -ne 0 ] && grep -qs '"{EXPORT_ERROR_KEY}"' "${ENV_RESULT_FILE}"; then
+  exit {sources.SOURCES_EXIT_CODE}
 fi
 exit "$code"
 """
