@@ -28,19 +28,6 @@ MODEL_FILES = {
 }
 
 
-def client_of(server):
-    from botocore.config import Config
-
-    return boto3.session.Session().client(
-        "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=server.access_key,
-        aws_secret_access_key=server.secret_key,
-        region_name=server.region,
-        config=Config(s3={"addressing_style": "path"}),
-    )
-
-
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -123,7 +110,7 @@ def test_the_model_card_says_what_was_trained_from_what_and_how_it_did():
 def test_export_to_s3_writes_the_manifest_last(s3, tiny_model_dir):
     from atlas_core.sources.export import export_model
 
-    client, bucket = client_of(s3), s3.bucket("export-s3")
+    client, bucket = s3.client(), s3.bucket("export-s3")
     session, sent = boto3.session.Session(), []
     session.events.register(
         "before-send.s3", lambda request, event_name, **kw: sent.append((event_name.rsplit(".", 1)[-1], request.url))
@@ -247,7 +234,7 @@ def test_a_failed_export_fails_the_pod_and_its_re_run_retries_only_the_export(s3
     assert (out / "evaluation" / "eval.json").stat().st_mtime_ns == report_mtime
     done = results.parse_result_message(result_file.read_text())
     assert done["evaluation"] == failed["evaluation"] and "exportError" not in done
-    client = client_of(s3)
+    client = s3.client()
     manifest = json.loads(client.get_object(Bucket=bucket, Key=f"teacher/{MANIFEST_FILE}")["Body"].read())
     assert done["output"] == {"uri": f"s3://{bucket}/teacher", "files": 7, "bytes": manifest["total_bytes"]}
     assert {e["path"] for e in manifest["files"]} == {*MODEL_FILES, MODEL_CARD_FILE}

@@ -33,19 +33,6 @@ class Cut(Exception):
     """Raised by a boto3 event handler to cut a fetch short mid-file (boto3's own hook, not a stand-in)."""
 
 
-def client_of(server):
-    from botocore.config import Config
-
-    return boto3.session.Session().client(
-        "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=server.access_key,
-        aws_secret_access_key=server.secret_key,
-        region_name=server.region,
-        config=Config(s3={"addressing_style": "path"}),
-    )
-
-
 def upload_folder(client, bucket: str, prefix: str, folder: Path) -> dict[str, bytes]:
     """Every file of ``folder`` under ``prefix/``; {relative path: content}."""
     uploaded = {}
@@ -97,7 +84,7 @@ def test_a_folder_and_a_single_object_are_fetched_with_their_manifest(s3, tmp_pa
     from atlas_core.sources.fetch import fetch
     from atlas_core.sources.manifest import is_complete, read_manifest
 
-    client, bucket = client_of(s3), s3.bucket("fetch-basic")
+    client, bucket = s3.client(), s3.bucket("fetch-basic")
     source = tmp_path / "source"
     (source / "nested").mkdir(parents=True)
     (source / "config.json").write_text('{"a": 1}')
@@ -139,7 +126,7 @@ def test_a_fetch_cut_short_is_resumed_with_a_range_get_and_a_whole_copy_is_skipp
     from atlas_core.sources.fetch import fetch
     from atlas_core.sources.manifest import is_complete, read_manifest
 
-    client, bucket = client_of(s3), s3.bucket("fetch-resume")
+    client, bucket = s3.client(), s3.bucket("fetch-resume")
     big, small = os.urandom(3 * 1024 * 1024 + 123), b"small file"
     client.put_object(Bucket=bucket, Key="m/a-small.txt", Body=small)
     client.put_object(Bucket=bucket, Key="m/big.bin", Body=big)
@@ -183,7 +170,7 @@ def test_wrong_credentials_a_missing_prefix_and_bucket_are_named(s3, tmp_path, m
     from atlas_core.sources.errors import SourceError
     from atlas_core.sources.fetch import fetch
 
-    client, bucket = client_of(s3), s3.bucket("fetch-errors")
+    client, bucket = s3.client(), s3.bucket("fetch-errors")
     client.put_object(Bucket=bucket, Key="m/config.json", Body=b"{}")
 
     with pytest.raises(SourceError) as missing:
@@ -241,7 +228,7 @@ def _fetch_in_a_process(uri, dest, barrier, queue, env):
 def test_two_processes_fetching_one_source_into_one_folder_fetch_it_once(s3, tmp_path):
     from atlas_core.sources.manifest import is_complete
 
-    client, bucket = client_of(s3), s3.bucket("fetch-shared")
+    client, bucket = s3.client(), s3.bucket("fetch-shared")
     data = os.urandom(2 * 1024 * 1024)
     client.put_object(Bucket=bucket, Key="shared/weights.bin", Body=data)
     uri, dest = f"s3://{bucket}/shared", tmp_path / "volume" / "copy"
@@ -294,7 +281,7 @@ def initializer(args: list[str], **env):
 
 
 def test_the_initializer_fetches_a_runs_sources_or_ends_with_its_reason(s3, tmp_path):
-    client, bucket = client_of(s3), s3.bucket("init")
+    client, bucket = s3.client(), s3.bucket("init")
     client.put_object(Bucket=bucket, Key="model/config.json", Body=b"{}")
     client.put_object(Bucket=bucket, Key="data/train.jsonl", Body=b'{"prompt": "p"}\n')
     sources, message = tmp_path / "sources", tmp_path / "termination-log"
@@ -365,7 +352,7 @@ def test_a_model_and_datasets_load_from_s3(s3, tmp_path, tiny_model_dir, monkeyp
     from atlas_core.models.tiny import resolve_model_path
     from atlas_core.training.data import DatasetSourceError, load_evaluation_dataset, load_run_dataset
 
-    client, bucket = client_of(s3), s3.bucket("load")
+    client, bucket = s3.client(), s3.bucket("load")
     upload_folder(client, bucket, "models/tiny", tiny_model_dir)
     rows = [{"prompt": f"What is {i}+1?", "ground_truth": str(i + 1)} for i in range(5)]
     body = "".join(json.dumps(r) + "\n" for r in rows).encode()

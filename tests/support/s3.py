@@ -89,16 +89,19 @@ class S3:
         return {**self.server.env(), "AWS_DEFAULT_REGION": self.region, "AWS_REGION": self.region}
 
     def client(self, **overrides):
-        """A boto3 S3 client of this server (``overrides``: any of boto3.client's arguments)."""
+        """A boto3 S3 client of this server, of a session of its own (its event hooks and credentials are the
+        test's alone), path-style as the fetcher asks (``overrides``: any of boto3.client's arguments)."""
         import boto3
+        from botocore.config import Config
 
         options = dict(
             endpoint_url=self.endpoint,
             aws_access_key_id=self.access_key,
             aws_secret_access_key=self.secret_key,
             region_name=self.region,
+            config=Config(s3={"addressing_style": "path"}),
         )
-        return boto3.client("s3", **{**options, **overrides})
+        return boto3.session.Session().client("s3", **{**options, **overrides})
 
 
 @dataclass(frozen=True)
