@@ -177,7 +177,7 @@ def from_hub(exc: BaseException, uri: str, endpoint: str) -> SourceError | None:
         return None
     detail = _short(exc)
     if reason == ACCESS_DENIED:
-
+        hint = "a gated or private repository: spec.storage.hub.secretRef's HF_TOKEN must be a token that may read it"
         return SourceError(reason, uri, f"{uri}: access denied by {endpoint} ({detail}); {hint}")
     if reason == NOT_FOUND:
         return SourceError(reason, uri, f"{uri}: not found at {endpoint} ({detail})")
