@@ -532,7 +532,9 @@ def test_real_kueue_queues_admits_preempts_and_readmits_a_run_which_resumes(worl
     from atlas_contract.names import STOP_EXIT_CODE
 
     cluster_queue, priority = kueue_queue(world, quota_cpu="2", quota_memory="2Gi")
-    manifest, out = checkpointed_run(world, "queued-run", "JobSet", steps=15, every=50, nodes=2, queueName="team")
+    # Steps enough that Kueue's preemption lands mid-run: 15 tiny steps (about 4 s) once ended before it, under load.
+    steps = 60
+    manifest, out = checkpointed_run(world, "queued-run", "JobSet", steps=steps, every=100, nodes=2, queueName="team")
     world.apply(manifest)
     world.wait_status(manifest, lambda s: s.get("phase") == "Queued", "Queued", timeout=60)
     (workload,) = eventually("the run's Workload", lambda: workloads(world, "queued-run"), timeout=60)
@@ -568,7 +570,7 @@ def test_real_kueue_queues_admits_preempts_and_readmits_a_run_which_resumes(worl
     training = next(c for c in status["conditions"] if c["type"] == "Training")
     stop = logged_steps(out)[-1]
     assert training["reason"] == "Preempted" and f"checkpoint-{stop}" in training["message"], training
-    assert status["preemption"]["step"] == stop < 15
+    assert status["preemption"]["step"] == stop < steps
     assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{stop}"]
     (workload,) = workloads(world, "queued-run")
     evicted = {c["type"]: c for c in workload["status"]["conditions"]}  # Kueue's own account
@@ -579,7 +581,7 @@ def test_real_kueue_queues_admits_preempts_and_readmits_a_run_which_resumes(worl
     assert status["phase"] == "Succeeded", world.pod_logs("queued-run")
     master = succeeded_rank_0(world, "queued-run")
     assert f"resume: all 2 ranks resume from checkpoint-{stop}" in world.log(master)
-    assert logged_steps(out) == list(range(1, 16))  # no step lost, none repeated
+    assert logged_steps(out) == list(range(1, steps + 1))  # no step lost, none repeated
     assert (status.get("restarts") or 0) == 0  # a preemption is not a restart
 
 
