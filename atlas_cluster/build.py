@@ -243,14 +243,16 @@ def ensure_s3_server(binary: Path | None = None, log=None) -> Path:
 
 
 def kube_score_binary() -> Path:
-    """Where kube-score's binary is (built or not): ``$ATLAS_CACHE_DIR/kube-score/kube-score-<version>/bin/kube-score``."""
+    """Where kube-score's binary is (built or not):
+    ``$ATLAS_CACHE_DIR/kube-score/kube-score-<version>/bin/kube-score``."""
     return cache_root() / "kube-score" / versions.kube_score_key() / "bin" / "kube-score"
 
 
 def build_kube_score(go: str, binary: Path) -> None:
     wrapper = binary.parent.parent / "src"
     _wrapper(wrapper, "atlas.local/kube-score-build", f"\nrequire {versions.KUBE_SCORE_MODULE} {versions.KUBE_SCORE}\n")
-    (wrapper / "tools.go").write_text(f'//go:build tools\n\npackage tools\n\nimport _ "{versions.KUBE_SCORE_PACKAGE}"\n')
+    tools = f'//go:build tools\n\npackage tools\n\nimport _ "{versions.KUBE_SCORE_PACKAGE}"\n'
+    (wrapper / "tools.go").write_text(tools)
     _run(go, ["mod", "tidy"], wrapper, "kube-score")
     stamp = f"-X main.version={versions.KUBE_SCORE.removeprefix('v')}"  # as its goreleaser config
     _link(go, wrapper, {binary.name: versions.KUBE_SCORE_PACKAGE}, binary.parent, f"-s -w {stamp}")
