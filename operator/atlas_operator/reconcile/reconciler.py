@@ -132,7 +132,7 @@ class Reconciler:
             )
         else:
             requested = (
-                "every vLLM server requests CPU or memory (its pods are Burstable or Guaranteed)"
+                "every vLLM server the run renders requests CPU or memory (its pods are Burstable or Guaranteed)"
                 if run.spec.rollout.replicas or has_student_server(run)
                 else "the run has no vLLM server"
             )
