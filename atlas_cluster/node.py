@@ -19,7 +19,8 @@ What a pod gets (honoured):
   ClusterIP), so its ``port`` must equal the ``targetPort``. ``hostNetwork: true`` pods run in the host's network.
 * its own mount and UTS namespaces: every volume is a host folder bind-mounted at its real ``mountPath``
   (``subPath``, ``readOnly``) — so commands, config files and code see the paths they name, nothing is rewritten
-  (a mount point missing on the host is created there, empty, and removed on stop), except a volume whose
+  (a mount point missing on the host is created there, empty, and removed on stop unless a pod of another cluster
+  on this host still mounts it: :func:`mounted_anywhere`), except a volume whose
   ``mountPath`` holds the node's own work folder (``/tmp`` where the cluster's folder is there, as in the tests: the
   servers' ``/tmp`` emptyDir): mounted, it would hide the node's files and the host programs' and caches beside them,
   so the container shares the host's folder there. Volumes: emptyDir (medium
@@ -301,6 +302,23 @@ def quantity(text: Any) -> float:
     if not match or match.group(2) not in _SUFFIX:
         raise ValueError(f"not a quantity: {text!r}")
     return float(match.group(1)) * _SUFFIX[match.group(2)]
+
+
+def mounted_anywhere(path: Path, proc: Path = Path("/proc")) -> bool:
+    """Whether a mount sits at or under ``path`` in some process's mount namespace (``/proc/<pid>/mountinfo``): a
+    pod of another process node on this host (two clusters at once, as two test sessions run them). Linux detaches
+    such mounts when their mount point is removed, so a node leaves the mount points it made alone while one does."""
+    target = str(path)
+    for info in proc.glob("[0-9]*/mountinfo"):
+        try:
+            lines = info.read_text().splitlines()
+        except OSError:  # the process ended
+            continue
+        for line in lines:
+            fields = line.split(" ", 5)
+            if len(fields) > 4 and (fields[4] == target or fields[4].startswith(target + "/")):
+                return True
+    return False
 
 
 def expand(text: str, env: dict[str, str]) -> str:
@@ -1433,6 +1451,8 @@ class ProcessNodes:
             with contextlib.suppress(OSError):
                 self.cgroups.rmdir()
         for path in sorted(self._mount_points, key=lambda p: -len(p.parts)):
+            if mounted_anywhere(path):  # another cluster's pod mounts there: removing it would detach that mount
+                continue
             with contextlib.suppress(OSError):
                 path.unlink() if path.is_file() else path.rmdir()
 
