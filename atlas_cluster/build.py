@@ -8,6 +8,9 @@ python -m atlas_cluster.build --controllers jobset,kueue,trainer,training-operat
                                          # $ATLAS_CACHE_DIR/kube/controllers/<name>-<version>/bin
 python -m atlas_cluster.build --s3       # only the S3-compatible server (Versity's S3 Gateway, for
                                          # atlas cluster up --s3) into $ATLAS_CACHE_DIR/s3/versitygw-<version>/bin
+python -m atlas_cluster.build --kube-score
+                                         # only kube-score (tests/test_kube_score.py's judge) into
+                                         # $ATLAS_CACHE_DIR/kube-score/kube-score-<version>/bin
 
 The control plane does not install with a plain ``go install``, so each binary is built in a wrapper module:
 - etcd: its server module replaces its sibling modules by relative paths, which ``go install`` refuses; required
@@ -22,7 +25,7 @@ The control plane does not install with a plain ``go install``, so each binary i
   folder of ours (``go install`` writes to GOBIN), and the dependency versions its go.mod asks for, as a user's
   ``go get`` resolves them.
 - the S3 server (``versitygw``, atlas_cluster/s3.py runs it) the same way as a controller: its go.mod has no
-  replace, but one way for every binary.
+  replace, but one way for every binary; kube-score (tests/test_kube_score.py) likewise.
 
 Each binary is linked to a temporary name and renamed into place: a build interrupted or run twice at once never
 leaves a half-written binary. The Go module and build caches (``go env GOMODCACHE``, ``GOCACHE``) make a rebuild
@@ -239,6 +242,37 @@ def ensure_s3_server(binary: Path | None = None, log=None) -> Path:
     return binary
 
 
+def kube_score_binary() -> Path:
+    """Where kube-score's binary is (built or not):
+    ``$ATLAS_CACHE_DIR/kube-score/kube-score-<version>/bin/kube-score``."""
+    return cache_root() / "kube-score" / versions.kube_score_key() / "bin" / "kube-score"
+
+
+def build_kube_score(go: str, binary: Path) -> None:
+    wrapper = binary.parent.parent / "src"
+    _wrapper(wrapper, "atlas.local/kube-score-build", f"\nrequire {versions.KUBE_SCORE_MODULE} {versions.KUBE_SCORE}\n")
+    tools = f'//go:build tools\n\npackage tools\n\nimport _ "{versions.KUBE_SCORE_PACKAGE}"\n'
+    (wrapper / "tools.go").write_text(tools)
+    _run(go, ["mod", "tidy"], wrapper, "kube-score")
+    stamp = f"-X main.version={versions.KUBE_SCORE.removeprefix('v')}"  # as its goreleaser config
+    _link(go, wrapper, {binary.name: versions.KUBE_SCORE_PACKAGE}, binary.parent, f"-s -w {stamp}")
+
+
+def ensure_kube_score(binary: Path | None = None, log=None) -> Path:
+    """kube-score's binary (at ``binary`` instead of its cache folder when given), built from its Go module when
+    missing (under a minute cold on 2 cores, once per machine)."""
+    binary = binary or kube_score_binary()
+    if not os.access(binary, os.X_OK):
+        say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        go = go_binary()
+        say(f"atlas cluster: building kube-score {versions.KUBE_SCORE} from the Go module proxy into {binary.parent}")
+        started = time.monotonic()
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        build_kube_score(go, binary)
+        say(f"atlas cluster: built kube-score in {time.monotonic() - started:.0f} s")
+    return binary
+
+
 def ensure_built(bin_dir: Path | None = None, log=None) -> Path:
     """The bin folder with every control-plane binary, building what is missing (minutes, once per machine)."""
     bin_dir = bin_dir or default_bin_dir()
@@ -274,7 +308,9 @@ def ensure_built(bin_dir: Path | None = None, log=None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m atlas_cluster.build", description=__doc__.splitlines()[0])
     parser.add_argument("--bin-dir", type=Path, help="build into this folder (default: the cache's)")
-    parser.add_argument("--print", action="store_true", help="print the bin folder (with --s3: the binary) when done")
+    parser.add_argument(
+        "--print", action="store_true", help="print the bin folder (with --s3 or --kube-score: the binary) when done"
+    )
     parser.add_argument(
         "--controllers",
         default="",
@@ -287,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="build only the S3-compatible server (versitygw; atlas cluster up --s3), not the control plane",
     )
+    parser.add_argument(
+        "--kube-score",
+        action="store_true",
+        help="build only kube-score (the tests' judge of the chart and the rendered runs), not the control plane",
+    )
     args = parser.parse_args(argv)
     try:
         names = parse_controllers(args.controllers)
@@ -294,9 +335,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.s3 and names:
         parser.error("--s3 builds only the S3 server: build the controllers in a run of their own")
+    if args.kube_score and (names or args.s3):
+        parser.error("--kube-score builds only kube-score: build the others in a run of their own")
+    binary = None
     try:
         if args.s3:
             binary = ensure_s3_server()
+        elif args.kube_score:
+            binary = ensure_kube_score()
         else:
             bin_dir = ensure_built(args.bin_dir)
             ensure_controllers(names)
@@ -304,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"atlas cluster: {exc}", file=sys.stderr)
         return 1
     if args.print:
-        print(binary if args.s3 else bin_dir)
+        print(binary or bin_dir)
     return 0
 
 

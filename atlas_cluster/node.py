@@ -19,7 +19,11 @@ What a pod gets (honoured):
   ClusterIP), so its ``port`` must equal the ``targetPort``. ``hostNetwork: true`` pods run in the host's network.
 * its own mount and UTS namespaces: every volume is a host folder bind-mounted at its real ``mountPath``
   (``subPath``, ``readOnly``) — so commands, config files and code see the paths they name, nothing is rewritten
-  (a mount point missing on the host is created there, empty, and removed on stop). Volumes: emptyDir (medium
+  (a mount point missing on the host is created there, empty, and removed on stop unless a pod of another cluster
+  on this host still mounts it: :func:`mounted_anywhere`), except a volume whose
+  ``mountPath`` holds the node's own work folder (``/tmp`` where the cluster's folder is there, as in the tests: the
+  servers' ``/tmp`` emptyDir): mounted, it would hide the node's files and the host programs' and caches beside them,
+  so the container shares the host's folder there. Volumes: emptyDir (medium
   Memory: a tmpfs), configMap, secret, downwardAPI, projected (configMap, secret, downwardAPI,
   serviceAccountToken by TokenRequest), persistentVolumeClaim (one shared folder per claim, or the bound PV's
   hostPath), hostPath. The termination message file is a fresh per-start file mounted at
@@ -31,7 +35,8 @@ What a pod gets (honoured):
   (``HOST_ENV``); ``HOSTNAME``; ``NVIDIA_VISIBLE_DEVICES`` with the fake
   GPU indices a container's ``nvidia.com/gpu`` limit got.
 * init containers one after another before the containers (a sidecar init container, ``restartPolicy: Always``,
-  runs beside them); probes (startup, readiness, liveness: httpGet, tcpSocket, exec — exec inside the container's
+  runs beside them); probes (startup, readiness, liveness: httpGet, tcpSocket — a connection to the pod's IP at the
+  port, named or numbered —, exec — exec inside the container's
   namespaces; initialDelay, period, timeout, success/failure thresholds); a failed liveness probe restarts the
   container; restartPolicy Never/OnFailure/Always with a crash-loop backoff (1 s doubling to 30 s: shorter than
   the kubelet's 10 s to 5 min); pod phase Pending → Running → Succeeded/Failed, conditions
@@ -51,7 +56,10 @@ What a pod gets (honoured):
 
 Not honoured: images (every container runs the host's programs and this Python's environment, as root; the fake GPUs
 are indices only: a host's real GPUs are all visible to every pod), the outside world from a pod (no NAT), resource
-limits and requests at run time (no cgroup limits; the scheduler still places pods by requests), securityContext,
+limits and requests at run time (no cgroup limits, no ephemeral-storage limit or emptyDir ``sizeLimit`` enforced;
+the scheduler still places pods by their cpu, memory, ephemeral-storage and GPU requests against each Node's
+capacity, ``ephemeral-storage`` 100Gi among it), securityContext (``readOnlyRootFilesystem`` too: a container writes
+wherever the host lets root write; ``runAsUser`` and the rest likewise),
 lifecycle hooks (postStart, preStop), grpc probes (always pass), ephemeral containers, ``kubectl exec/logs/
 port-forward`` (no kubelet server), Service env vars and the API server from inside a pod (it listens on the host's
 127.0.0.1), DNS beyond the hosts file, ConfigMap/Secret volume updates after the pod starts (they are written
@@ -294,6 +302,23 @@ def quantity(text: Any) -> float:
     if not match or match.group(2) not in _SUFFIX:
         raise ValueError(f"not a quantity: {text!r}")
     return float(match.group(1)) * _SUFFIX[match.group(2)]
+
+
+def mounted_anywhere(path: Path, proc: Path = Path("/proc")) -> bool:
+    """Whether a mount sits at or under ``path`` in some process's mount namespace (``/proc/<pid>/mountinfo``): a
+    pod of another process node on this host (two clusters at once, as two test sessions run them). Linux detaches
+    such mounts when their mount point is removed, so a node leaves the mount points it made alone while one does."""
+    target = str(path)
+    for info in proc.glob("[0-9]*/mountinfo"):
+        try:
+            lines = info.read_text().splitlines()
+        except OSError:  # the process ended
+            continue
+        for line in lines:
+            fields = line.split(" ", 5)
+            if len(fields) > 4 and (fields[4] == target or fields[4].startswith(target + "/")):
+                return True
+    return False
 
 
 def expand(text: str, env: dict[str, str]) -> str:
@@ -767,6 +792,8 @@ class PodWorker(threading.Thread):
         """(mountPath, host folder or file, read only), outer paths first, the termination file last."""
         mounts = []
         for mount in c.spec.get("volumeMounts") or []:
+            if self.nodes.workdir.is_relative_to(mount["mountPath"]):
+                continue  # over the node's own folder (/tmp where the cluster lives): the host's folder stays
             source = self.volumes[mount["name"]]
             if mount.get("subPath"):
                 source = source / mount["subPath"]
@@ -1424,6 +1451,8 @@ class ProcessNodes:
             with contextlib.suppress(OSError):
                 self.cgroups.rmdir()
         for path in sorted(self._mount_points, key=lambda p: -len(p.parts)):
+            if mounted_anywhere(path):  # another cluster's pod mounts there: removing it would detach that mount
+                continue
             with contextlib.suppress(OSError):
                 path.unlink() if path.is_file() else path.rmdir()
 

@@ -1,5 +1,6 @@
 """The one file that pins the real Kubernetes this project is proven on: the control plane built from the upstream
-Go modules, the modules whose CRDs a local cluster installs, and the S3-compatible server it can run.
+Go modules, the modules whose CRDs a local cluster installs, the S3-compatible server it can run, and kube-score (the
+tests' judge of the manifests).
 
 Change a version here and nowhere else: the build (atlas_cluster/build.py) keys its cache folder on these, so a new
 pin builds anew beside the old one, and the backends' CRDs are read from the modules at these versions.
@@ -26,6 +27,12 @@ KUEUE = "v0.19.2"  # sigs.k8s.io/kueue
 VERSITYGW = "v1.8.0"  # github.com/versity/versitygw (go 1.25)
 VERSITYGW_MODULE = "github.com/versity/versitygw"
 VERSITYGW_PACKAGE = "github.com/versity/versitygw/cmd/versitygw"
+
+# The outside judge of the manifests the project writes (tests/test_kube_score.py): kube-score over `helm template`
+# of the chart and `atlas render` of every example, built from its module like the S3 server.
+KUBE_SCORE = "v1.20.0"  # github.com/zegl/kube-score
+KUBE_SCORE_MODULE = "github.com/zegl/kube-score"
+KUBE_SCORE_PACKAGE = "github.com/zegl/kube-score/cmd/kube-score"
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,11 @@ def control_plane_key() -> str:
 def s3_server_key() -> str:
     """The S3 server's cache folder's name: a new pin builds anew beside the old one."""
     return f"versitygw-{VERSITYGW}"
+
+
+def kube_score_key() -> str:
+    """kube-score's cache folder's name: a new pin builds anew beside the old one."""
+    return f"kube-score-{KUBE_SCORE}"
 
 
 def controller_key(controller: Controller) -> str:

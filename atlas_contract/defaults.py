@@ -70,6 +70,26 @@ SERVER_TIMEOUT_S = 300.0
 TERMINATION_GRACE_S = 600
 
 
+# The vLLM servers' resources (spec.rollout and spec.student.rollout: cpu, memory, cacheSize) when a run leaves them
+# unset: every server requests CPU, memory and ephemeral storage, so none is BestEffort (the first pod the kubelet
+# evicts under memory pressure, placed wherever it fits nothing). The operator never reads a model (it opens no PVC
+# and no bucket), so these are constants, not the model's size: sized per GPU of the server for the 7-8B models of
+# the examples, where a larger model sets its own (docs/kubernetes.md, "The servers' resources").
+SERVER_CPU_PER_GPU = 4  # requested, no limit: vLLM's API server, its engine core and one worker per GPU, each busy
+SERVER_MEMORY_GI_PER_GPU = 32  # GiB requested and the limit: a worker's CUDA and torch state, the weights' page cache
+# The server's cache volume (an emptyDir at /var/cache/atlas: HOME, the hub cache, vLLM's compile caches) is bounded
+# (its sizeLimit) and requested as ephemeral storage: SERVER_MODEL_CACHE_GI where the server fetches its model into
+# it (an S3 or hub model and no spec.checkpoint.pvc: 64 GiB holds a 30B model in bf16), else SERVER_CACHE_GI.
+SERVER_MODEL_CACHE_GI = 64
+SERVER_CACHE_GI = 8
+SERVER_TMP_MI = 1024  # the servers' /tmp (an emptyDir: their root filesystem is read-only), its sizeLimit
+SERVER_LOGS_MI = 1024  # a server's own logs (the kubelet rotates at 50 MiB by default), beyond the cache and /tmp
+# The server's initializer (the init container that fetches an S3 or hub model first): requests and limits.
+INITIALIZER_CPU = "1"  # requested, no limit
+INITIALIZER_MEMORY = "2Gi"  # requested and the limit: a download streams to the volume
+INITIALIZER_EPHEMERAL_STORAGE = "2Gi"  # requested and the limit: its /tmp and its logs (it writes to the volumes)
+
+
 def first_step_timeout(step_timeout_s: float) -> float:
     """The first step's allowance for a step timeout: four times it, and at least an hour."""
     return max(4 * float(step_timeout_s), FIRST_STEP_MIN_S)

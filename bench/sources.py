@@ -91,7 +91,7 @@ def teacher(name: str, model_uri: str, pvc: str | None) -> dict:
         output={"uri": f"s3://{BUCKET}/exports/{name}"},
         resources={"nodes": TRAINER_PODS, "gpusPerNode": 0, "cpu": "1", "memory": "2Gi"},
         checkpoint={"path": "/checkpoints", "saveSteps": 100, **({"pvc": pvc} if pvc else {})},
-        student={"model": model_uri, "rollout": {"replicas": SERVERS}},
+        student={"model": model_uri, "rollout": {"replicas": SERVERS, "memory": "2Gi"}},
         teaching={"maxProbeTokens": 4, "maxGuidanceTokens": 10, "studentSamples": 2, "studentMaxTokens": 4},
         evaluation={"samples": 1, "limit": 2, "dataset": {"source": data, "split": "test"}},
     )

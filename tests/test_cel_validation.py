@@ -146,6 +146,8 @@ def variants(count: int, seed: int = 33) -> list[dict[str, Any]]:
             cpu=(None, None, "8"),
             memory=(None, None, "64Gi"),
         )
+        if len(runs) % 5 == 0:  # set apart from the draws above, which the corpus's other fields follow
+            rollout["cacheSize"] = "16Gi"
         spec["rollout"] = rollout
         spec["resources"] = some(
             nodes=(None, 1, 3, 12), gpusPerNode=(None, 0, 1, 2, 4, 8), processesPerNode=(None, None, 1, 2, 3, 8)

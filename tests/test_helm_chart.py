@@ -180,6 +180,7 @@ def test_default_objects(default_objs):
             "ConfigMap",
             "Role",
             "RoleBinding",
+            "NetworkPolicy",
         ]
     ), kinds
     assert not [o for o in default_objs if o["apiVersion"] == MONITORING_GROUP]
@@ -235,10 +236,13 @@ def test_deployment_security_and_runtime(fixture, request):
     cmd = c.get("command", []) + c.get("args", [])
     assert cmd[:2] == ["atlas", "operator"], cmd
     assert c["resources"]["requests"] and c["resources"]["limits"]
+    for amounts in (c["resources"]["requests"], c["resources"]["limits"]):  # its logs: it writes nothing else
+        assert {"cpu", "memory", "ephemeral-storage"} <= amounts.keys(), amounts
     (port,) = c["ports"]
     assert port == {"name": "metrics", "containerPort": 8080, "protocol": "TCP"}
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
+    # Liveness: the event loop answers; readiness: its watches have listed (metrics.serve). Not the same probe.
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
 
     (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
     (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
@@ -392,6 +396,41 @@ def test_the_operator_pod_carries_the_labels_the_runs_network_policies_admit(hel
 
     dep, _ = _operator_container(render(helm, *override))
     assert OPERATOR_POD_LABELS.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_the_operator_pod_has_a_network_policy_of_its_own(helm, default_objs):
+    """In: the metrics port only (from anyone, or networkPolicy.metricsFrom); out: the API server's ports (any address,
+    or networkPolicy.apiServerCIDRs), DNS, and the runs' trainer pods' metrics port in every namespace."""
+    from atlas_contract.names import LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY, TRAINER_METRICS_PORT
+
+    dep, _ = _operator_container(default_objs)
+    (policy,) = by_kind(default_objs, "NetworkPolicy")
+    spec = policy["spec"]
+    assert label_selectors.matches(spec["podSelector"], dep["spec"]["template"]["metadata"]["labels"])
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["ingress"] == [{"ports": [{"port": "metrics", "protocol": "TCP"}]}]
+    api, dns, trainers = spec["egress"]
+    assert api == {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}
+    assert dns == {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+    trainer_pods = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: "trainer"}
+    assert trainers == {
+        "to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": trainer_pods}}],
+        "ports": [{"port": TRAINER_METRICS_PORT, "protocol": "TCP"}],
+    }
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    narrowed = render(
+        helm,
+        "--set-json", f"networkPolicy.metricsFrom=[{json.dumps(monitoring)}]",
+        "--set", "networkPolicy.apiServerCIDRs={10.0.0.10/32}",
+        "--set", "networkPolicy.apiServerPorts={6443}",
+    )  # fmt: skip
+    (policy,) = by_kind(narrowed, "NetworkPolicy")
+    assert policy["spec"]["ingress"][0]["from"] == [monitoring]
+    assert policy["spec"]["egress"][0] == {
+        "ports": [{"port": 6443, "protocol": "TCP"}],
+        "to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}],
+    }
+    assert not by_kind(render(helm, "--set", "networkPolicy.enabled=false"), "NetworkPolicy")
 
 
 def test_pod_security_namespaces(helm, default_objs):

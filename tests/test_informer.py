@@ -185,3 +185,93 @@ def test_a_deployments_bookkeeping_is_held_but_only_what_its_run_reads_is_report
     listed(held, kube.PYTORCH_JOB, job)
     modified(kube.PYTORCH_JOB, {**job, "metadata": {**job["metadata"], "resourceVersion": "8"}, "status": {"x": 1}})
     assert seen[-1] == ("MODIFIED", "pytorchjobs", "8")
+
+
+def test_the_operator_is_ready_once_every_watch_has_listed_been_unserved_or_refused(monkeypatch):
+    """``started`` (the operator's /readyz): every (resource, namespace) watch's first listing has ended: listed, not
+    served (no CRD: none of it exists), or refused by the RBAC (reads of it ask the API server). Until then a
+    reconciliation would read every child from the API server."""
+    import asyncio
+
+    import kopf
+    from atlas_operator import kopf_compat
+
+    held, _ = informer(namespaces=("team-a", "team-b"))
+    assert not held.started()
+    for namespace in ("team-a", "team-b"):
+        listed(held, kube.CONFIG_MAP, namespace=namespace)
+        listed(held, kube.POD, namespace=namespace)
+    listed(held, kube.SERVICE, namespace="team-a")
+    assert not held.started()  # services in team-b: not listed yet
+
+    async def refused(**_):
+        raise kopf_compat.APIForbiddenError("services is forbidden", status=403, headers={})
+        yield  # an async generator, as kopf's
+
+    async def one_try() -> None:
+        task = asyncio.create_task(held._follow(kopf.OperatorSettings(), kube.SERVICE, "team-b"))
+        await asyncio.sleep(0.05)  # refused, then waiting to try again
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    monkeypatch.setattr(kopf_compat, "infinite_watch", refused)
+    asyncio.run(one_try())
+    assert held.started() and not held.synced("services")
+
+
+def test_readyz_answers_503_until_ready_and_healthz_whatever_it_says():
+    """metrics.serve: /healthz (liveness) answers while the event loop does; /readyz (readiness) answers 503 until
+    ``ready()`` holds, then 200: a different probe, so a starting operator is not restarted for being slow."""
+    import asyncio
+    import json
+    import urllib.error
+    import urllib.request
+
+    from atlas_operator import metrics
+
+    from tests.support.env import free_port
+
+    state = {"ready": False}
+    port = free_port()
+
+    def get(path: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    async def scenario() -> list[tuple[int, dict]]:
+        runner = await metrics.serve("127.0.0.1", port, ready=lambda: state["ready"])
+        try:
+            seen = [await asyncio.to_thread(get, "/healthz"), await asyncio.to_thread(get, "/readyz")]
+            state["ready"] = True
+            return [*seen, await asyncio.to_thread(get, "/readyz")]
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(scenario()) == [
+        (200, {"status": "ok"}),
+        (503, {"status": "starting"}),
+        (200, {"status": "ready"}),
+    ]
+
+
+def test_a_standby_is_alive_and_ready_while_it_waits():
+    """A standby replica (atlas_operator/leader.py) answers both probes: it is ready to take over, so a Deployment of
+    two replicas rolls out."""
+    import urllib.request
+
+    from atlas_operator.leader import _health_server
+
+    from tests.support.env import free_port
+
+    port = free_port()
+    server = _health_server("127.0.0.1", port)
+    try:
+        for path in ("/healthz", "/readyz"):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+                assert (answer.status, answer.read()) == (200, b"ok (standby)")
+    finally:
+        server.shutdown()
+        server.server_close()

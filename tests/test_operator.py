@@ -476,6 +476,8 @@ def test_operator_metrics_and_health(cluster):
     cluster.wait_status(manifest, lambda s: s.get("phase") == "Pending", "Pending")  # written after the metrics
     status, body = cluster.operator.get("/healthz")
     assert status == 200 and json.loads(body) == {"status": "ok"}
+    status, body = cluster.operator.get("/readyz")  # readiness: its watches have listed (not liveness's probe)
+    assert status == 200 and json.loads(body) == {"status": "ready"}
     after = _operator_samples(cluster)
     assert after[success] >= before.get(success, 0) + 1
     assert after[durations] >= before.get(durations, 0) + 1

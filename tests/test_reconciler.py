@@ -304,3 +304,26 @@ def test_forgetting_a_deleted_run_drops_everything_remembered_about_it():
     assert memory.stop_of(NS, "gone") is None and memory.unwritten(("AtlasTraining", NS, "gone"), "7") is None
     assert memory.count_save(NS, "gone", "uid", 3, None)  # counted anew: a run made again under the name
     assert memory.kind_of(NS, "stays") == "AtlasTraining" and not memory.queue_refresh(("AtlasTraining", NS, "stays"))
+
+
+def test_a_run_whose_servers_would_be_best_effort_gets_a_warning_event_and_a_condition(cluster):
+    """ServersRequestResources: True while every vLLM server requests CPU or memory (the defaults do); a student
+    server set to cpu 0 and memory 0, with nothing fetched first, would be a BestEffort pod: False, with one Warning
+    Event saying so (not posted again while it still holds), and True again once it requests some."""
+    run = ResultCluster(cluster, "best-effort")
+    (requested,) = [c for c in run.status["conditions"] if c["type"] == "ServersRequestResources"]
+    assert requested["status"] == "True" and requested["reason"] == "Requested", requested
+    run.body["spec"]["student"] = {"model": "/models/student", "rollout": {"replicas": 1, "cpu": "0", "memory": "0"}}
+    run.events.clear()
+    run.reconcile()
+    (best_effort,) = [c for c in run.status["conditions"] if c["type"] == "ServersRequestResources"]
+    assert best_effort["status"] == "False" and best_effort["reason"] == "ServersBestEffort", best_effort
+    assert "the student server (spec.student.rollout.cpu and .memory: 0)" in best_effort["message"]
+    assert [e.reason for e in run.events if e.type == "Warning"] == ["ServersBestEffort"]
+    assert [e.message for e in run.events if e.type == "Warning"] == [best_effort["message"]]
+    run.reconcile()
+    assert [e.reason for e in run.events if e.type == "Warning"] == ["ServersBestEffort"]  # said once
+    run.body["spec"]["student"]["rollout"]["memory"] = "4Gi"
+    run.reconcile()
+    (again,) = [c for c in run.status["conditions"] if c["type"] == "ServersRequestResources"]
+    assert again["status"] == "True", again

@@ -126,7 +126,8 @@ def trl_rollout_command(model: str, **script_args) -> list[str]:
 @pytest.mark.parametrize("backend", ["PyTorchJob", "JobSet"])
 def test_the_rollout_server_runs_what_trl_runs(rollout, backend):
     """The server command and env are TRL 1.16's own vllm_serve equivalent (read from TRL, not copied here); the
-    probes use vllm serve's /health; the weight-sync port contract stays (container port, the trainer's config)."""
+    startup and readiness probes use vllm serve's /health, liveness only its port; the weight-sync port contract
+    stays (container port, the trainer's config)."""
     manifest = training(backend=backend, rollout=rollout)
     objects = render_children(parse_run(manifest), Images())
     if backend == "JobSet":
@@ -145,8 +146,9 @@ def test_the_rollout_server_runs_what_trl_runs(rollout, backend):
     )
     assert container["command"] + container["args"] == expected
     assert {"name": "VLLM_SERVER_DEV_MODE", "value": "1"} in container["env"]  # as TRL's main() sets it
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"]["path"] == "/health"
+    for probe in ("startupProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["livenessProbe"]["tcpSocket"] == {"port": "http"} and "httpGet" not in container["livenessProbe"]
     assert {"name": "weight-sync", "containerPort": 51216, "protocol": "TCP"} in container["ports"]
     config = yaml.safe_load(config_map_of(objects)["data"]["run.yaml"])["trainer"]
     assert config["vllm_mode"] == "server" and config["vllm_group_port"] == 51216
@@ -249,6 +251,7 @@ def test_colocate_renders_vllm_inside_the_trainer_and_no_server():
         ({"mode": "colocate", "image": "vllm:x"}, {"gpusPerNode": 8}, "grpo", "spec.rollout.image"),
         ({"mode": "colocate", "args": ["--x"]}, {"gpusPerNode": 8}, "grpo", "spec.rollout.args"),
         ({"mode": "colocate", "memory": "8Gi"}, {"gpusPerNode": 8}, "grpo", "spec.rollout.memory"),
+        ({"mode": "colocate", "cacheSize": "8Gi"}, {"gpusPerNode": 8}, "grpo", "spec.rollout.cacheSize"),
         ({"mode": "colocate", "tensorParallelSize": 3}, {"gpusPerNode": 8}, "grpo", "spec.rollout.tensorParallelSize"),
         ({"mode": "colocate"}, {"gpusPerNode": 8}, "sft", "spec.rollout.mode"),
         ({"mode": "server", "replicas": 0}, {"gpusPerNode": 8}, "grpo", "spec.rollout.replicas"),
@@ -269,3 +272,141 @@ def test_rollout_defaults_by_mode():
     assert (colocated.replicas, colocated.gpu_memory_utilization) == (0, 0.3)
     sft = training(algorithm="sft", reward={}, rollout={}, training={"maxSteps": 10})
     assert parse_run(sft).spec.rollout.replicas == 0
+
+
+def _server_pod(manifest, component="student"):
+    """The ``component`` server's pod spec of a run (PyTorchJob backend: its Deployment's template)."""
+    name = manifest["metadata"]["name"]
+    return children(manifest)[("Deployment", f"{name}-{component}")]["spec"]["template"]["spec"]
+
+
+def test_servers_request_cpu_memory_and_ephemeral_storage_by_default():
+    """Unset cpu and memory: the defaults per GPU of the server (atlas_contract/defaults.py), CPU requested with no
+    limit, memory requested and the limit; the cache volume bounded (64Gi where the server fetches its model into it,
+    8Gi where the model is on the checkpoint PVC), and with /tmp and the logs requested as ephemeral storage: the
+    pods are Burstable, never BestEffort."""
+    from atlas_operator.render.common import qos_class
+
+    from atlas_contract import defaults
+
+    manifest = teacher(rollout={"replicas": 1, "tensorParallelSize": 2})
+    rollout_pod, student_pod = _server_pod(manifest, "rollout"), _server_pod(manifest)
+    scratch_gi = (defaults.SERVER_TMP_MI + defaults.SERVER_LOGS_MI) // 1024
+    for pod, gpus in ((rollout_pod, 2), (student_pod, 1)):
+        (server,) = pod["containers"]
+        cache = f"{defaults.SERVER_MODEL_CACHE_GI + scratch_gi}Gi"
+        memory = f"{defaults.SERVER_MEMORY_GI_PER_GPU * gpus}Gi"
+        assert server["resources"] == {
+            "requests": {"cpu": str(defaults.SERVER_CPU_PER_GPU * gpus), "memory": memory, "ephemeral-storage": cache},
+            "limits": {"memory": memory, "ephemeral-storage": cache, "nvidia.com/gpu": gpus},
+        }
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["cache"]["emptyDir"] == {"sizeLimit": f"{defaults.SERVER_MODEL_CACHE_GI}Gi"}
+        assert volumes["tmp"]["emptyDir"] == {"sizeLimit": "1Gi"}
+        assert qos_class(pod) == "Burstable"
+    # The model on the run's checkpoint PVC (fetched there once for every pod): the cache holds no model.
+    shared = _server_pod(teacher(checkpoint={"pvc": "ckpt"}))
+    assert {v["name"]: v for v in shared["volumes"]}["cache"]["emptyDir"] == {"sizeLimit": "8Gi"}
+    assert shared["containers"][0]["resources"]["requests"]["ephemeral-storage"] == f"{8 + scratch_gi}Gi"
+    claimed = _server_pod(teacher(student={"model": "pvc://models/student", "rollout": {"replicas": 1}}))
+    assert {v["name"]: v for v in claimed["volumes"]}["cache"]["emptyDir"] == {"sizeLimit": "8Gi"}
+
+
+def test_a_runs_cpu_memory_and_cache_size_override_the_servers_defaults():
+    """Set, cpu and memory are each the request and the limit (as before); cacheSize bounds the cache (an exact
+    quantity, the scratch added to it in the largest binary unit that keeps it whole); 0 is none of them."""
+    from atlas_operator.render.common import qos_class
+
+    set_ = {"replicas": 1, "cpu": "6", "memory": "48Gi", "cacheSize": "100G"}
+    pod = _server_pod(teacher(student={"model": "org/student", "rollout": set_}))
+    resources = pod["containers"][0]["resources"]
+    storage = f"{(100 * 10**9 + 2 * 2**30) // 1024}Ki"  # exact: 100G is a whole number of KiB
+    assert resources == {
+        "requests": {"cpu": "6", "memory": "48Gi", "ephemeral-storage": storage},
+        "limits": {"cpu": "6", "memory": "48Gi", "ephemeral-storage": storage, "nvidia.com/gpu": 1},
+    }
+    assert {v["name"]: v for v in pod["volumes"]}["cache"]["emptyDir"] == {"sizeLimit": "100G"}
+    assert qos_class(pod) == "Burstable"  # the initializer requests CPU with no limit
+    zero = {"replicas": 1, "cpu": "0", "memory": "0Gi", "cacheSize": "0"}
+    pod = _server_pod(teacher(student={"model": "/models/student", "rollout": zero}))
+    assert pod["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert {v["name"]: v for v in pod["volumes"]}["cache"]["emptyDir"] == {}
+    assert "initContainers" not in pod and qos_class(pod) == "BestEffort"
+
+
+def test_the_servers_root_filesystem_is_read_only_and_what_they_write_is_on_volumes():
+    """vllm and its initializer: readOnlyRootFilesystem, /tmp an emptyDir of its own, HOME and HF_HOME on the cache
+    volume; the initializer requests and limits what the defaults say."""
+    from atlas_contract import defaults
+
+    pod = _server_pod(teacher())
+    (server,) = pod["containers"]
+    (initializer,) = pod["initContainers"]
+    volumes = {v["name"] for v in pod["volumes"]}
+    for container in (server, initializer):
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        assert mounts["/tmp"] == "tmp" and mounts["/var/cache/atlas"] == "cache" and set(mounts.values()) <= volumes
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["HOME"] == "/var/cache/atlas" and env["HF_HOME"] == "/var/cache/atlas/huggingface"
+    assert initializer["resources"] == {
+        "requests": {
+            "cpu": defaults.INITIALIZER_CPU,
+            "memory": defaults.INITIALIZER_MEMORY,
+            "ephemeral-storage": defaults.INITIALIZER_EPHEMERAL_STORAGE,
+        },
+        "limits": {"memory": defaults.INITIALIZER_MEMORY, "ephemeral-storage": defaults.INITIALIZER_EPHEMERAL_STORAGE},
+    }
+
+
+@pytest.mark.parametrize("backend", ["PyTorchJob", "JobSet"])
+def test_a_server_that_would_be_best_effort_is_said_by_atlas_render(backend, tmp_path):
+    """cpu 0 and memory 0 on a server that fetches nothing first: ``atlas render`` warns (the operator's
+    ServersRequestResources=False and Warning Event say the same); the defaults, or either amount, do not."""
+    import subprocess
+
+    from atlas_operator.render import best_effort_warning
+
+    from tests.support.env import PYTHON, python_env
+    from tests.support.manifests import manifest_file
+
+    zero = {"model": "/models/student", "rollout": {"replicas": 1, "cpu": "0", "memory": "0"}}
+    manifest = teacher(backend=backend, student=zero)
+    warning = best_effort_warning(parse_run(manifest))
+    assert warning.startswith("the student server (spec.student.rollout.cpu and .memory: 0) requests no CPU")
+    both = teacher(backend=backend, model="/models/policy", student=zero,
+                   rollout={"replicas": 1, "cpu": "0", "memory": "0", "gpus": 2, "tensorParallelSize": 2})  # fmt: skip
+    assert "the rollout server (spec.rollout.cpu and .memory: 0) and the student server" in best_effort_warning(
+        parse_run(both)
+    )
+    assert best_effort_warning(parse_run(teacher(backend=backend))) is None
+    some = teacher(backend=backend, student={**zero, "rollout": {"replicas": 1, "cpu": "0", "memory": "1Gi"}})
+    assert best_effort_warning(parse_run(some)) is None
+    proc = subprocess.run(
+        [PYTHON, "-m", "atlas_cli.main", "render", str(manifest_file(tmp_path, manifest))],
+        capture_output=True, text=True, env=python_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and f"warning: teacher-run: {warning}" in proc.stderr, proc.stderr
+
+
+def test_qos_class_is_computed_as_kubernetes_computes_it():
+    """Kubernetes' ComputePodQOS: CPU and memory only, init containers too, a zero as unset, a limit alone requests
+    as much."""
+    from atlas_operator.render.common import qos_class
+
+    def pod(*resources, init=()):
+        return {
+            "containers": [{"resources": r} for r in resources],
+            "initContainers": [{"resources": r} for r in init],
+        }
+
+    assert qos_class(pod({})) == "BestEffort"
+    assert qos_class(pod({"requests": {"ephemeral-storage": "1Gi"}, "limits": {"nvidia.com/gpu": 1}})) == "BestEffort"
+    assert qos_class(pod({"requests": {"cpu": "0", "memory": "0Gi"}})) == "BestEffort"
+    assert qos_class(pod({}, init=[{"requests": {"cpu": "1"}}])) == "Burstable"
+    assert qos_class(pod({"requests": {"memory": "1Gi"}})) == "Burstable"
+    assert qos_class(pod({"limits": {"cpu": "1", "memory": "1Gi"}})) == "Guaranteed"
+    assert qos_class(pod({"requests": {"cpu": "1000m", "memory": "1024Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}))
+    assert qos_class(pod({"limits": {"cpu": "1", "memory": "1Gi"}}, {"requests": {"cpu": "1"}})) == "Burstable"
+    assert qos_class(pod({"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}})) == "Burstable"

@@ -82,12 +82,12 @@ def render_main(argv: list[str] | None = None) -> int:
         for problem in invalid.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    from atlas_operator.render import checkpoint_warning
+    from atlas_operator.render import best_effort_warning, checkpoint_warning
 
     for run in runs:
-        warning = checkpoint_warning(run)
-        if warning:
-            print(f"warning: {run.name}: {warning}", file=sys.stderr)
+        for warning in (checkpoint_warning(run), best_effort_warning(run)):
+            if warning:
+                print(f"warning: {run.name}: {warning}", file=sys.stderr)
     print(dump_documents(documents), end="")
     return 0
 

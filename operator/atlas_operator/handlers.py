@@ -99,7 +99,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     memo.informer.start(settings)
     metrics.initialize_series()
     memo.phases = metrics.RunPhases()
-    memo.metrics_server = await metrics.serve(CONFIG.metrics_host, CONFIG.metrics_port) if CONFIG.metrics_port else None
+    memo.metrics_server = (
+        await metrics.serve(CONFIG.metrics_host, CONFIG.metrics_port, ready=memo.informer.started)
+        if CONFIG.metrics_port
+        else None
+    )
 
 
 @kopf.on.cleanup()

@@ -54,6 +54,7 @@ class Informer:
         self.matters = matters or (lambda resource, before, after: True)
         self._objects: dict[Key, dict[str, Any]] = {}
         self._listed: set[tuple[str, str | None]] = set()  # (plural, namespace) whose first listing is over
+        self._refused: set[tuple[str, str | None]] = set()  # (plural, namespace) the RBAC does not let it list
         self._listing: dict[tuple[str, str | None], dict[Key, dict[str, Any]]] = {}  # listings in progress
         self._tasks: list[asyncio.Task] = []
 
@@ -64,6 +65,13 @@ class Informer:
     def synced(self, plural: str) -> bool:
         """Whether every object of ``plural`` is held: its first listing is over in every watched namespace."""
         return all((plural, namespace) in self._listed for namespace in self.namespaces)
+
+    def started(self) -> bool:
+        """Whether every watch's first listing has ended: listed, not served (no CRD), or refused (the RBAC: reads of
+        it ask the API server). The operator's readiness (``/readyz``): until then a reconciliation reads every
+        child from the API server."""
+        wanted = {(r.plural, namespace) for r in (*self.held, *self.followed) for namespace in self.namespaces}
+        return wanted <= self._listed | self._refused
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -100,6 +108,7 @@ class Informer:
                 await asyncio.sleep(UNSERVED_RETRY_S)
             except kopf_compat.APIForbiddenError as exc:  # not listable (the RBAC): not synced, so reads ask the API
                 log.warning("cannot watch %s in %s: %s", resource.plural, namespace or "all namespaces", exc)
+                self._refused.add((resource.plural, namespace))
                 self._listing.pop((resource.plural, namespace), None)
                 await asyncio.sleep(UNSERVED_RETRY_S)
             except Exception:  # an unexpected answer: say so, and list again (kopf retries transient errors itself)

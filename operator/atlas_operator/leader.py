@@ -10,9 +10,9 @@ controller-runtime's managers elect theirs (client-go's ``leaderelection``).
 - **Release** on a graceful stop (SIGTERM, the Deployment's rollout): the holder is emptied, so a standby takes
   over at its next try instead of after the lease.
 
-A standby does nothing but try (and answer ``/healthz``, so its probes pass); the handlers start only in the
-leader. The identity is the pod's name (``POD_NAME``, from the downward API): a container restarted in its pod takes
-its own Lease back at once. Figures: takeover after a leader is killed within ``lease_s + retry_s`` (12 s).
+A standby does nothing but try (and answer ``/healthz`` and ``/readyz``, so its probes pass); the handlers start only
+in the leader. The identity is the pod's name (``POD_NAME``, from the downward API): a container restarted in its pod
+takes its own Lease back at once. Figures: takeover after a leader is killed within ``lease_s + retry_s`` (12 s).
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ class Elector:
     # ------------------------------------------------------------------ the life of a replica
 
     def acquire(self, health_port: int = 0, health_host: str = "0.0.0.0") -> None:
-        """Block until this process leads; meanwhile answer ``/healthz`` on ``health_port`` (0: nothing)."""
+        """Block until this process leads; meanwhile answer ``/healthz`` and ``/readyz`` on ``health_port`` (0:
+        nothing)."""
         server = _health_server(health_host, health_port) if health_port else None
         waiting_for = None
         try:
@@ -161,12 +162,14 @@ class Elector:
 
 
 def _health_server(host: str, port: int) -> ThreadingHTTPServer:
-    """``/healthz`` for a standby: its liveness and readiness probes pass while it waits."""
+    """``/healthz`` and ``/readyz`` for a standby: its liveness and readiness probes pass while it waits (a standby
+    is ready to take over: a Deployment of two replicas rolls out)."""
 
     class Health(BaseHTTPRequestHandler):
         def do_GET(self):
-            known = self.path in ("/healthz", "/metrics")  # a standby's /metrics: no samples (the leader's count)
-            body = b"ok (standby)" if self.path == "/healthz" else b""
+            # a standby's /metrics: no samples (the leader's count)
+            known = self.path in ("/healthz", "/readyz", "/metrics")
+            body = b"ok (standby)" if self.path in ("/healthz", "/readyz") else b""
             self.send_response(200 if known else 404)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -76,8 +77,9 @@ def exported_metric_names() -> set[str]:
     return names
 
 
-async def serve(host: str, port: int):
-    """Start ``/metrics`` and ``/healthz``; returns the aiohttp runner (``await runner.cleanup()``)."""
+async def serve(host: str, port: int, ready: Callable[[], bool] | None = None):
+    """Start ``/metrics``, ``/healthz`` (liveness: the event loop answers) and ``/readyz`` (readiness: ``ready()``,
+    200 once it holds, else 503); returns the aiohttp runner (``await runner.cleanup()``)."""
     from aiohttp import web
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -88,8 +90,15 @@ async def serve(host: str, port: int):
         # Answering at all proves the event loop (which runs every watch and handler) is not stuck.
         return web.json_response({"status": "ok"})
 
+    async def readyz(_request):
+        # Ready once its watches have listed what they follow: a liveness that failed meanwhile would restart an
+        # operator that is only starting (a cluster with many runs lists for a while).
+        if ready is None or ready():
+            return web.json_response({"status": "ready"})
+        return web.json_response({"status": "starting"}, status=503)
+
     app = web.Application()
-    app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz)])
+    app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/readyz", readyz)])
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

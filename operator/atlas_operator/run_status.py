@@ -23,6 +23,7 @@ class ConditionType(enum.StrEnum):
 
     VALID = "Valid"  # the spec passed validation (False: Invalid, every problem named)
     CHECKPOINTS_SHARED = "CheckpointsShared"  # every rank's checkpoints are where every rank resumes from
+    SERVERS_REQUEST_RESOURCES = "ServersRequestResources"  # no vLLM server of the run is a BestEffort pod
     PREREQUISITES_MET = "PrerequisitesMet"  # the backend's CRD, the PVC, the reward ConfigMap exist
     CHILDREN_READY = "ChildrenReady"  # every child exists as rendered (False: rejected, or a name conflict)
     SPEC_APPLIED = "SpecApplied"  # the running job runs the current spec
@@ -50,6 +51,7 @@ class EventReason(enum.StrEnum):
     NAME_TAKEN = "NameTaken"  # names held by a run of the other kind: this run is refused
     NAME_CONFLICT = "NameConflict"  # an object the run does not control under one of its child names
     CHECKPOINTS_NOT_SHARED = "CheckpointsNotShared"
+    SERVERS_BEST_EFFORT = "ServersBestEffort"  # a vLLM server requests no CPU and no memory (cpu and memory: 0)
     CHILD_REJECTED = "ChildRejected"  # the API server refused a child as rendered
     PYTORCHJOB_CRD_MISSING = "PyTorchJobCRDMissing"
     JOBSET_CRD_MISSING = "JobSetCRDMissing"

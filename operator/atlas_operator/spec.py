@@ -254,9 +254,25 @@ class RolloutSpec:
         "vLLM --gpu-memory-utilization", 0.9, minimum=0, maximum=1, exclusive_minimum=True
     )
     max_model_len: int | None = spec_field("vLLM --max-model-len", unset="the model's context length", minimum=1)
-    cpu: str | None = spec_field("CPU request and limit per server", unset="no CPU request or limit", **QUANTITY_FIELD)
+    cpu: str | None = spec_field(
+        "CPU request and limit per server; 0: neither (with memory 0 too, the server's pods are BestEffort: a Warning "
+        "Event and ServersRequestResources=False)",
+        unset=f"{defaults.SERVER_CPU_PER_GPU} per GPU of the server, requested, with no limit",
+        **QUANTITY_FIELD,
+    )
     memory: str | None = spec_field(
-        "memory request and limit per server", unset="no memory request or limit", **QUANTITY_FIELD
+        "memory request and limit per server; 0: neither",
+        unset=f"{defaults.SERVER_MEMORY_GI_PER_GPU}Gi per GPU of the server, requested and the limit",
+        **QUANTITY_FIELD,
+    )
+    cache_size: str | None = spec_field(
+        "size of each server's cache volume (an emptyDir on the node's disk at /var/cache/atlas: HOME, the hub "
+        "cache, compile caches, and the model when the server fetches it): its sizeLimit; with "
+        f"{(defaults.SERVER_TMP_MI + defaults.SERVER_LOGS_MI) // 1024}Gi more for /tmp and the logs, the server's "
+        "ephemeral-storage request and limit; 0: unbounded, and no ephemeral storage requested",
+        unset=f"{defaults.SERVER_MODEL_CACHE_GI}Gi when the server fetches its model into it (an S3 or hub model and "
+        f"no spec.checkpoint.pvc), else {defaults.SERVER_CACHE_GI}Gi",
+        **QUANTITY_FIELD,
     )
     args: list[str] = spec_field(
         "extra command-line arguments for the server", [], max_items=MAX_LIST, item_max_length=4096
@@ -302,7 +318,7 @@ class PolicyRolloutSpec(RolloutSpec):
 
 # Fields of spec.rollout that only a server has: set with mode colocate, each is an error naming it
 # (atlas_operator/cel_rules.py).
-SERVER_ONLY_ROLLOUT_FIELDS = ("replicas", "gpus", "image", "cpu", "memory", "args")
+SERVER_ONLY_ROLLOUT_FIELDS = ("replicas", "gpus", "image", "cpu", "memory", "cache_size", "args")
 # Defaults of spec.rollout fields left unset, by mode.
 SERVER_GPU_MEMORY_UTILIZATION, COLOCATED_GPU_MEMORY_UTILIZATION = 0.9, 0.3
 

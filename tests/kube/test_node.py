@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -368,3 +369,22 @@ def test_claim_gets_a_volume_shared_by_pods(nodes: ProcessNodes, kube: Kube, ns:
     assert (nodes.claim_dir(ns, "ckpt") / "latest").read_text() == "step-7\n"
     bound = admin.ok("GET", f"/api/v1/namespaces/{ns}/persistentvolumeclaims/ckpt")
     assert bound["status"]["phase"] == "Bound"
+
+
+def test_a_mount_point_another_clusters_pod_still_mounts_is_left_alone(tmp_path):
+    """Two clusters on one host (two test sessions) share the mount points their pods create (/etc/atlas,
+    /checkpoints, /var/cache/atlas): the node that stops first must not remove one while the other's pods mount it
+    (Linux would detach their mounts). ``mounted_anywhere`` reads every process's mountinfo."""
+    from atlas_cluster.node import mounted_anywhere
+
+    proc = tmp_path / "proc"
+    (proc / "41").mkdir(parents=True)
+    (proc / "41" / "mountinfo").write_text(
+        "25 1 0:23 / / rw - ext4 /dev/root rw\n"
+        "310 25 0:55 /pods/p/volumes/config /etc/atlas ro,relatime - ext4 /dev/root rw\n"
+        "311 25 0:55 /pods/p/volumes/ckpt /checkpoints/run rw - ext4 /dev/root rw\n"
+    )
+    (proc / "self").mkdir()  # not a pid: not read
+    assert mounted_anywhere(Path("/etc/atlas"), proc) and mounted_anywhere(Path("/checkpoints"), proc)
+    assert not mounted_anywhere(Path("/var/cache/atlas"), proc) and not mounted_anywhere(Path("/etc/atl"), proc)
+    assert mounted_anywhere(Path("/proc"))  # this host's own

@@ -332,13 +332,22 @@ def test_a_teachers_student_server_is_a_real_vllm_run_by_the_process_node(world:
         "vllm-teacher", resources={"nodes": 1, "gpusPerNode": 0, "cpu": "1", "memory": "2Gi"},
         training={"maxSteps": 2}, checkpoint={"path": "/checkpoints", "saveSteps": 2},
         evaluation={"samples": 1, "limit": 4},
-        student={"model": real_vllm_on_the_nodes, "rollout": {"replicas": 1}},
+        student={"model": real_vllm_on_the_nodes, "rollout": {"replicas": 1, "memory": "4Gi"}},
     ))  # fmt: skip
     (master,) = world.wait_trainer_pods("vllm-teacher", 1)
     status = world.wait_phase(teacher, "Succeeded", "Failed")
     assert status["phase"] == "Succeeded", world.pod_logs("vllm-teacher")
     (server,) = world.run_pods("vllm-teacher", "student")
     assert server["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"  # the Deployment's
+    # Not BestEffort (the API server's QoS class of its requests: CPU by default, memory set), and its probes differ:
+    # readiness on vLLM's /health, liveness on its port alone, which the node probed (the pod became Ready and stayed).
+    assert server["status"]["qosClass"] in ("Burstable", "Guaranteed"), server["status"].get("qosClass")
+    (vllm,) = server["spec"]["containers"]
+    assert vllm["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert vllm["livenessProbe"]["tcpSocket"]["port"] == "http"
+    assert vllm["readinessProbe"] != vllm["livenessProbe"]
+    assert vllm["resources"]["requests"]["ephemeral-storage"] and server["spec"]["nodeName"]  # placed with it
+    assert server["status"]["containerStatuses"][0]["restartCount"] == 0  # liveness never failed
     log = world.log(server)
     assert "vllm (CPU launcher): " in log and "vLLM stand-in" not in log, log[-3000:]
     # vLLM's own access log: the trainer's student calls, answered by the real server
@@ -433,7 +442,7 @@ def test_a_dead_student_server_restarts_the_whole_gang_which_resumes(world: Worl
         "gang-teacher", "JobSet", training={"maxSteps": 30},
         resources={"nodes": 1, "gpusPerNode": 0, "cpu": "1", "memory": "1Gi"},
         checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 5},
-        student={"model": "builtin://tiny-llama", "rollout": {"replicas": 1}},
+        student={"model": "builtin://tiny-llama", "rollout": {"replicas": 1, "memory": "2Gi"}},
     ))  # fmt: skip
     wait_checkpoint(world, teacher, out, 5)
     (trainer,) = world.wait_trainer_pods("gang-teacher", 1)

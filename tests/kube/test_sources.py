@@ -223,7 +223,7 @@ def s3_teacher(name: str, bucket: str, nodes: int = 1, server: bool = False, **s
         model=model,
         dataset={"source": data, "split": "train"},
         resources={"nodes": nodes, "gpusPerNode": 0, "cpu": "1", "memory": "1Gi"},
-        student={"model": model, "rollout": {"replicas": int(server)}},
+        student={"model": model, "rollout": {"replicas": int(server), "memory": "2Gi"}},
         teaching=TEACHING,
         evaluation={"samples": 1, "limit": EVAL_LIMIT, "dataset": {"source": data, "split": "test"}},
         **{"storage": {"secretRef": {"name": SECRET}}, **spec},

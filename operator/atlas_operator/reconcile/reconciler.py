@@ -20,7 +20,13 @@ from atlas_operator.reconcile.memory import RunMemory
 from atlas_operator.reconcile.observe import Observation
 from atlas_operator.reconcile.prerequisites import Prerequisites
 from atlas_operator.reconcile.scrape import Scraping
-from atlas_operator.render import checkpoint_warning, child_names, render_children
+from atlas_operator.render import (
+    best_effort_warning,
+    checkpoint_warning,
+    child_names,
+    has_student_server,
+    render_children,
+)
 from atlas_operator.revisions import Revision, stamp
 from atlas_operator.run_status import ConditionType as Condition
 from atlas_operator.run_status import EventReason
@@ -89,7 +95,8 @@ class Reconciler:
 
     def spec_status(self, run: Run, body: dict[str, Any], started_on: str | None) -> tuple[Run, Revision, Outcome]:
         """The run as it will be applied (on the backend it keeps), the revision its children record, and the
-        conditions its spec alone decides: Valid, SpecApplied (a backend change kept back), CheckpointsShared."""
+        conditions its spec alone decides: Valid, SpecApplied (a backend change kept back), CheckpointsShared,
+        ServersRequestResources."""
         revision = Revision.of(body)
         conditions = [condition(Condition.VALID, True, "SpecValid", "the spec passed validation")]
         if self.jobs.keeps_running_on(run, body, started_on):
@@ -117,6 +124,19 @@ class Reconciler:
             where = f"PersistentVolumeClaim {run.spec.checkpoint.pvc}" if run.spec.checkpoint.pvc else "one pod"
             shared = f"every rank's checkpoints are on {where}"
             conditions.append(condition(Condition.CHECKPOINTS_SHARED, True, "Shared", shared))
+        best_effort = best_effort_warning(run)
+        if best_effort:
+            events.append(Event("Warning", EventReason.SERVERS_BEST_EFFORT, best_effort))
+            conditions.append(
+                condition(Condition.SERVERS_REQUEST_RESOURCES, False, EventReason.SERVERS_BEST_EFFORT, best_effort)
+            )
+        else:
+            requested = (
+                "every vLLM server the run renders requests CPU or memory (its pods are Burstable or Guaranteed)"
+                if run.spec.rollout.replicas or has_student_server(run)
+                else "the run has no vLLM server"
+            )
+            conditions.append(condition(Condition.SERVERS_REQUEST_RESOURCES, True, "Requested", requested))
         return run, revision, Outcome("Pending", conditions, events=events)
 
     def invalid(self, body: dict[str, Any], message: str) -> Outcome:

@@ -19,6 +19,7 @@ from atlas_operator.render.jobset import jobset
 from atlas_operator.render.network import network_policies
 from atlas_operator.render.pytorchjob import pytorch_job
 from atlas_operator.render.servers import (
+    best_effort_warning,
     metrics_service,
     rollout_deployment,
     rollout_pod_template,
@@ -31,6 +32,7 @@ __all__ = [
     "COMPLETION_INDEX_KEY",
     "Images",
     "NetworkSettings",
+    "best_effort_warning",
     "checkpoint_warning",
     "child_names",
     "config_map",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Any
 
+from atlas_contract import defaults
 from atlas_contract.names import (
     ROLLOUT_VLLM_VERSION,
     TRAINER_METRICS_PORT,
@@ -19,13 +21,16 @@ from atlas_operator.render.common import (
     CACHE_DIR,
     COMPLETION_INDEX_KEY,
     CONTAINER_SECURITY,
+    byte_quantity,
     child_metadata,
-    container_resources,
+    has_student_server,
     labels,
     on_jobset,
     pod_placement,
     pod_security,
     pod_selector,
+    qos_class,
+    quantity,
     with_queue_label,
 )
 from atlas_operator.render.sources import claim_volumes, fetched, initializer_container, served_model, sources_dir
@@ -36,6 +41,54 @@ def server_sources_dir(run: Run) -> str:
     """Where a server finds its model's fetched copy: the run's cache on the checkpoint PVC (shared with the trainer:
     fetched once per run), else its own cache volume (fetched once per pod)."""
     return sources_dir(run) if run.spec.checkpoint.pvc else f"{CACHE_DIR}/{SOURCES_DIR}"
+
+
+TMP_DIR = "/tmp"  # the servers' root filesystem is read-only: /tmp is an emptyDir of its own
+
+
+def _amount(value: str | None) -> str | None:
+    """A set resource amount, or None where it is unset or zero (``0``: none, by the spec's word)."""
+    return value if value is not None and quantity(value) > 0 else None
+
+
+def cache_size(run: Run, rollout: RolloutSpec, model: str) -> str | None:
+    """The server's cache volume's size (spec's ``cacheSize``, else the default for where its model is), None when
+    unbounded (``0``)."""
+    if rollout.cache_size is not None:
+        return _amount(rollout.cache_size)
+    holds_model = fetched(model, model=True) and not run.spec.checkpoint.pvc
+    return f"{defaults.SERVER_MODEL_CACHE_GI if holds_model else defaults.SERVER_CACHE_GI}Gi"
+
+
+def server_resources(run: Run, rollout: RolloutSpec, model: str) -> dict[str, Any]:
+    """The vllm container's resources: the spec's cpu and memory (request and limit), else the defaults per GPU
+    (atlas_contract/defaults.py: CPU requested with no limit, memory requested and the limit); the cache, /tmp and
+    the logs as its ephemeral-storage request and limit; its GPUs."""
+    gpus = rollout.gpus or rollout.tensor_parallel_size
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    if rollout.cpu is None:
+        requests["cpu"] = str(defaults.SERVER_CPU_PER_GPU * gpus)
+    elif _amount(rollout.cpu):
+        requests["cpu"] = limits["cpu"] = rollout.cpu
+    memory = f"{defaults.SERVER_MEMORY_GI_PER_GPU * gpus}Gi" if rollout.memory is None else _amount(rollout.memory)
+    if memory:
+        requests["memory"] = limits["memory"] = memory
+    cache = cache_size(run, rollout, model)
+    if cache:
+        scratch = (defaults.SERVER_TMP_MI + defaults.SERVER_LOGS_MI) * 2**20
+        requests["ephemeral-storage"] = limits["ephemeral-storage"] = byte_quantity(quantity(cache) + scratch)
+    limits["nvidia.com/gpu"] = gpus
+    return {"requests": requests, "limits": limits} if requests else {"limits": limits}
+
+
+def initializer_resources() -> dict[str, Any]:
+    """The server's initializer's resources (atlas_contract/defaults.py)."""
+    memory, storage = defaults.INITIALIZER_MEMORY, defaults.INITIALIZER_EPHEMERAL_STORAGE
+    return {
+        "requests": {"cpu": defaults.INITIALIZER_CPU, "memory": memory, "ephemeral-storage": storage},
+        "limits": {"memory": memory, "ephemeral-storage": storage},
+    }
 
 
 def _vllm_pod_template(
@@ -52,27 +105,34 @@ def _vllm_pod_template(
 ) -> dict[str, Any]:
     """A vLLM server's pod template: a Deployment's (PyTorchJob backend) or a replicated job's (JobSet). ``model``:
     the URI the server loads, whose local copy an initializer fetches first (with the trainer image, which has the
-    fetcher) when it is an S3 or hub model, and whose claim is mounted when it is a ``pvc://`` one."""
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "cache", "mountPath": CACHE_DIR}]
+    fetcher) when it is an S3 or hub model, and whose claim is mounted when it is a ``pvc://`` one. Its root
+    filesystem is read-only: what it writes goes to /dev/shm, /tmp and the cache volume (HOME, HF_HOME)."""
+    cache = {"name": "cache", "mountPath": CACHE_DIR}
+    tmp = {"name": "tmp", "mountPath": TMP_DIR}
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, cache, tmp]
+    size = cache_size(run, rollout, model)
     volumes: list[dict[str, Any]] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": run.spec.resources.shm_size}},
-        {"name": "cache", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {"sizeLimit": size} if size else {}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": byte_quantity(Decimal(defaults.SERVER_TMP_MI * 2**20))}},
     ]
     claims, claim_mounts = claim_volumes([model])
     volumes += claims
     mounts += claim_mounts
     init = []
     if fetched(model, model=True):
-        source_mounts = [mounts[1]]
+        source_mounts = [dict(cache), dict(tmp)]
         if run.spec.checkpoint.pvc:  # the run's shared cache: the trainer's and every server's copy is one
             checkpoints = {"name": "checkpoints", "mountPath": run.spec.checkpoint.path}
             volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": run.spec.checkpoint.pvc}})
             mounts.append({**checkpoints, "readOnly": True})
             source_mounts.append(checkpoints)
         hf_home = f"{CACHE_DIR}/huggingface"
-        init.append(
-            initializer_container(run, trainer_image, source_mounts, server_sources_dir(run), hf_home, uris=[model])
-        )
+        fetch = initializer_container(run, trainer_image, source_mounts, server_sources_dir(run), hf_home, uris=[model])
+        fetch["env"].append({"name": "HOME", "value": CACHE_DIR})
+        fetch["resources"] = initializer_resources()
+        fetch["securityContext"]["readOnlyRootFilesystem"] = True
+        init.append(fetch)
     container = {
         "name": "vllm",
         "image": image,
@@ -80,16 +140,18 @@ def _vllm_pod_template(
         "args": args,
         "env": [{"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"}, {"name": "HOME", "value": CACHE_DIR}],
         "ports": ports,
-        # Loading weights takes minutes: the startup probe allows 20 of them before liveness applies.
+        # Loading weights takes minutes: the startup probe allows 20 of them before the others apply.
         "startupProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 10, "failureThreshold": 120},
-        "readinessProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 10},
-        "livenessProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 30, "failureThreshold": 5},
+        # Ready while vLLM answers its health check: a server too busy to answer within 5 s takes no new requests
+        # from its Service (and is not killed for it).
+        "readinessProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5},
+        # Alive while its port accepts connections: only a dead server is restarted (vLLM's API server exits when
+        # its engine dies; a busy one still accepts).
+        "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 30, "failureThreshold": 5},
+        "resources": server_resources(run, rollout, model),
         "volumeMounts": mounts,
-        "securityContext": dict(CONTAINER_SECURITY),
+        "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
     }
-    resources = container_resources(rollout.gpus, rollout.cpu, rollout.memory)
-    if resources:
-        container["resources"] = resources
     pod_labels = labels(run, component)
     return {
         "metadata": {"labels": pod_labels if on_jobset(run) else with_queue_label(run, pod_labels)},
@@ -202,6 +264,33 @@ def student_pod_template(run: Run, images: Images) -> dict[str, Any]:
     trainer_image = run.spec.image or images.trainer
     return _vllm_pod_template(
         run, "student", rollout, image, list(SERVE), args, "/health", ports, student.model, trainer_image
+    )
+
+
+def best_effort_warning(run: Run) -> str | None:
+    """Which of the run's vLLM servers would run as BestEffort pods (cpu and memory both 0, and no initializer
+    requesting any), and what that costs; None when every server requests CPU or memory (or the run has none)."""
+    servers = []
+    if run.spec.rollout.replicas:
+        servers.append(("rollout", "spec.rollout", run.spec.rollout, rollout_pod_template))
+    if has_student_server(run):
+        servers.append(("student", "spec.student.rollout", run.spec.student.rollout, student_pod_template))
+    best_effort = [
+        (name, field)
+        for name, field, rollout, template in servers
+        # an unset cpu or memory requests the default: only a server that sets both can request neither
+        if rollout.cpu is not None
+        and rollout.memory is not None
+        and qos_class(template(run, Images())["spec"]) == "BestEffort"
+    ]
+    if not best_effort:
+        return None
+    which = " and ".join(f"the {name} server ({field}.cpu and .memory: 0)" for name, field in best_effort)
+    verb, whose = ("request", "their") if len(best_effort) > 1 else ("requests", "its")
+    return (
+        f"{which} {verb} no CPU and no memory, so {whose} pods are BestEffort: the scheduler may place them where "
+        "the model does not fit, and the kubelet evicts them first under memory pressure, stalling the trainer; "
+        "leave cpu and memory unset for the defaults, or set them"
     )
 
 
