@@ -56,10 +56,20 @@ def go_env() -> dict[str, str]:
     return {"GOGC": GO_GC_PERCENT, **os.environ}
 
 
+# Ports this process has handed out: the kernel may give a just-released port again, and a
+# controller whose metrics and health ports came out equal exits at start (seen in CI).
+_ISSUED_PORTS: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port on 127.0.0.1 that this process has not handed out before."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _ISSUED_PORTS:
+            _ISSUED_PORTS.add(port)
+            return port
 
 
 @dataclass

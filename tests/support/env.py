@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
+from atlas_cluster.controlplane import free_port  # noqa: F401  (one source: re-exported for the tests)
+
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def python_env(**extra: str) -> dict[str, str]:
