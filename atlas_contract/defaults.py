@@ -137,6 +137,7 @@ class Limit:
     minimum: float | None = None
     maximum: float | None = None
     exclusive_minimum: bool = False
+    exclusive_maximum: bool = False
 
     def problem(self, value: float) -> str | None:
         """``expected …`` when ``value`` is outside (None when inside)."""
@@ -145,13 +146,17 @@ class Limit:
                 return f"expected a number > {_as_documented(self.minimum)}"
             if not self.exclusive_minimum and not value >= self.minimum:
                 return f"expected a number >= {_as_documented(self.minimum)}"
-        if self.maximum is not None and not value <= self.maximum:
-            return f"expected a number <= {_as_documented(self.maximum)}"
+        if self.maximum is not None:
+            if self.exclusive_maximum and not value < self.maximum:
+                return f"expected a number < {_as_documented(self.maximum)}"
+            if not self.exclusive_maximum and not value <= self.maximum:
+                return f"expected a number <= {_as_documented(self.maximum)}"
         return None
 
     def schema(self) -> dict[str, Any]:
         """The keyword arguments of the operator's ``spec_field`` for this limit."""
-        return {"minimum": self.minimum, "maximum": self.maximum, "exclusive_minimum": self.exclusive_minimum}
+        bounds = {"minimum": self.minimum, "maximum": self.maximum, "exclusive_minimum": self.exclusive_minimum}
+        return {**bounds, "exclusive_maximum": True} if self.exclusive_maximum else bounds
 
 
 POSITIVE, AT_LEAST_ONE, NON_NEGATIVE = Limit(0, exclusive_minimum=True), Limit(1), Limit(0)
@@ -195,6 +200,13 @@ LIMITS: dict[str, Limit] = {
     "evaluation_limit": Limit(1, MAX_EVALUATION_PROBLEMS),
     "evaluation_batch_size": AT_LEAST_ONE,  # problems generated together (atlas eval --batch-size)
     "teacher_temperature": NON_NEGATIVE,  # the evaluated teacher's sampling (0: greedy, the default)
+    # LoRA (spec.training.lora, run.yaml trainer.lora; atlas_contract/lora.py)
+    "lora_r": AT_LEAST_ONE,
+    "lora_alpha": POSITIVE,
+    "lora_dropout": Limit(0, 1, exclusive_maximum=True),
 }
+# LoRA's settings when a run names lora without them: TRL's ModelConfig defaults (lora_r 16, lora_alpha 32,
+# lora_dropout 0.05), every linear layer but the output head as PEFT's "all-linear" picks them.
+LORA: dict[str, Any] = {"r": 16, "alpha": 32.0, "dropout": 0.05, "target_modules": "all-linear"}
 GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
 REWARD_SCALINGS = ("group", "batch", "none")
