@@ -17,6 +17,7 @@ from typing import Any
 
 from atlas_contract.defaults import EVALUATION
 from atlas_contract.errors import InvalidFields
+from atlas_contract.lora import LoraSettings
 from atlas_contract.names import ALGORITHMS
 from atlas_contract.reading import FieldReader
 from atlas_contract.teaching import TeachingSettings
@@ -315,10 +316,12 @@ def _section(reader: FieldReader, key: str, shape: str) -> FieldReader:
 
 
 def _trainer(reader: FieldReader, teacher: bool) -> dict[str, Any]:
-    """``trainer``, its teaching fields checked for a teacher (the trainer checks the others against its config)."""
+    """``trainer``, its teaching fields checked for a teacher and its LoRA settings (the trainer checks the others
+    against its config)."""
     trainer = dict(reader.mapping("trainer", "GRPOConfig or SFTConfig fields") or {})
     if teacher:
         TeachingSettings.read(FieldReader(trainer, "trainer", reader.problems))
+    reader.problems.extend(LoraSettings.parse(trainer.get("lora"), "trainer.lora")[1])
     return trainer
 
 

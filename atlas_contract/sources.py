@@ -45,6 +45,8 @@ MANIFEST_FILE = "atlas-manifest.json"
 EXPORT_PENDING_FILE = ".atlas-export-pending.json"
 #: The model card of an export.
 MODEL_CARD_FILE = "README.md"
+# A LoRA run exported with output.merge: the merged model at the top, the adapter as PEFT wrote it in this folder.
+EXPORT_ADAPTER_DIR = "adapter"
 #: The initializer container of the trainer and server pods.
 INITIALIZER_CONTAINER = "initializer"
 #: How the initializer's failure begins (its termination message, which the operator reads from the pod): the mark,

@@ -279,3 +279,32 @@ def test_a_lora_adapter_is_exported_merged_into_its_base_when_asked(tiny_model_d
     assert merged.keys() == expected.keys()
     assert all(torch.equal(merged[name], expected[name]) for name in expected)
     assert not [p for p in adapter.iterdir() if p.name.startswith(".atlas-merged")]  # the staging folder removed
+    # ... and the adapter it was merged from, as PEFT wrote it, in adapter/ (listed by the manifest, written last)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        assert (exported / "adapter" / name).read_bytes() == (adapter / name).read_bytes()
+    listed = {e["path"] for e in json.loads((exported / MANIFEST_FILE).read_text())["files"]}
+    assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors", "model.safetensors"} <= listed
+
+
+def test_an_adapter_naming_its_base_by_reference_loads_merged(tmp_path):
+    """A LoRA run's adapter names the run's model reference (builtin://, s3://, a hub id), not the pod's copy of it:
+    loading it resolves the base as any model reference and merges the adapter (atlas eval --teacher, the
+    evaluation after training)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from atlas_core.models.loading import load_causal_lm, load_tokenizer
+    from atlas_core.models.tiny import TINY_MODEL_URI, resolve_model_path
+    from atlas_core.training.lora import name_adapter_base
+
+    base = AutoModelForCausalLM.from_pretrained(resolve_model_path(TINY_MODEL_URI))
+    peft_model = get_peft_model(base, LoraConfig(r=2, target_modules=["v_proj"], init_lora_weights=False))
+    folder = tmp_path / "adapter"
+    peft_model.save_pretrained(folder)
+    assert name_adapter_base(folder, TINY_MODEL_URI)
+    assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == TINY_MODEL_URI
+    expected = peft_model.merge_and_unload().state_dict()
+    loaded = load_causal_lm(str(folder)).state_dict()
+    assert loaded.keys() == expected.keys() and all(torch.equal(loaded[k], expected[k]) for k in expected)
+    assert load_tokenizer(str(folder))("1+1")["input_ids"]  # no tokenizer saved beside it: the base's

@@ -30,6 +30,7 @@ from typing import Any
 
 from atlas_contract.sources import (
     ACCESS_DENIED,
+    EXPORT_ADAPTER_DIR,
     MANIFEST_FILE,
     MODEL_CARD_FILE,
     NOT_FOUND,
@@ -85,6 +86,9 @@ def model_files(model_dir: str | os.PathLike) -> list[str]:
     has_weights = any(fnmatch.fnmatch(n, pat) for n in names for pat in _WEIGHT_PATTERNS)
     if not has_weights or not ({"config.json", "adapter_config.json"} & set(names)):
         raise ValueError(f"{model_dir}: no saved model (weights and config.json) to export")
+    adapter = folder / EXPORT_ADAPTER_DIR  # beside a merged model: the adapter it was merged from
+    if adapter.is_dir():
+        names += [f"{EXPORT_ADAPTER_DIR}/{name}" for name in model_files(adapter)]
     return names
 
 
@@ -221,6 +225,7 @@ def _to_pvc(uri: str, folder: Path, names: list[str], card: bytes, manifest_text
         current.unlink(missing_ok=True)  # an earlier export's: incomplete until the end
         for name in names:
             current = target / name
+            current.parent.mkdir(parents=True, exist_ok=True)  # the adapter's folder beside a merged model
             _copy_into_place(folder / name, current)
         current = target / MODEL_CARD_FILE
         manifests.write_atomically(current, card.decode("utf-8"))

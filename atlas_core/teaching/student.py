@@ -80,16 +80,17 @@ class LocalStudent:
 
     def __init__(self, model: Any, tokenizer=None, device=None, offload: bool = False, role: str = "student"):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+        from transformers import AutoTokenizer, PreTrainedModel
 
+        from atlas_core.models.loading import load_causal_lm, load_tokenizer
         from atlas_core.models.tiny import resolve_model_path
 
         if isinstance(model, str):
             path = resolve_model_path(model)
             try:
                 with _outside_zero3_init():
-                    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto")
-                tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+                    model = load_causal_lm(path, dtype="auto")  # whole weights, or a LoRA adapter merged
+                tokenizer = tokenizer or load_tokenizer(path)
             except OSError as exc:
                 raise ValueError(f"{role}_model: cannot load {path!r}: {' '.join(str(exc).split())[:200]}") from None
         elif not isinstance(model, PreTrainedModel):

@@ -201,23 +201,28 @@ def export_trained_model(
 
 @contextmanager
 def _merged_model(run: RunConfig) -> Iterator[str]:
-    """The folder exported: ``output_dir``, or (``output.merge`` with a LoRA adapter there) the adapter merged into
-    its base model, in a temporary folder beside it."""
+    """The folder exported: ``output_dir``; with ``output.merge`` and a LoRA adapter there, a temporary folder beside
+    it holding the adapter merged into its base model (whole weights, loadable by any ``from_pretrained`` and by
+    vLLM) and the adapter itself in ``EXPORT_ADAPTER_DIR``."""
+    from atlas_core.models.loading import is_adapter, load_causal_lm, load_tokenizer
+
     folder = Path(run.output_dir)
-    if not (run.output.merge and (folder / "adapter_config.json").is_file()):
+    if not (run.output.merge and is_adapter(folder)):
         yield str(folder)
         return
     import shutil
     import tempfile
 
-    from peft import AutoPeftModelForCausalLM
-    from transformers import AutoTokenizer
+    from atlas_contract.sources import EXPORT_ADAPTER_DIR
+    from atlas_core.sources.export import model_files
 
     staging = Path(tempfile.mkdtemp(prefix=".atlas-merged-", dir=folder))
     try:
-        merged = AutoPeftModelForCausalLM.from_pretrained(str(folder)).merge_and_unload()
-        merged.save_pretrained(staging)
-        AutoTokenizer.from_pretrained(str(folder)).save_pretrained(staging)
+        load_causal_lm(str(folder)).save_pretrained(staging)
+        load_tokenizer(str(folder)).save_pretrained(staging)
+        (staging / EXPORT_ADAPTER_DIR).mkdir()
+        for name in model_files(folder):
+            shutil.copyfile(folder / name, staging / EXPORT_ADAPTER_DIR / name)
         yield str(staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

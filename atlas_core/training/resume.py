@@ -315,7 +315,9 @@ class OutputLock:
 # the schedule, its RNG state the seed, and its weights the model, data and rewards it was trained for. A
 # resume with other values would silently keep the checkpoint's, so it is refused. Every other trainer
 # field (batch sizes, GRPO and teaching settings, max_steps, logging, saving) is read each step and applies.
-IDENTITY_TRAINER_FIELDS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "seed")
+# ``lora``: a checkpoint of a LoRA run holds an adapter of that rank and those targets, and no full weights (and a
+# full run's checkpoint no adapter), so its shape is fixed too.
+IDENTITY_TRAINER_FIELDS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "seed", "lora")
 
 
 def run_identity(run_name: str, settings: dict) -> dict:

@@ -15,6 +15,7 @@ from atlas_contract.run_config import RunConfig
 from atlas_contract.stops import StopReport
 from atlas_core.training.callbacks import RunIdentityCallback
 from atlas_core.training.load_config import InvalidFields, trainer_config_class
+from atlas_core.training.lora import name_adapter_base
 from atlas_core.training.preemption import stop_of
 from atlas_core.training.resume import (
     IDENTITY_TRAINER_FIELDS,
@@ -48,11 +49,16 @@ def build_trainer(run: RunConfig, callbacks: list | None = None):
     from atlas_core.answers import REWARD_FUNCTIONS
     from atlas_core.models.tiny import resolve_model_path
     from atlas_core.training.callbacks import JsonlMetricsCallback
+    from atlas_core.training.lora import merge_problem
 
     algorithm, reward = run.algorithm, run.reward
     dataset = _training_dataset(run)
     model = resolve_model_path(run.model)
     args = _trainer_args(run, model)
+    if args.lora is not None and run.output is not None and run.output.merge:
+        problem = merge_problem(model)
+        if problem:
+            raise InvalidFields([problem])
     callbacks = [JsonlMetricsCallback(Path(run.output_dir) / METRICS_FILE), *(callbacks or [])]
     try:
         if algorithm in ("grpo", "teacher"):
@@ -150,12 +156,15 @@ def run_training(run: RunConfig, callbacks: list | None = None, quiet: bool = Fa
         finished_at = finished_step(agreement.checkpoint, trainer.args.max_steps)
         if finished_at is not None and trainer.accelerator.is_main_process:
             publish_final_model(agreement.checkpoint, run.output_dir)  # a stop on SIGTERM at the last step
+            name_adapter_base(run.output_dir, run.model)
         if finished_at is None:
             trainer.add_callback(RunIdentityCallback(identity))
             trainer.train(resume_from_checkpoint=agreement.checkpoint)
             stopped = stop_of(trainer)
             if stopped is None:  # a stop leaves its checkpoint; the final model is saved when training ends
                 trainer.save_model(run.output_dir)
+                if trainer.accelerator.is_local_main_process:  # an adapter names the run's model, not our copy
+                    name_adapter_base(run.output_dir, run.model)
     finally:
         agreement.release()
     return FinishedRun(

@@ -29,6 +29,7 @@ from atlas_core.training.algorithms.grpo_config import GRPOConfig
 from atlas_core.training.algorithms.trl_hooks import TRLHooks
 from atlas_core.training.callbacks import telemetry_callbacks
 from atlas_core.training.checkpoints import AtomicCheckpoints
+from atlas_core.training.lora import trainer_peft_config
 from atlas_core.training.preemption import stop_callbacks
 from atlas_core.training.watchdog import (
     rollout_server_url,
@@ -72,6 +73,8 @@ class GRPOTrainer(AtomicCheckpoints, TRLHooks, trl.GRPOTrainer):
         reward_model: a sequence-classification reward model (or its id), added to ``reward_funcs``.
         compute_metrics: ``f(EvalPrediction) -> dict`` run after evaluation on the generated completions
             (``predictions``, one text per completion) and the eval dataset's ``ground_truth`` (``label_ids``).
+        peft_config: TRL's own: a ``peft.LoraConfig`` (or other PEFT config) to train an adapter of the policy;
+            ``args.lora`` builds one from Atlas's settings (not both).
         accelerator: an ``accelerate.Accelerator`` the caller already made. The Trainer builds its own from
             ``args`` (they share Accelerate's process state); a mismatch in the distributed setup is an error.
 
@@ -115,6 +118,7 @@ class GRPOTrainer(AtomicCheckpoints, TRLHooks, trl.GRPOTrainer):
             raise ValueError("ref_model: the reference model is only used with a KL penalty (set beta > 0)")
         _prepare_args(args)
         model = policy_model(model, args, "GRPOConfig")
+        kwargs["peft_config"] = trainer_peft_config(args, kwargs.get("peft_config"), model)
         if isinstance(model, str):
             if args is not None and getattr(args, "model_name_or_path", None) is None:
                 args.model_name_or_path = model

@@ -15,6 +15,7 @@ from trl import GRPOConfig as _TRLGRPOConfig
 
 from atlas_contract import checks
 from atlas_contract.defaults import SERVER_TIMEOUT_S
+from atlas_contract.lora import LoraSettings
 from atlas_contract.names import ENV_KIND, ENV_NAMESPACE, ENV_RUN, TRAINER_METRICS_PORT
 from atlas_contract.teaching import TeachingSettings
 
@@ -57,6 +58,11 @@ class AtlasArguments:
             ``step_timeout_seconds`` 0 nothing is checked and generation waits as TRL does. Also, with the watchdog
             off, how long a teacher waits before training for its student endpoint to serve (then a
             ``RuntimeError``; with the watchdog on, that wait is the first step's allowance).
+        lora (`dict`, *optional*):
+            Train a LoRA adapter of the policy instead of every weight: ``{r, alpha, dropout, target_modules}``
+            (``atlas_contract.lora``; unset keys at r 16, alpha 32, dropout 0.05, ``"all-linear"``), handed to TRL as
+            its ``peft_config``. ``None`` (the default) trains every weight. TRL's own ``peft_config`` keyword of the
+            trainer works too (not both).
     """
 
     model_name_or_path: str | None = field(
@@ -93,6 +99,10 @@ class AtlasArguments:
     server_timeout_seconds: float = field(
         default=SERVER_TIMEOUT_S,
         metadata={"help": "Seconds generation waits for an unreachable rollout server before the process exits."},
+    )
+    lora: dict | None = field(
+        default=None,
+        metadata={"help": "LoRA adapter {r, alpha, dropout, target_modules} instead of full fine-tuning (None)."},
     )
 
     def _default_to_hardware(self) -> None:
@@ -145,6 +155,10 @@ class AtlasArguments:
             problem = checks.setting_problem(name, value, (int, float))
             if problem:
                 raise ValueError(f"{name}: {problem}")
+        lora, problems = LoraSettings.parse(self.lora, "lora")
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.lora = None if lora is None else lora.to_dict()
         port = self.metrics_port
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"metrics_port: expected 0 (off) or a TCP port up to 65535, got {port!r}")

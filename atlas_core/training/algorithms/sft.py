@@ -15,6 +15,7 @@ from atlas_core.models.tiny import policy_model
 from atlas_core.training.algorithms.grpo_config import AtlasArguments
 from atlas_core.training.callbacks import telemetry_callbacks
 from atlas_core.training.checkpoints import AtomicCheckpoints
+from atlas_core.training.lora import trainer_peft_config
 from atlas_core.training.preemption import stop_callbacks
 from atlas_core.training.watchdog import watchdog_callbacks
 
@@ -39,9 +40,9 @@ class SFTConfig(trl.SFTConfig, AtlasArguments):
 
 
 class SFTTrainer(AtomicCheckpoints, trl.SFTTrainer):
-    """TRL's SFTTrainer; also accepts ``tokenizer`` (for ``processing_class``) and ``max_seq_length``
-    (for ``args.max_length``), as the trainers reference documents, and a ``model`` taken from
-    ``args.model_name_or_path`` when omitted."""
+    """TRL's SFTTrainer (``args.lora`` or TRL's ``peft_config`` trains a LoRA adapter); also accepts ``tokenizer``
+    (for ``processing_class``) and ``max_seq_length`` (for ``args.max_length``), as the trainers reference
+    documents, and a ``model`` taken from ``args.model_name_or_path`` when omitted."""
 
     def __init__(
         self,
@@ -53,6 +54,7 @@ class SFTTrainer(AtomicCheckpoints, trl.SFTTrainer):
         **kwargs: Any,
     ):
         model = policy_model(model, args, "SFTConfig")
+        kwargs["peft_config"] = trainer_peft_config(args, kwargs.get("peft_config"), model)
         if hasattr(args, "resync_resolved_fields"):
             args.resync_resolved_fields()  # settings changed after the config was built
         if tokenizer is not None:

@@ -1,0 +1,139 @@
+"""LoRA in the trainers: a config's ``lora`` settings (atlas_contract/lora.py) as PEFT's ``LoraConfig``, handed to
+TRL as its own ``peft_config`` (TRL wraps the policy with ``get_peft_model``, computes the KL's reference with the
+adapter disabled, merges the adapter for each vLLM weight sync and unmerges it; the Trainer saves and resumes the
+adapter). What TRL does not check, this module does before the model is loaded: that every ``target_modules`` entry
+names a module of the model (with the model's candidates in the message), and that a quantised checkpoint is not
+asked for what needs a merge.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from atlas_contract.lora import ALL_LINEAR, LoraSettings
+
+# The module kinds PEFT's LoRA adapts (peft/tuners/lora/layer.py dispatch): what a target may name.
+_ADAPTABLE = ("Linear", "Conv1D", "Conv1d", "Conv2d", "Conv3d", "Embedding")
+
+
+def lora_settings(args: Any) -> LoraSettings | None:
+    """The LoRA settings of a trainer config (``args.lora``, already checked by the config), or None."""
+    raw = getattr(args, "lora", None)
+    settings, problems = LoraSettings.parse(raw, "lora")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return settings
+
+
+def peft_config(settings: LoraSettings):
+    """PEFT's ``LoraConfig`` for a causal LM with ``settings``."""
+    from peft import LoraConfig
+
+    targets = settings.target_modules
+    return LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=targets if targets == ALL_LINEAR else list(targets),
+        task_type="CAUSAL_LM",
+    )
+
+
+def trainer_peft_config(args: Any, given: Any, model: Any) -> Any:
+    """The ``peft_config`` a trainer hands TRL: the caller's own (TRL's keyword), else one from ``args.lora`` —
+    checked against ``model`` (a loaded model or the folder/id it is loaded from) before any weight is loaded."""
+    settings = lora_settings(args)
+    if given is not None and settings is not None:
+        raise ValueError("peft_config: pass either peft_config or the config's lora settings, not both")
+    if given is not None or settings is None:
+        return given
+    problems = target_problems(model, settings, trust_remote_code=bool(getattr(args, "trust_remote_code", False)))
+    quantised = quantisation(model)
+    if quantised and getattr(args, "use_vllm", False):
+        problems.append(
+            f"lora: the model is quantised ({quantised}); vLLM's weight sync merges the adapter into the base weights "
+            "after every step, which a quantised checkpoint cannot take exactly: use the trainer's own generation "
+            "(use_vllm false, spec.rollout.replicas 0) or an unquantised checkpoint"
+        )
+    if problems:
+        raise ValueError("; ".join(problems))
+    return peft_config(settings)
+
+
+def module_names(model: Any, trust_remote_code: bool = False) -> list[str]:
+    """Every adaptable module's qualified name; a model not yet loaded is built on the meta device from its config
+    (no weight is read)."""
+    import torch
+
+    if isinstance(model, torch.nn.Module):
+        modules = model.named_modules()
+    else:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        modules = skeleton.named_modules()
+    return [name for name, module in modules if name and type(module).__name__ in _ADAPTABLE]
+
+
+def target_problems(model: Any, settings: LoraSettings, trust_remote_code: bool = False) -> list[str]:
+    """Each ``target_modules`` entry that matches no adaptable module of ``model`` (PEFT's rule for a list: the name
+    itself or a ``.<entry>`` suffix), naming the model's candidates."""
+    if settings.target_modules == ALL_LINEAR:
+        return []
+    names = module_names(model, trust_remote_code)
+    unmatched = [t for t in settings.target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if not unmatched:
+        return []
+    candidates = sorted({name.rsplit(".", 1)[-1] for name in names})
+    shown = getattr(model, "name_or_path", model)
+    return [
+        f"lora.target_modules: {', '.join(repr(t) for t in unmatched)} matches no module of the model {shown!r} "
+        f"(its candidates: {', '.join(candidates)}; or '{ALL_LINEAR}')"
+    ]
+
+
+def quantisation(model: Any) -> str | None:
+    """The quantisation method of a model or checkpoint folder (its config's ``quantization_config``), or None."""
+    config = getattr(model, "config", None)
+    if config is not None:
+        found = getattr(config, "quantization_config", None)
+    else:
+        path = Path(str(model)) / "config.json"
+        found = json.loads(path.read_text()).get("quantization_config") if path.is_file() else None
+    if not found:
+        return None
+    method = found.get("quant_method") if isinstance(found, dict) else getattr(found, "quant_method", None)
+    return str(getattr(method, "value", method) or "quantization_config")
+
+
+def merge_problem(model: str) -> str | None:
+    """Why the adapter of a run on ``model`` (a folder) cannot be merged for ``output.merge``, or None."""
+    quantised = quantisation(model)
+    if not quantised:
+        return None
+    return (
+        f"output.merge: the model is quantised ({quantised}): a LoRA adapter cannot be merged into it exactly; "
+        "export the adapter alone (merge false) or train on an unquantised checkpoint"
+    )
+
+
+def name_adapter_base(folder: str | Path, reference: str) -> bool:
+    """Write the run's model reference (``builtin://…``, ``s3://…``, a hub id) as the base of the adapter saved in
+    ``folder``, instead of the local copy it was loaded from, so that the adapter names a base that outlives this pod
+    (atlas_core/models/loading.py resolves it). Done on the saved file, not the model: PEFT looks a base it cannot
+    find locally up on the hub at every save. The file is replaced whole. False when ``folder`` holds no adapter."""
+    import os
+
+    path = Path(folder) / "adapter_config.json"
+    if not path.is_file():
+        return False
+    config = json.loads(path.read_text())
+    config["base_model_name_or_path"] = reference
+    staging = path.with_name(f".{path.name}.partial")
+    staging.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(staging, path)
+    return True

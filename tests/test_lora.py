@@ -1,0 +1,167 @@
+"""LoRA runs on the tiny model, in one process: an adapter trained (the base frozen), saved in every checkpoint,
+applied exactly once on a resume (weights compared with the checkpoint's), a finished rerun a no-op; bad settings
+refused before any weight is loaded. (DeepSpeed's ZeRO stages: tests/test_distributed.py; the cluster:
+tests/kube/test_lora.py.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from atlas_contract.errors import InvalidFields
+from atlas_contract.run_config import RunConfig
+from atlas_core.models.tiny import TINY_MODEL_URI, resolve_model_path
+from atlas_core.training.load_config import load_run_config, parse_run_config
+from atlas_core.training.runner import build_trainer, run_training
+
+
+def lora_run(out: Path, max_steps: int, *overrides: str, **lora) -> RunConfig:
+    """The tiny GRPO recipe with a LoRA adapter (``lora`` its settings beyond r 4, alpha 8, dropout 0)."""
+    settings = {"r": 4, "alpha": 8, "dropout": 0.0, **lora}
+    return parse_run_config(
+        load_run_config(
+            [
+                "recipe=tiny_grpo",
+                f"output_dir={out}",
+                "dataset.num_samples=64",
+                f"trainer.max_steps={max_steps}",
+                "trainer.save_steps=2",
+                "trainer.per_device_train_batch_size=4",
+                "trainer.max_completion_length=8",
+                "trainer.learning_rate=3e-3",
+                # The tiny model's answers may all score 0 (no gradient): AdamW's decay still moves the adapter every
+                # step, so a checkpoint's adapter always differs from a fresh one.
+                "trainer.weight_decay=0.1",
+                "trainer.metrics_port=0",
+                *[f"trainer.lora.{key}={json.dumps(value)}" for key, value in settings.items()],
+                *overrides,
+            ]
+        )
+    )
+
+
+class AdapterAtStart:
+    """The policy's adapter tensors and LoRA module names as training begins (after a resume has loaded)."""
+
+    def __init__(self):
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.lora_modules: list[str] = []
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.tensors = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+        self.lora_modules = [n for n, _ in model.named_modules() if n.endswith(".lora_A")]
+
+    def __getattr__(self, name):  # every other TrainerCallback event: nothing
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+
+def saved_name(parameter: str) -> str:
+    """A parameter's key in adapter_model.safetensors (PEFT drops the adapter's name)."""
+    return parameter.replace(".default.", ".")
+
+
+def test_a_lora_run_trains_the_adapter_only_and_resumes_it_exactly_once(tmp_path, atlas_cache):
+    out = tmp_path / "run"
+    first = AdapterAtStart()
+    finished = run_training(lora_run(out, 2), callbacks=[first], quiet=True)
+    assert finished.global_step == 2
+    checkpoint = out / "checkpoint-2"
+    # The checkpoint and the final model hold the adapter, not the model's weights.
+    assert (checkpoint / "adapter_model.safetensors").is_file() and not (checkpoint / "model.safetensors").exists()
+    assert not (out / "model.safetensors").exists()
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["base_model_name_or_path"] == TINY_MODEL_URI  # the run's reference
+    saved = load_file(checkpoint / "adapter_model.safetensors")
+    assert set(saved) == {saved_name(n) for n in first.tensors}
+    moved = [n for n in first.tensors if not torch.equal(first.tensors[n], saved[saved_name(n)])]
+    assert moved, "no adapter weight changed in 2 steps"
+    # The base stayed frozen: the tiny model's own weights are what they were.
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(resolve_model_path(TINY_MODEL_URI)).state_dict()
+    trainer_base = {
+        n.replace("base_model.model.", "").replace(".base_layer", ""): p
+        for n, p in build_trainer(lora_run(tmp_path / "fresh", 1)).model.state_dict().items()
+        if "lora_" not in n
+    }
+    assert trainer_base.keys() == base.keys() and all(torch.equal(trainer_base[k], base[k]) for k in base)
+
+    # Resume to step 4: at the first step, the adapter is checkpoint-2's, applied once (the same LoRA modules, no
+    # adapter wrapped in another).
+    resumed = AdapterAtStart()
+    again = run_training(lora_run(out, 4), callbacks=[resumed], quiet=True)
+    assert again.global_step == 4 and again.resumed_from.endswith("checkpoint-2")
+    assert resumed.lora_modules == first.lora_modules
+    assert set(resumed.tensors) == set(first.tensors)
+    assert all(torch.equal(resumed.tensors[n], saved[saved_name(n)]) for n in resumed.tensors)
+    final = load_file(out / "adapter_model.safetensors")
+    assert set(final) == set(saved) and any(not torch.equal(final[k], saved[k]) for k in saved)
+
+    # A rerun of the finished run trains nothing and keeps the adapter.
+    before = (out / "adapter_model.safetensors").read_bytes()
+    rerun = run_training(lora_run(out, 4), quiet=True)
+    assert rerun.already_finished and (out / "adapter_model.safetensors").read_bytes() == before
+
+
+def test_a_lora_run_does_not_resume_a_full_runs_checkpoint(tmp_path, atlas_cache):
+    out = tmp_path / "run"
+    run_training(lora_run(out, 2, "trainer.lora=null"), quiet=True)
+    # A full run's checkpoint holds no adapter: every rank stops with the reason (atlas_core/training/resume.py).
+    with pytest.raises(InvalidFields, match=r"trainer\.lora: None in checkpoint-2, \{'r': 4, 'alpha': 8\.0"):
+        run_training(lora_run(out, 4), quiet=True)
+
+
+def test_target_modules_matching_no_module_fail_before_loading_naming_the_candidates(tmp_path, atlas_cache):
+    with pytest.raises(InvalidFields) as refused:
+        build_trainer(lora_run(tmp_path / "run", 1, target_modules=["q_proj", "c_attn"]))
+    (problem,) = refused.value.problems
+    assert "lora.target_modules: 'c_attn' matches no module" in problem
+    candidates = "down_proj, embed_tokens, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"
+    assert f"its candidates: {candidates}; or 'all-linear'" in problem
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        ({"r": 0}, "lora.r: expected a number >= 1, got 0"),
+        ({"alpha": 0}, "lora.alpha: expected a number > 0, got 0"),
+        ({"dropout": 1.0}, "lora.dropout: expected a number < 1, got 1.0"),
+        ({"target_modules": []}, "lora.target_modules: expected 'all-linear' or a list of 1 to 64 module names"),
+        ({"rank": 8}, "lora.rank: unknown setting (expected one of: r, alpha, dropout, target_modules)"),
+    ],
+)
+def test_bad_lora_settings_are_refused_with_the_field_and_value(settings, expected, tmp_path):
+    from atlas_core.training.algorithms.grpo_config import GRPOConfig
+
+    with pytest.raises(ValueError, match="lora") as refused:
+        GRPOConfig(output_dir=str(tmp_path), lora=settings)
+    assert expected in str(refused.value)
+
+
+def test_a_quantised_checkpoint_says_at_start_that_its_adapter_cannot_be_merged(tmp_path, atlas_cache):
+    """A checkpoint whose config declares a quantisation: output.merge and vLLM's weight sync (which merges the
+    adapter every step) are refused before any weight is loaded."""
+    model = tmp_path / "quantised"
+    shutil.copytree(resolve_model_path(TINY_MODEL_URI), model)
+    config = json.loads((model / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (model / "config.json").write_text(json.dumps(config))
+    run = lora_run(tmp_path / "run", 1, f"model={model}").to_dict()
+    merged = RunConfig.from_dict({**run, "output": {"uri": "pvc://models/t", "merge": True}})
+    with pytest.raises(InvalidFields) as refused:
+        build_trainer(merged)
+    assert refused.value.problems == [
+        "output.merge: the model is quantised (bitsandbytes): a LoRA adapter cannot be merged into it exactly; "
+        "export the adapter alone (merge false) or train on an unquantised checkpoint"
+    ]
+    synced = RunConfig.from_dict({**run, "trainer": {**run["trainer"], "use_vllm": True}})
+    with pytest.raises(InvalidFields, match=r"lora: the model is quantised \(bitsandbytes\); vLLM's weight sync"):
+        build_trainer(synced)
