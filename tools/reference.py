@@ -65,7 +65,7 @@ def _constraints(schema: dict[str, Any], required: bool) -> str:
     if "minimum" in schema:
         parts.append(f"{'>' if schema.get('exclusiveMinimum') else '>='} {_literal(schema['minimum'])}")
     if "maximum" in schema:
-        parts.append(f"<= {_literal(schema['maximum'])}")
+        parts.append(f"{'<' if schema.get('exclusiveMaximum') else '<='} {_literal(schema['maximum'])}")
     if "pattern" in schema:
         parts.append(f"pattern {_code(schema['pattern'])}")
     for key, unit in (("maxLength", "characters"), ("maxItems", "items"), ("maxProperties", "entries")):

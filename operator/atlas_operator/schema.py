@@ -33,6 +33,7 @@ def spec_field(
     minimum: float | None = None,
     maximum: float | None = None,
     exclusive_minimum: bool = False,
+    exclusive_maximum: bool = False,
     pattern: str | None = None,
     pattern_doc: str | None = None,
     max_length: int | None = None,
@@ -61,6 +62,7 @@ def spec_field(
         "minimum": minimum,
         "maximum": maximum,
         "exclusive_minimum": exclusive_minimum,
+        "exclusive_maximum": exclusive_maximum,
         "pattern": pattern,
         "pattern_doc": pattern_doc,  # what the pattern means, for error messages
         "max_length": max_length,
@@ -121,6 +123,8 @@ def _is_empty_factory(f: dataclasses.Field) -> bool:
 def _literal(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list):  # as YAML writes it: [all-linear]
+        return "[" + ", ".join(map(_literal, value)) + "]"
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -174,6 +178,8 @@ def openapi_schema(cls: type) -> dict[str, Any]:
             prop["pattern"] = f"^(?:{meta['pattern']})$"
         if meta.get("exclusive_minimum"):
             prop["exclusiveMinimum"] = True
+        if meta.get("exclusive_maximum"):
+            prop["exclusiveMaximum"] = True
         for key, schema_key in BOUND_KEYWORDS.items():
             if meta.get(key) is not None:
                 prop[schema_key] = meta[key]
@@ -335,8 +341,11 @@ def _constraint_problem(meta: dict, value: Any, where: str, problems: list[str])
             problem = f"expected a number > {minimum}, got {bounded_repr(value)}"
         elif value < minimum:
             problem = f"expected a number >= {minimum}, got {bounded_repr(value)}"
-    if problem is None and maximum is not None and isinstance(value, (int, float)) and value > maximum:
-        problem = f"expected a number <= {maximum}, got {bounded_repr(value)}"
+    if problem is None and maximum is not None and isinstance(value, (int, float)):
+        if meta.get("exclusive_maximum") and value >= maximum:
+            problem = f"expected a number < {maximum}, got {bounded_repr(value)}"
+        elif value > maximum:
+            problem = f"expected a number <= {maximum}, got {bounded_repr(value)}"
     if problem is None and pattern is not None and isinstance(value, str) and not re.fullmatch(pattern, value):
         problem = f"expected {meta.get('pattern_doc') or 'a value matching ' + pattern}, got {bounded_repr(value)}"
     if problem is None:
