@@ -178,7 +178,50 @@ def variants(count: int, seed: int = 33) -> list[dict[str, Any]]:
     return runs
 
 
-CORPUS = [*EXAMPLES, *STORED, *BUILT, *variants(700)]
+# spec.training.lora around each bound and rule (atlas_contract/lora.py): the schema's ranges (r >= 1, alpha > 0,
+# 0 <= dropout < 1), the CEL rules on targetModules, and valid ones; the operator's problem for each (None: valid).
+LORAS = {
+    "r-0": ({"r": 0}, "spec.training.lora.r: expected a number >= 1, got 0"),
+    "alpha-0": ({"alpha": 0}, "spec.training.lora.alpha: expected a number > 0, got 0.0"),
+    "dropout-1": ({"dropout": 1}, "spec.training.lora.dropout: expected a number < 1, got 1.0"),
+    "dropout-negative": ({"dropout": -0.1}, "spec.training.lora.dropout: expected a number >= 0, got -0.1"),
+    "no-targets": (
+        {"targetModules": []},
+        "spec.training.lora.targetModules: expected [all-linear] or at least one module name, got []",
+    ),
+    "all-linear-and-one": (
+        {"targetModules": ["all-linear", "q_proj"]},
+        "spec.training.lora.targetModules: 'all-linear' stands alone (it already names every linear layer but the "
+        "output head), got 'all-linear' with 'q_proj'",
+    ),
+    "all-linear-and-three": (
+        {"targetModules": ["q_proj", "all-linear", "k_proj", "v_proj"]},
+        "spec.training.lora.targetModules: 'all-linear' stands alone (it already names every linear layer but the "
+        "output head), got 'all-linear' with 'q_proj' and 2 more",
+    ),
+    "all-linear-twice": (
+        {"targetModules": ["all-linear", "all-linear"]},
+        "spec.training.lora.targetModules: 'all-linear' stands alone (it already names every linear layer but the "
+        "output head), got 'all-linear' with 'all-linear' again",
+    ),
+    "blank-target": (
+        {"targetModules": ["q_proj", " "]},
+        "spec.training.lora.targetModules: expected module names, none blank, got ' '",
+    ),
+    "valid": ({"r": 8, "alpha": 16, "dropout": 0.0, "targetModules": ["q_proj", "v_proj"]}, None),
+    "defaults": ({}, None),
+    "all-linear": ({"targetModules": ["all-linear"], "dropout": 0.5}, None),
+}
+
+
+def lora_run(case: str, kind: str) -> dict[str, Any]:
+    """A run of ``kind`` with LORAS[case]'s spec.training.lora."""
+    manifest = (teacher if kind == "AtlasTeacher" else training)(f"lora-{case}")
+    manifest["spec"]["training"]["lora"] = copy.deepcopy(LORAS[case][0])
+    return manifest
+
+
+CORPUS = [*EXAMPLES, *STORED, *BUILT, *(lora_run(case, kind) for case in LORAS for kind in KINDS), *variants(700)]
 
 
 def cel_visible(manifest: dict[str, Any], problems: list[str]) -> list[str]:
@@ -245,6 +288,27 @@ def test_every_rule_is_met_and_broken_by_some_manifest():
             assert any(rule not in {r.rule for r in admission_refusals(m)} for m in runs[:50])
 
 
+@pytest.mark.parametrize("case", list(LORAS))
+def test_lora_settings_are_refused_by_the_schema_or_a_rule_with_the_value_found(case):
+    """spec.training.lora: r, alpha and dropout out of range are the schema's to refuse (the API server's "Invalid
+    value: 0: spec.training.lora.r in body should be greater than or equal to 1"), targetModules the CEL rules'
+    (the same message from the API server and the operator); a valid one passes both and the contract."""
+    for kind in KINDS:
+        manifest, expected = lora_run(case, kind), LORAS[case][1]
+        try:
+            run, problems = parse_run(manifest), []
+        except InvalidFields as invalid:
+            run, problems = None, invalid.problems
+        assert problems == ([expected] if expected else [])
+        by_cel = [r.as_problem() for r in admission_refusals(manifest)]
+        if case in ("r-0", "alpha-0", "dropout-1", "dropout-negative"):
+            assert not schema_valid(manifest) and by_cel == []
+        else:
+            assert schema_valid(manifest) and by_cel == problems
+        if run is not None:
+            assert run.spec.training.lora.settings()[1] == []
+
+
 def test_examples_and_stored_runs_pass_every_rule():
     for manifest in [*EXAMPLES, *STORED, *BUILT[:4]]:
         assert admission_refusals(manifest) == [], manifest["metadata"]["name"]
@@ -298,6 +362,7 @@ FIXED_CHANGES = {
     "training.warmupSteps": 10.0,
     "training.weightDecay": 0.1,
     "training.seed": 7,
+    "training.lora": {"r": 4},
 }
 TAKEN_CHANGES = {
     "training.maxSteps": 1000,
@@ -344,6 +409,31 @@ def test_setting_or_unsetting_a_fixed_field_is_a_change():
     lr = _changed(base, "training.learningRate", 1e-6)
     assert _transition_refusals(lr, base) == _transition_refusals(base, lr) == ["spec.training.learningRate"]
     assert _transition_refusals(lr, lr) == []
+
+
+def test_a_lora_adapter_is_kept_for_the_runs_life():
+    """spec.training.lora set, unset, or another adapter (any of its settings) on a run that exists: refused, the
+    message saying which; the same adapter written out with its defaults is no change."""
+    full = training()
+    adapter = _changed(full, "training.lora", {"r": 8})
+    written_out = _changed(
+        full, "training.lora", {"r": 8, "alpha": 32.0, "dropout": 0.05, "targetModules": ["all-linear"]}
+    )
+    got = {
+        "set": admission_refusals(adapter, full),
+        "unset": admission_refusals(full, adapter),
+        "alpha": admission_refusals(_changed(adapter, "training.lora.alpha", 8.0), adapter),
+        "targets": admission_refusals(_changed(adapter, "training.lora.targetModules", ["q_proj"]), adapter),
+    }
+    shown = {
+        "set": "was full fine-tuning, now a LoRA adapter",
+        "unset": "was a LoRA adapter, now full fine-tuning",
+        "alpha": "another LoRA adapter",
+        "targets": "another LoRA adapter",
+    }
+    for change, refusals in got.items():
+        assert [(r.path, r.message) for r in refusals] == [("spec.training.lora", f"{FIXED}, got {shown[change]}")]
+    assert admission_refusals(written_out, adapter) == admission_refusals(adapter, adapter) == []
 
 
 def test_every_setting_the_resume_compares_is_fixed_at_admission():

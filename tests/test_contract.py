@@ -47,6 +47,7 @@ CONTEXT = {
     "spec.evaluation.dataset.split": {"evaluation": {}},
     "spec.evaluation.samples": {"evaluation": {}},
     "spec.output.merge": {"output": {"uri": "s3://out/run"}},
+    **{f"spec.training.lora.{name}": {"training": {"lora": {}}} for name in ("r", "alpha", "dropout", "targetModules")},
 }
 
 
@@ -100,6 +101,8 @@ def _value(text: str, annotation):
         return {"true": True, "false": False}[text]
     if annotation in (int, float):
         return annotation(float(text)) if annotation is float else int(text)
+    if typing.get_origin(annotation) is list:  # as YAML writes it: [all-linear]
+        return yaml.safe_load(text)
     return text
 
 
@@ -193,8 +196,14 @@ TRAINER_ATTRIBUTE = {
 def test_documented_default_is_what_the_trainer_uses(kind, algorithm, tmp_path):
     """For every trainer-facing field (spec.training.*, spec.teaching.*, checkpoint.saveSteps, dataset.split)
     the value the real trainer configuration holds equals the default ``kubectl explain`` states."""
+    from atlas_contract.lora import LoraSettings
+
     base = set_path(BASE[(kind, algorithm)], "spec.resources.gpusPerNode", 0)  # this machine has no GPU
     args, cfg = _trainer_config(kind, base, tmp_path)
+    # spec.training.lora's settings apply to a run that has it: the trainer's own, read as the contract reads them.
+    (tmp_path / "lora").mkdir()
+    lora_args, _ = _trainer_config(kind, merge(base, {"training": {"lora": {}}}), tmp_path / "lora")
+    trainer_lora = LoraSettings.parse(lora_args.lora, "lora")[0]
     checked, wrong = 0, []
     for (field_kind, path), (f, annotation) in all_fields().items():
         if field_kind != kind:
@@ -210,6 +219,9 @@ def test_documented_default_is_what_the_trainer_uses(kind, algorithm, tmp_path):
         expected = stated.get(algorithm, stated.get("*"))
         if path == "spec.dataset.split":
             actual = cfg.dataset.split
+        elif path.startswith("spec.training.lora."):
+            expected = getattr(LoraSettings.parse({f.name: expected}, "lora")[0], f.name)  # [all-linear]: all-linear
+            actual = getattr(trainer_lora, f.name)
         else:
             actual = getattr(args, TRAINER_ATTRIBUTE.get(path, f.name))
         actual = getattr(actual, "value", actual)  # transformers' enums (lr_scheduler_type)

@@ -112,6 +112,22 @@ def test_invalid_specs_name_the_field(change, expected):
     assert any(expected in p for p in caught.value.problems), caught.value.problems
 
 
+@pytest.mark.parametrize("kind", ["AtlasTraining", "AtlasTeacher"])
+def test_lora_in_extra_is_refused_naming_spec_training_lora(kind):
+    """LoRA is spec.training.lora: spec.training.extra's lora (a field of its own in the spec) and peft_config (TRL's
+    trainer argument, which the trainer builds from it) are refused, each naming the field to use."""
+    build = teacher if kind == "AtlasTeacher" else training
+    batch = {"perDeviceTrainBatchSize": 4, "numGenerations": 4}
+    with pytest.raises(InvalidFields) as caught:
+        parse_run(build(training={**batch, "extra": {"lora": {"r": 8}, "peft_config": {"r": 8}}}))
+    assert caught.value.problems == [
+        "spec.training.extra.lora: set it as spec.training.lora instead",
+        "spec.training.extra.peft_config: set spec.training.lora instead (the trainer builds PEFT's LoraConfig from "
+        "it, TRL's peft_config)",
+    ]
+    assert parse_run(build(training={**batch, "lora": {"r": 8}})).spec.training.lora.r == 8
+
+
 def test_every_problem_is_reported_at_once():
     manifest = teacher(
         training={"perDeviceTrainBatchSize": 3, "numGenerations": 5},

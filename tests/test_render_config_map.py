@@ -109,3 +109,41 @@ def test_the_trainer_config_takes_colocate_settings():
     vllm = {k: v for k, v in trainer.items() if "vllm" in k}
     args = GRPOConfig(output_dir="/tmp/colocate", report_to=[], per_device_train_batch_size=8, **vllm)
     assert (args.vllm_mode, args.vllm_gpu_memory_utilization, args.use_vllm) == ("colocate", 0.5, True)
+
+
+def test_lora_renders_into_run_yaml_with_its_defaults():
+    """spec.training.lora → run.yaml's `trainer.lora` (snake_case, every setting filled in from
+    atlas_contract.defaults.LORA, [all-linear] as the string PEFT takes), which the contract reads back as it was
+    written; none without it, for either kind."""
+    from atlas_contract.defaults import LORA
+    from atlas_contract.lora import LoraSettings
+    from atlas_contract.run_config import RunConfig
+
+    defaults = teacher(training={"perDeviceTrainBatchSize": 4, "numGenerations": 4, "lora": {}})
+    assert (
+        run_yaml(defaults)["trainer"]["lora"]
+        == LORA
+        == {
+            "r": 16,
+            "alpha": 32.0,
+            "dropout": 0.05,
+            "target_modules": "all-linear",
+        }
+    )
+    named = training(
+        training={
+            "perDeviceTrainBatchSize": 4,
+            "numGenerations": 4,
+            "lora": {"r": 8, "targetModules": ["q_proj", "v_proj"]},
+        }
+    )
+    config = run_yaml(named)
+    assert config["trainer"]["lora"] == {"r": 8, "alpha": 32.0, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
+    parsed = RunConfig.from_dict(config)
+    assert LoraSettings.parse(parsed.trainer["lora"], "trainer.lora") == (
+        LoraSettings(r=8, target_modules=("q_proj", "v_proj")),
+        [],
+    )
+    for manifest in (teacher(), training()):
+        config = run_yaml(manifest)
+        assert "lora" not in config["trainer"] and RunConfig.from_dict(config).trainer.get("lora") is None

@@ -39,6 +39,7 @@ from typing import Any
 
 from atlas_contract import checks, datasets, defaults, sources
 from atlas_contract.checks import REWARD_FUNCTIONS
+from atlas_contract.lora import ALL_LINEAR, MAX_TARGET_MODULES
 from atlas_contract.names import MAX_RUN_NAME, TRAINJOB_RESERVED_ENV, max_jobset_run_name, max_trainjob_run_name
 
 # A rule reads the spec through these, so the defaults it assumes for an unset field are the spec types' own.
@@ -115,14 +116,15 @@ DIGITS = "['0', '1', '2', '3', '4', '5', '6', '7', '8', '9']"
 NUM_DIGITS = 7
 
 
-def num(expression: str) -> str:
+def num(expression: str, digits: int = NUM_DIGITS) -> str:
     """A CEL expression of a non-negative int as a string, for a message: its digits, each looked up in a list.
     ``string(int)`` would do, but the API server cannot bound the length of what it makes, so it prices a message
     that concatenates one beyond any budget (and refuses the CRD); a digit has a known length. Numbers of more than
-    ``NUM_DIGITS`` digits show as a bound, a negative one fails the expression (the static message then)."""
+    ``digits`` digits (``NUM_DIGITS`` unless the schema bounds it lower) show as a bound, a negative one fails the
+    expression (the static message then)."""
     x = f"({expression})"
-    parts = [f"({x} >= {10**i} ? {DIGITS}[{x} / {10**i} % 10] : '')" for i in range(NUM_DIGITS - 1, 0, -1)]
-    limit = 10**NUM_DIGITS
+    parts = [f"({x} >= {10**i} ? {DIGITS}[{x} / {10**i} % 10] : '')" for i in range(digits - 1, 0, -1)]
+    limit = 10**digits
     return f"({x} >= {limit} ? '{limit} or more' : " + " + ".join([*parts, f"{DIGITS}[{x} % 10]"]) + ")"
 
 
@@ -594,13 +596,45 @@ def _source_rules() -> Iterator[Rule]:
     )
 
 
-# The spec fields a checkpoint fixes (see the module's docstring): a change would be silently half-applied.
+def _lora_rules() -> Iterator[Rule]:
+    """spec.training.lora.targetModules as the contract takes it (atlas_contract/lora.py): [all-linear] alone, or
+    module names; its size is the schema's bound, and r, alpha and dropout the schema's ranges."""
+    level, field, names = "spec.training.lora", "spec.training.lora.targetModules", "self.targetModules"
+    yield Rule(
+        level,
+        f"!has({names}) || size({names}) > 0",
+        field,
+        f"expected [{ALL_LINEAR}] or at least one module name",
+        "'[]'",
+    )
+    blank = f"{names}.filter(m, !m.matches('[^[:space:]]'))"
+    yield Rule(
+        level,
+        f"!has({names}) || size({blank}) == 0",
+        field,
+        "expected module names, none blank",
+        quoted(f"{blank}[0]"),
+    )
+    others = f"{names}.filter(m, m != '{ALL_LINEAR}')"
+    yield Rule(
+        level,
+        f"!has({names}) || !('{ALL_LINEAR}' in {names}) || size({names}) == 1",
+        field,
+        f"'{ALL_LINEAR}' stands alone (it already names every linear layer but the output head)",
+        f"\"'{ALL_LINEAR}' with \" + (size({others}) == 0 ? \"'{ALL_LINEAR}' again\" : {quoted(f'{others}[0]')} + "
+        f"(size({others}) > 1 ? ' and ' + {num(f'size({others}) - 1', len(str(MAX_TARGET_MODULES)))} + ' more' : ''))",
+    )
+
+
+# The spec fields a checkpoint fixes (see the module's docstring): a change would be silently half-applied. LoRA or
+# not, and the adapter's shape: a LoRA run's checkpoints hold its adapter and no full weights (a full run's no adapter).
 CHECKPOINT_FIXED = (
     "model",
     "dataset",
     "reward",
     *(f"training.{camel(name)}" for name in ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay")),
     "training.seed",
+    "training.lora",
 )
 
 
@@ -649,6 +683,13 @@ def _change(path: str) -> str:
 
     if path == "reward":  # an object of lists: no CEL standard function shows it
         return "'another reward'"
+    if path == "training.lora":  # an object: whether there is an adapter, or that it is another one
+
+        def trained(root: str) -> str:
+            return f"({has(path, root)} ? 'a LoRA adapter' : 'full fine-tuning')"
+
+        both = f"{has(path)} && {has(path, 'oldSelf')}"
+        return f"({both} ? 'another LoRA adapter' : 'was ' + {trained('oldSelf')} + ', now ' + {trained('self')})"
     return f"'was ' + {shown('oldSelf')} + ', now ' + {shown('self')}"
 
 
@@ -671,6 +712,7 @@ RULES: tuple[Rule, ...] = tuple(
         _training_rules,
         _dataset_rules,
         _source_rules,
+        _lora_rules,
         _transition_rules,
     )
     for rule in group()

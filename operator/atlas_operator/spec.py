@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atlas_contract import defaults
+from atlas_contract.lora import ALL_LINEAR, MAX_TARGET_MODULES, LoraSettings
 from atlas_contract.names import (
     API_VERSION,
     BACKENDS,
@@ -52,6 +53,7 @@ MAX_REFERENCE = 1024  # a model or dataset: a hub id (at most 96), a URL or a pa
 MAX_NAME = 253  # an object's name (a DNS subdomain), a ConfigMap key
 MAX_REWARD_FUNCS = 16
 MAX_LIST = 128  # spec.env, spec.rollout.args
+MAX_MODULE_NAME = 128  # a spec.training.lora.targetModules entry: a module's name or the end of it (q_proj)
 
 
 @dataclass
@@ -102,6 +104,36 @@ class RewardSpec:
     weights: list[float] | None = spec_field(
         "one weight per reward (funcs, then RIM)", unset="every reward weighs 1.0", max_items=MAX_REWARD_FUNCS + 1
     )
+
+
+@dataclass
+class LoraSpec:
+    """A LoRA adapter (PEFT) trained instead of the policy's weights; the settings of atlas_contract/lora.py."""
+
+    r: int = spec_field("the adapter's rank", defaults.LORA["r"], **defaults.LIMITS["lora_r"].schema())
+    alpha: float = spec_field(
+        "the adapter's scale: its update is multiplied by alpha / r",
+        defaults.LORA["alpha"],
+        **defaults.LIMITS["lora_alpha"].schema(),
+    )
+    dropout: float = spec_field(
+        "dropout on the adapter's input", defaults.LORA["dropout"], **defaults.LIMITS["lora_dropout"].schema()
+    )
+    target_modules: list[str] = spec_field(
+        f"the layers adapted: [{ALL_LINEAR}] is every linear layer but the output head (PEFT's meaning), and stands "
+        "alone; else module names, each adapting every module whose name is it or ends with .<it> (PEFT's rule for "
+        "a list: q_proj adapts every layer's q_proj); a name that matches no module of the model stops the trainer "
+        "before it loads any weight",
+        [defaults.LORA["target_modules"]],
+        max_items=MAX_TARGET_MODULES,
+        item_max_length=MAX_MODULE_NAME,
+    )
+
+    def settings(self) -> tuple[LoraSettings | None, list[str]]:
+        """The contract's settings (run.yaml's ``trainer.lora``) and the problems it finds, by their spec path."""
+        raw = {"r": self.r, "alpha": self.alpha, "dropout": self.dropout, "target_modules": list(self.target_modules)}
+        settings, problems = LoraSettings.parse(raw, "spec.training.lora")
+        return settings, [p.replace(".target_modules:", ".targetModules:", 1) for p in problems]
 
 
 @dataclass
@@ -180,6 +212,13 @@ class TrainingSpec:
         trainer_default=True,
         **defaults.LIMITS["step_timeout_seconds"].schema(),
     )
+    lora: LoraSpec | None = spec_field(
+        "train a LoRA adapter of the policy (the teacher's, for AtlasTeacher) instead of every weight: PEFT, through "
+        "TRL's peft_config. Checkpoints and the final model hold the adapter (adapter_model.safetensors, "
+        "adapter_config.json); the rollout server gets the merged weights after each step. Fixed for the run's "
+        "life, as its checkpoints are",
+        unset="full fine-tuning (every weight trained)",
+    )
     trust_remote_code: bool = spec_field(
         "run Python code shipped in spec.model's repository (a custom architecture) when the trainer loads the "
         "model and its tokenizer and when the rollout server does (vllm serve --trust-remote-code); false never "
@@ -190,7 +229,8 @@ class TrainingSpec:
     extra: dict[str, Any] = spec_field(
         "any other GRPOConfig/SFTConfig field, snake_case, passed to the trainer (its kind and range are "
         "checked when the trainer starts); the fields the operator sets itself (output_dir, run_name, save_*, "
-        "report_to, metrics_*, vllm_*, use_vllm and the teaching fields) are refused",
+        "report_to, metrics_*, vllm_*, use_vllm and the teaching fields) are refused, and so are the fields above "
+        "and peft_config (LoRA is spec.training.lora)",
         {},
     )
 

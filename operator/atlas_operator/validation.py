@@ -118,7 +118,17 @@ def validate_run(run: Run, extra_set: bool = True) -> list[str]:
     extra_clash = sorted(set(spec.training.extra) & {f.name for f in dataclasses.fields(TrainingSpec)})
     for name in extra_clash:
         problems.append(f"spec.training.extra.{name}: set it as spec.training.{camel(name)} instead")
+    for name in sorted(set(training.extra) & set(EXTRA_ELSEWHERE)):
+        problems.append(f"spec.training.extra.{name}: {EXTRA_ELSEWHERE[name]}")
+    if training.lora is not None:  # what the trainer's contract checks, which the schema and CEL rules checked first
+        problems += training.lora.settings()[1]
     return problems
+
+
+# Trainer arguments that are no config field, with the spec field that sets what they would.
+EXTRA_ELSEWHERE = {
+    "peft_config": "set spec.training.lora instead (the trainer builds PEFT's LoraConfig from it, TRL's peft_config)",
+}
 
 
 # Trainer fields the operator writes into run.yaml itself (render.config_map), and where a user sets them.

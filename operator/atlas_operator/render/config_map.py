@@ -107,6 +107,9 @@ def trainer_config(run: Run) -> dict[str, Any]:
     """run.yaml's ``trainer``: the algorithm's defaults, spec.training, and what the operator owns."""
     spec = run.spec
     trainer = {**defaults.training_defaults(spec.algorithm), **training_fields(spec.training)}
+    lora = lora_settings(spec.training)
+    if lora is not None:
+        trainer["lora"] = lora
     trainer.update(
         save_strategy="steps",
         save_steps=spec.checkpoint.save_steps,
@@ -165,10 +168,23 @@ def evaluation_settings(run: Run) -> EvaluationSettings | None:
 
 
 def training_fields(training: TrainingSpec) -> dict[str, Any]:
-    """spec.training (camelCase fields that are set, plus extra) → trainer kwargs (snake_case)."""
-    fields = {name: value for name, value in vars(training).items() if name != "extra" and value is not None}
+    """spec.training (camelCase fields that are set, plus extra) → trainer kwargs (snake_case); lora apart."""
+    fields = {
+        name: value for name, value in vars(training).items() if name not in ("extra", "lora") and value is not None
+    }
     fields.update(training.extra)
     return fields
+
+
+def lora_settings(training: TrainingSpec) -> dict[str, Any] | None:
+    """run.yaml's ``trainer.lora`` (atlas_contract/lora.py): spec.training.lora with every setting filled in,
+    snake_case, ``target_modules`` ``all-linear`` or a list of names; None when the run trains every weight."""
+    if training.lora is None:
+        return None
+    settings, problems = training.lora.settings()
+    if problems:  # parse_run refuses such a run first (the schema, the CEL rules and validate_run)
+        raise ValueError("; ".join(problems))
+    return settings.to_dict()
 
 
 def reward_config_path(run: Run) -> str | None:
