@@ -144,6 +144,13 @@ def test_lora_renders_into_run_yaml_with_its_defaults():
         LoraSettings(r=8, target_modules=("q_proj", "v_proj")),
         [],
     )
+    example = yaml.safe_load((REPO / "examples/teacher-lora.yaml").read_text())
+    assert run_yaml(example)["trainer"]["lora"] == {
+        "r": 8,
+        "alpha": 16.0,
+        "dropout": 0.0,
+        "target_modules": ["q_proj", "v_proj"],
+    }
     for manifest in (teacher(), training()):
         config = run_yaml(manifest)
         assert "lora" not in config["trainer"] and RunConfig.from_dict(config).trainer.get("lora") is None
