@@ -525,8 +525,9 @@ class OutputSpec:
         max_length=MAX_REFERENCE,
     )
     merge: bool = spec_field(
-        "a LoRA run: export the adapter merged into its base model instead of the adapter alone (a full "
-        "fine-tuning's export is its model either way)",
+        "a LoRA run: export the adapter merged into its base model (whole weights, at the destination's top) "
+        "besides the adapter (in adapter/) instead of the adapter alone (a full fine-tuning's export is its model "
+        "either way)",
         False,
     )
 
