@@ -162,6 +162,40 @@ def test_presets_parse_with_deepspeed(preset, tmp_path):
     ) == offload
 
 
+# AdamW's decay moves the adapter at every step, even where every answer scores 0; a constant rate, since a linear
+# schedule made for 2 steps left the rate at 0 for the first step after a resume that extends the run.
+LORA = ["trainer.lora.r=4", "trainer.lora.alpha=8", "trainer.weight_decay=0.1", "trainer.lr_scheduler_type=constant"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "preset", ["deepspeed_zero1", "deepspeed_zero2", "deepspeed_zero3", "deepspeed_zero3_cpu_offloading"]
+)
+def test_a_lora_adapter_trains_saves_and_resumes_under_each_zero_stage(preset, tmp_path, atlas_cache):
+    """Two processes under each DeepSpeed preset: checkpoints and the final model hold the adapter (gathered whole
+    under ZeRO-3), not the model's weights; under ZeRO-3 (where DeepSpeed loads the checkpoint) a restart resumes
+    the adapter and trains on from it. (The weights at a resume, compared exactly: tests/test_lora.py.)"""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    codes, outputs = launch_nodes(preset, 1, 2, [f"output_dir={out}", *resume_overrides(2, free_port()), *LORA])
+    assert codes == [0], outputs[0][-3000:]
+    checkpoint = out / "checkpoint-2"
+    assert (checkpoint / "adapter_model.safetensors").is_file() and not (checkpoint / "model.safetensors").exists()
+    saved = load_file(checkpoint / "adapter_model.safetensors")
+    assert saved and all(t.numel() > 0 for t in saved.values())  # whole tensors, not ZeRO-3's empty shards
+    assert load_file(out / "adapter_model.safetensors").keys() == saved.keys()
+    if not preset.startswith("deepspeed_zero3"):
+        return
+    codes, outputs = launch_nodes(preset, 1, 2, [f"output_dir={out}", *resume_overrides(3, free_port()), *LORA])
+    assert codes == [0], outputs[0][-3000:]
+    assert "resume: all 2 ranks resume from checkpoint-2" in outputs[0]
+    assert trained_steps(out) == [1, 2, 3]
+    final = load_file(out / "adapter_model.safetensors")
+    assert final.keys() == saved.keys() and all(final[k].shape == saved[k].shape for k in saved)  # one adapter
+    assert any(not final[k].equal(saved[k]) for k in saved)
+
+
 # The AtlasTeacher launch (teacher GRPO under ZeRO-3, two processes, each rank with its own frozen local student):
 # tests/test_reference_examples.py::test_deepspeed_launch_commands runs it, with and without CPU offloading.
 
