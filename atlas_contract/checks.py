@@ -198,7 +198,7 @@ def model_problems(ref: str, field: str = "model", builtins: tuple[str, ...] = (
         return [f"{field}: '{ref}' is a file; expected a folder saved with save_pretrained"]
     if not os.access(path, os.R_OK | os.X_OK):
         return [f"{field}: '{ref}' is not readable"]
-    if not (path / "config.json").is_file():
+    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():  # a model, a LoRA adapter
         return [f"{field}: '{ref}' has no config.json; expected a folder saved with save_pretrained"]
     return []
 

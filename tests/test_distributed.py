@@ -190,6 +190,9 @@ def test_a_lora_adapter_trains_saves_and_resumes_under_each_zero_stage(preset, t
     codes, outputs = launch_nodes(preset, 1, 2, [f"output_dir={out}", *resume_overrides(3, free_port()), *LORA])
     assert codes == [0], outputs[0][-3000:]
     assert "resume: all 2 ranks resume from checkpoint-2" in outputs[0]
+    from atlas_core.training.lora import adapter_fingerprint  # the adapter gathered from ZeRO-3's shards at step 3
+
+    assert f"applied once: {len(saved)} tensors, sha256 {adapter_fingerprint(saved)}" in outputs[0]
     assert trained_steps(out) == [1, 2, 3]
     final = load_file(out / "adapter_model.safetensors")
     assert final.keys() == saved.keys() and all(final[k].shape == saved[k].shape for k in saved)  # one adapter

@@ -17,6 +17,7 @@ from atlas_contract.errors import InvalidFields
 from atlas_contract.run_config import RunConfig
 from atlas_core.models.tiny import TINY_MODEL_URI, resolve_model_path
 from atlas_core.training.load_config import load_run_config, parse_run_config
+from atlas_core.training.lora import ResumedAdapterCheck, adapter_fingerprint
 from atlas_core.training.runner import build_trainer, run_training
 
 
@@ -67,7 +68,7 @@ def saved_name(parameter: str) -> str:
     return parameter.replace(".default.", ".")
 
 
-def test_a_lora_run_trains_the_adapter_only_and_resumes_it_exactly_once(tmp_path, atlas_cache):
+def test_a_lora_run_trains_the_adapter_only_and_resumes_it_exactly_once(tmp_path, atlas_cache, capsys):
     out = tmp_path / "run"
     first = AdapterAtStart()
     finished = run_training(lora_run(out, 2), callbacks=[first], quiet=True)
@@ -98,6 +99,8 @@ def test_a_lora_run_trains_the_adapter_only_and_resumes_it_exactly_once(tmp_path
     resumed = AdapterAtStart()
     again = run_training(lora_run(out, 4), callbacks=[resumed], quiet=True)
     assert again.global_step == 4 and again.resumed_from.endswith("checkpoint-2")
+    said = f"resume: the LoRA adapter of checkpoint-2 applied once: {len(saved)} tensors, sha256 "
+    assert said + adapter_fingerprint(saved) in capsys.readouterr().out  # the trainer's own check at the first step
     assert resumed.lora_modules == first.lora_modules
     assert set(resumed.tensors) == set(first.tensors)
     assert all(torch.equal(resumed.tensors[n], saved[saved_name(n)]) for n in resumed.tensors)
@@ -165,3 +168,40 @@ def test_a_quantised_checkpoint_says_at_start_that_its_adapter_cannot_be_merged(
     synced = RunConfig.from_dict({**run, "trainer": {**run["trainer"], "use_vllm": True}})
     with pytest.raises(InvalidFields, match=r"lora: the model is quantised \(bitsandbytes\); vLLM's weight sync"):
         build_trainer(synced)
+
+
+def test_a_resume_whose_adapter_is_not_the_checkpoints_stops_naming_it(tmp_path, atlas_cache):
+    """The trainer's own check at the first resumed step: an adapter that differs from the checkpoint's (a fresh one,
+    as a resume that failed to load it would leave) stops the run, naming the checkpoint."""
+    out = tmp_path / "run"
+    run_training(lora_run(out, 2), quiet=True)
+    trainer = build_trainer(lora_run(tmp_path / "fresh", 4))  # a fresh adapter, never trained
+    check = ResumedAdapterCheck(str(out / "checkpoint-2"))
+    refusal = "resume: checkpoint-2's LoRA adapter not applied once: the policy's adapter"
+    with pytest.raises(RuntimeError, match=refusal):
+        check.on_train_begin(trainer.args, trainer.state, trainer.control, model=trainer.model)
+
+
+def test_a_lora_run_on_another_lora_runs_adapter_trains_on_the_merged_model(tmp_path, atlas_cache):
+    """An SFT warm-up's adapter as the model of a LoRA GRPO run (bench/real_teaching.py --lora): the new adapter
+    trains on the warm-up merged into its base, and the result loads as the base, the first adapter and the second,
+    merged in that order."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from atlas_core.models.loading import load_causal_lm
+
+    warmup = tmp_path / "sft"
+    overrides = ["recipe=tiny_sft", f"output_dir={warmup}", "trainer.max_steps=2", "trainer.metrics_port=0"]
+    run_training(parse_run_config(load_run_config([*overrides, "trainer.lora.r=4"])), quiet=True)
+    assert (warmup / "adapter_config.json").is_file()
+    out = tmp_path / "grpo"
+    run_training(lora_run(out, 1, f"model={warmup}"), quiet=True)
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(warmup)
+    base = AutoModelForCausalLM.from_pretrained(resolve_model_path(TINY_MODEL_URI))
+    expected = PeftModel.from_pretrained(PeftModel.from_pretrained(base, warmup).merge_and_unload(), out)
+    expected_state = expected.merge_and_unload().state_dict()
+    loaded = load_causal_lm(str(out)).state_dict()
+    assert loaded.keys() == expected_state.keys()
+    assert all(torch.allclose(loaded[k], expected_state[k]) for k in loaded)

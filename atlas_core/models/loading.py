@@ -30,8 +30,8 @@ def adapter_base(folder: str | Path) -> str:
 
 
 def load_causal_lm(path: str, **kwargs: Any):
-    """``AutoModelForCausalLM.from_pretrained(path, **kwargs)``; an adapter folder's base loaded the same way and
-    the adapter merged into it."""
+    """``AutoModelForCausalLM.from_pretrained(path, **kwargs)``; an adapter folder's base loaded the same way (itself
+    perhaps an adapter folder) and the adapter merged into it."""
     from transformers import AutoModelForCausalLM
 
     if not is_adapter(path):
@@ -41,7 +41,7 @@ def load_causal_lm(path: str, **kwargs: Any):
     from atlas_core.models.tiny import resolve_model_path
 
     base_folder = resolve_model_path(adapter_base(path), field="adapter's base")
-    base = AutoModelForCausalLM.from_pretrained(base_folder, **kwargs)
+    base = load_causal_lm(base_folder, **kwargs)  # an adapter's base may be an adapter (a LoRA warm-up, then GRPO)
     merged = PeftModel.from_pretrained(base, path).merge_and_unload()
     merged.name_or_path = str(path)
     return merged

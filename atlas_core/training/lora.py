@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+
 from atlas_contract.lora import ALL_LINEAR, LoraSettings
 
 # The module kinds PEFT's LoRA adapts (peft/tuners/lora/layer.py dispatch): what a target may name.
@@ -137,3 +139,64 @@ def name_adapter_base(folder: str | Path, reference: str) -> bool:
     staging.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     os.replace(staging, path)
     return True
+
+
+def adapter_fingerprint(tensors: dict[str, Any]) -> str:
+    """sha256 over an adapter's tensors (name and float32 values, in name order): the same for the adapter a model
+    holds and for the ``adapter_model.safetensors`` it was saved to or loaded from."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode())
+        digest.update(tensors[name].detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class ResumedAdapterCheck(TrainerCallback):
+    """A TrainerCallback for a LoRA run resumed from ``checkpoint``: once the Trainer has loaded it (at
+    ``on_train_begin``), the policy must hold exactly one adapter and its weights must be the checkpoint's (a resume
+    that wrapped the model in a second adapter, or left a fresh one, would train on silently: ms-swift #8233). Rank 0
+    says so with the adapter's fingerprint; a mismatch stops every rank, naming the checkpoint."""
+
+    def __init__(self, checkpoint: str):
+        self.checkpoint = Path(checkpoint)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        adapters = list(getattr(model, "peft_config", None) or {})
+        with _gathered(model):
+            held = get_peft_model_state_dict(model)
+        saved = load_file(self.checkpoint / "adapter_model.safetensors")
+        problems = []
+        if len(adapters) != 1 or any(".base_layer.base_layer." in name for name, _ in model.named_modules()):
+            problems.append(f"the policy holds adapters {adapters} (one expected)")
+        if held.keys() != saved.keys():
+            problems.append(f"{len(held)} adapter tensors in the policy, {len(saved)} in the checkpoint")
+        elif (mine := adapter_fingerprint(held)) != adapter_fingerprint(saved):
+            problems.append(f"the policy's adapter (sha256 {mine[:16]}) is not the checkpoint's")
+        if problems:
+            raise RuntimeError(f"resume: {self.checkpoint.name}'s LoRA adapter not applied once: {'; '.join(problems)}")
+        if state.is_world_process_zero:
+            print(
+                f"resume: the LoRA adapter of {self.checkpoint.name} applied once: {len(held)} tensors, sha256 "
+                f"{adapter_fingerprint(held)}",
+                flush=True,
+            )
+
+
+def _gathered(model: Any):
+    """The adapter's parameters whole for a moment under ZeRO-3 (partitioned otherwise; the base's stay so), else
+    nothing to do."""
+    import contextlib
+
+    partitioned = [p for name, p in model.named_parameters() if "lora_" in name and hasattr(p, "ds_id")]
+    if not partitioned:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)

@@ -15,7 +15,7 @@ from atlas_contract.run_config import RunConfig
 from atlas_contract.stops import StopReport
 from atlas_core.training.callbacks import RunIdentityCallback
 from atlas_core.training.load_config import InvalidFields, trainer_config_class
-from atlas_core.training.lora import name_adapter_base
+from atlas_core.training.lora import ResumedAdapterCheck, name_adapter_base
 from atlas_core.training.preemption import stop_of
 from atlas_core.training.resume import (
     IDENTITY_TRAINER_FIELDS,
@@ -159,6 +159,8 @@ def run_training(run: RunConfig, callbacks: list | None = None, quiet: bool = Fa
             name_adapter_base(run.output_dir, run.model)
         if finished_at is None:
             trainer.add_callback(RunIdentityCallback(identity))
+            if agreement.checkpoint and getattr(trainer.args, "lora", None):
+                trainer.add_callback(ResumedAdapterCheck(agreement.checkpoint))
             trainer.train(resume_from_checkpoint=agreement.checkpoint)
             stopped = stop_of(trainer)
             if stopped is None:  # a stop leaves its checkpoint; the final model is saved when training ends

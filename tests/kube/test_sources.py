@@ -515,3 +515,110 @@ def test_an_endpoint_that_does_not_answer_fails_the_run_after_the_bounded_wait(s
     (pod,) = world.run_pods("unreachable")
     assert f"gave up after {UNREACHABLE_WAIT_S:g} s" in world.log(pod)
     delete_run(world, run)
+
+
+# ---------------------------------------------------------------------- LoRA runs: the adapter out, resumed once
+
+LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "targetModules": ["q_proj", "v_proj"]}
+
+
+def exported_files(store: Store, bucket: str, prefix: str) -> dict[str, bytes]:
+    """Every object under ``prefix``, by its path below it, once its manifest (written last) is there."""
+    client = store.client()
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]]
+    assert prefix + MANIFEST_FILE in keys, keys
+    return {key.removeprefix(prefix): client.get_object(Bucket=bucket, Key=key)["Body"].read() for key in keys}
+
+
+def test_a_lora_teacher_exports_the_merged_model_and_its_adapter(sources: Sources, tiny_model_dir: Path):
+    """A LoRA AtlasTeacher (spec.training.lora) trains to Succeeded and, with output.merge, exports the adapter merged
+    into its base (whole weights: what any from_pretrained and vLLM load) and, in adapter/, the adapter as PEFT wrote
+    it, naming the run's model as its base."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load as load_tensors
+    from transformers import AutoModelForCausalLM
+
+    world, store = sources.world, sources.store
+    bucket, name = "lora", "lora-teacher"
+    store.bucket_with_sources(bucket, tiny_model_dir)
+    export = f"s3://{bucket}/exports/{name}"
+    out = world.nodes.claim_dir(NAMESPACE, "ckpt") / name
+    teacher = s3_teacher(
+        name, bucket, checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 2},
+        output={"uri": export, "merge": True},
+    )  # fmt: skip
+    teacher["spec"]["training"]["lora"] = LORA
+    world.apply(teacher)
+    status = world.wait_phase(teacher, "Succeeded", "Failed")
+    assert status["phase"] == "Succeeded", world.pod_logs(name)
+    world.wait_status(teacher, has_condition("Exported", "True"), "Exported=True", 60)
+
+    files = exported_files(store, bucket, f"exports/{name}/")
+    assert not (out / "model.safetensors").exists() and (out / "adapter_model.safetensors").is_file()  # the run's
+    assert files["adapter/adapter_model.safetensors"] == (out / "adapter_model.safetensors").read_bytes()
+    adapter_config = json.loads(files["adapter/adapter_config.json"])
+    assert adapter_config["base_model_name_or_path"] == f"s3://{bucket}/{MODEL_KEY}"  # the run's, not the pod's copy
+    assert adapter_config["r"] == LORA["r"] and sorted(adapter_config["target_modules"]) == LORA["targetModules"]
+    assert "adapter_config.json" not in files  # the top is the merged model, which loads as a whole model
+    merged = load_tensors(files["model.safetensors"])
+    expected = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), out).merge_and_unload()
+    expected_state = expected.state_dict()
+    assert set(merged) <= set(expected_state)
+    assert all(torch.allclose(merged[k], expected_state[k], atol=1e-6) for k in merged)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    assert any(not torch.equal(merged[k], base[k]) for k in merged if "q_proj" in k)  # the adapter is in it
+
+
+def test_a_lora_trainings_killed_worker_resumes_the_adapter_once_and_exports_it(sources: Sources):
+    """A LoRA AtlasTraining on two nodes (PyTorchJob): its Worker SIGKILLed after a checkpoint; the restarted gang
+    resumes from the newest checkpoint, holding that checkpoint's adapter exactly once (rank 0 prints the adapter's
+    fingerprint at the first step, which this test computes from the checkpoint's file on the claim), trains the
+    remaining steps once, and exports the adapter alone (no merge)."""
+    from safetensors.torch import load as load_tensors
+    from safetensors.torch import load_file
+
+    from atlas_core.training.lora import adapter_fingerprint
+    from tests.kube.test_runs import assert_resumed_without_repeating_steps, wait_checkpoint
+    from tests.support.manifests import tiny_training
+
+    world, store = sources.world, sources.store
+    bucket, name, steps, every = "lora-training", "lora-training", 12, 4
+    store.server.create_bucket(bucket)
+    export = f"s3://{bucket}/exports/{name}"
+    out = world.nodes.claim_dir(NAMESPACE, "ckpt") / name
+    training = tiny_training(
+        name,
+        resources={"nodes": 2, "gpusPerNode": 0, "cpu": "1", "memory": "1Gi"},
+        checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": every},
+        storage={"secretRef": {"name": SECRET}},
+        output={"uri": export},
+    )
+    training["spec"]["training"].update(maxSteps=steps, lora=LORA, lrSchedulerType="constant")
+    world.apply(training)
+    wait_checkpoint(world, training, out, every)
+    master, worker = world.wait_trainer_pods(name, 2)
+    assert world.status(training)["phase"] == "Running", "the run finished before the Worker could be killed"
+    for container in world.worker(worker).main:
+        container.kill_all()
+    status = world.wait_phase(training, "Succeeded", "Failed")
+    assert status["phase"] == "Succeeded", world.pod_logs(name)
+    log = world.log(master)
+    resumed_from = assert_resumed_without_repeating_steps(log, out, steps, every, ranks=2)
+
+    # The adapter at the first resumed step is the checkpoint's, once: the fingerprint rank 0 printed is the one of
+    # the checkpoint's file (its tensors, name and value).
+    said = rf"resume: the LoRA adapter of checkpoint-{resumed_from} applied once: (\d+) tensors, sha256 (\w+)"
+    line = re.findall(said, log)
+    assert line, log[-3000:]
+    saved = load_file(out / f"checkpoint-{resumed_from}" / "adapter_model.safetensors")
+    assert (int(line[-1][0]), line[-1][1]) == (len(saved), adapter_fingerprint(saved))
+    assert not (out / f"checkpoint-{steps}" / "model.safetensors").exists()
+
+    # The export: the adapter alone, as the run saved it, naming the run's model as its base.
+    world.wait_status(training, has_condition("Exported", "True"), "Exported=True", 60)
+    files = exported_files(store, bucket, f"exports/{name}/")
+    assert "model.safetensors" not in files
+    assert files["adapter_model.safetensors"] == (out / "adapter_model.safetensors").read_bytes()
+    assert load_tensors(files["adapter_model.safetensors"]).keys() == saved.keys()
+    assert json.loads(files["adapter_config.json"])["base_model_name_or_path"] == "builtin://tiny-llama"
