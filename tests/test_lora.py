@@ -205,3 +205,38 @@ def test_a_lora_run_on_another_lora_runs_adapter_trains_on_the_merged_model(tmp_
     loaded = load_causal_lm(str(out)).state_dict()
     assert loaded.keys() == expected_state.keys()
     assert all(torch.allclose(loaded[k], expected_state[k]) for k in loaded)
+
+
+def test_what_trls_weight_sync_sends_vllm_for_a_lora_policy_is_the_merged_model(atlas_cache):
+    """The rollout server's weights after a sync (server and colocate modes alike: both walk TRL's
+    ``VLLMGeneration._iter_named_params``; its vLLM needs a GPU here): every weight of the base model under the base's
+    names, with the adapter merged in, no LoRA tensor; and afterwards the policy is unmerged, its adapter as before."""
+    from accelerate import Accelerator
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+    from trl.distributed import DistributedBackend
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from atlas_contract.lora import LoraSettings
+    from atlas_core.training.lora import peft_config
+
+    path = resolve_model_path(TINY_MODEL_URI)
+    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(path), peft_config(LoraSettings(r=4)))
+    for name, parameter in policy.named_parameters():
+        if "lora_B" in name:  # a trained adapter (B starts at zero: a merge would change nothing)
+            torch.nn.init.normal_(parameter, std=0.02)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    expected = {k: v.clone() for k, v in policy.merge_and_unload(progressbar=False, safe_merge=True).state_dict().items()}
+    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(path), peft_config(LoraSettings(r=4)))
+    policy.load_state_dict(before, strict=False)
+
+    generation = VLLMGeneration.__new__(VLLMGeneration)  # only what the weight walk reads
+    generation.model, generation._dist = policy, DistributedBackend(Accelerator(cpu=True))
+    sent = {name: tensor.clone() for name, tensor in generation._iter_named_params()}
+    base_names = {n for n, _ in AutoModelForCausalLM.from_pretrained(path).named_parameters()}
+    assert set(sent) == base_names and not any("lora_" in n for n in sent)
+    assert all(torch.allclose(sent[n], expected[n], atol=1e-6) for n in sent)
+    assert any(not torch.equal(sent[n], before[f"base_model.model.{n}".replace(".weight", ".base_layer.weight")])
+               for n in sent if "q_proj" in n)  # fmt: skip
+    after = dict(policy.named_parameters())
+    assert all(torch.allclose(after[n], before[n], atol=1e-6) for n in before)  # unmerged again, adapter intact
