@@ -211,12 +211,12 @@ def test_what_trls_weight_sync_sends_vllm_for_a_lora_policy_is_the_merged_model(
     """The rollout server's weights after a sync (server and colocate modes alike: both walk TRL's
     ``VLLMGeneration._iter_named_params``; its vLLM needs a GPU here): every weight of the base model under the base's
     names, with the adapter merged in, no LoRA tensor; and afterwards the policy is unmerged, its adapter as before."""
-    from accelerate import Accelerator
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
     from trl.distributed import DistributedBackend
     from trl.generation.vllm_generation import VLLMGeneration
 
+    from accelerate import Accelerator
     from atlas_contract.lora import LoraSettings
     from atlas_core.training.lora import peft_config
 
@@ -226,7 +226,7 @@ def test_what_trls_weight_sync_sends_vllm_for_a_lora_policy_is_the_merged_model(
         if "lora_B" in name:  # a trained adapter (B starts at zero: a merge would change nothing)
             torch.nn.init.normal_(parameter, std=0.02)
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
-    expected = {k: v.clone() for k, v in policy.merge_and_unload(progressbar=False, safe_merge=True).state_dict().items()}
+    expected = {k: v.clone() for k, v in policy.merge_and_unload(safe_merge=True).state_dict().items()}
     policy = get_peft_model(AutoModelForCausalLM.from_pretrained(path), peft_config(LoraSettings(r=4)))
     policy.load_state_dict(before, strict=False)
 
