@@ -240,3 +240,14 @@ def test_what_trls_weight_sync_sends_vllm_for_a_lora_policy_is_the_merged_model(
                for n in sent if "q_proj" in n)  # fmt: skip
     after = dict(policy.named_parameters())
     assert all(torch.allclose(after[n], before[n], atol=1e-6) for n in before)  # unmerged again, adapter intact
+
+
+def test_a_lora_teachers_frozen_student_is_left_alone(tmp_path, atlas_cache):
+    """A LoRA AtlasTeacher (algorithm teacher): the adapter is the teacher's; the frozen student, the same model
+    loaded on its own, has no adapter and nothing to train."""
+    overrides = ["recipe=tiny_teacher", f"output_dir={tmp_path / 'run'}", "trainer.metrics_port=0", "trainer.lora.r=4"]
+    trainer = build_trainer(parse_run_config(load_run_config(overrides)))
+    assert any("lora_" in n for n, p in trainer.model.named_parameters() if p.requires_grad)
+    student = trainer.student.model
+    assert not any("lora_" in n for n, _ in student.named_modules())
+    assert not any(p.requires_grad for p in student.parameters())
