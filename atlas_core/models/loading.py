@@ -58,3 +58,11 @@ def load_tokenizer(path: str):
 
         return AutoTokenizer.from_pretrained(resolve_model_path(adapter_base(path), field="adapter's base"))
     return AutoTokenizer.from_pretrained(path)
+
+
+def merged_if_adapter(model: Any, args: Any = None) -> Any:
+    """A trainer's model: a LoRA adapter's folder (another run's model, e.g. a LoRA warm-up's) loaded with its adapter
+    merged, the weights this run trains on (with ``args.model_init_kwargs``); anything else unchanged."""
+    if isinstance(model, str) and is_adapter(model):
+        return load_causal_lm(model, **(getattr(args, "model_init_kwargs", None) or {}))
+    return model

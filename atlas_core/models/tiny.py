@@ -192,18 +192,13 @@ def resolve_model_path(model: str, cache_dir: str | os.PathLike | None = None, f
 
 def policy_model(model: Any, args: Any, config_name: str) -> Any:
     """The ``model`` a trainer was given, else its config's ``model_name_or_path``; a name is resolved
-    (``builtin://`` built, a local folder checked by the contract's model-reference rule); a LoRA adapter's folder
-    (another run's model) is loaded with its adapter merged, the weights this run trains on."""
+    (``builtin://`` built, a local folder checked by the contract's model-reference rule)."""
     if model is None:
         model = getattr(args, "model_name_or_path", None)
         if model is None:
             raise ValueError(f"model: pass a model, or set {config_name}.model_name_or_path")
     if isinstance(model, str):
         model = resolve_model_path(model)
-        from atlas_core.models.loading import is_adapter, load_causal_lm
-
-        if model_reference(model) == "path" and is_adapter(model):  # a LoRA run's model: trained on, merged
-            return load_causal_lm(model, **(getattr(args, "model_init_kwargs", None) or {}))
         problems = model_problems(model, "model") if model_reference(model) == "path" else []
         if problems:
             raise ValueError(problems[0])

@@ -24,6 +24,7 @@ from transformers import EvalPrediction, TrainerCallback
 
 from atlas_core.activity import waiting_for
 from atlas_core.answers import completion_text
+from atlas_core.models.loading import merged_if_adapter
 from atlas_core.models.tiny import policy_model, resolve_model_path
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
 from atlas_core.training.algorithms.trl_hooks import TRLHooks
@@ -117,7 +118,7 @@ class GRPOTrainer(AtomicCheckpoints, TRLHooks, trl.GRPOTrainer):
         if ref_model is not None and args is not None and args.beta == 0.0:
             raise ValueError("ref_model: the reference model is only used with a KL penalty (set beta > 0)")
         _prepare_args(args)
-        model = policy_model(model, args, "GRPOConfig")
+        model = merged_if_adapter(policy_model(model, args, "GRPOConfig"), args)  # a LoRA run's adapter: merged
         kwargs["peft_config"] = trainer_peft_config(args, kwargs.get("peft_config"), model)
         if isinstance(model, str):
             if args is not None and getattr(args, "model_name_or_path", None) is None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import trl
 
+from atlas_core.models.loading import merged_if_adapter
 from atlas_core.models.tiny import policy_model
 from atlas_core.training.algorithms.grpo_config import AtlasArguments
 from atlas_core.training.callbacks import telemetry_callbacks
@@ -53,7 +54,7 @@ class SFTTrainer(AtomicCheckpoints, trl.SFTTrainer):
         max_seq_length: int | None = None,
         **kwargs: Any,
     ):
-        model = policy_model(model, args, "SFTConfig")
+        model = merged_if_adapter(policy_model(model, args, "SFTConfig"), args)  # a LoRA run's adapter: merged
         kwargs["peft_config"] = trainer_peft_config(args, kwargs.get("peft_config"), model)
         if hasattr(args, "resync_resolved_fields"):
             args.resync_resolved_fields()  # settings changed after the config was built
