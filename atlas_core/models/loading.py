@@ -29,6 +29,13 @@ def adapter_base(folder: str | Path) -> str:
     return str(base)
 
 
+def _base_folder(path: str) -> str:
+    """The folder of an adapter's base, resolved as any model reference (built, fetched once, read in place)."""
+    from atlas_core.models.tiny import resolve_model_path
+
+    return resolve_model_path(adapter_base(path), field="adapter's base")
+
+
 def load_causal_lm(path: str, **kwargs: Any):
     """``AutoModelForCausalLM.from_pretrained(path, **kwargs)``; an adapter folder's base loaded the same way (itself
     perhaps an adapter folder) and the adapter merged into it."""
@@ -38,10 +45,7 @@ def load_causal_lm(path: str, **kwargs: Any):
         return AutoModelForCausalLM.from_pretrained(path, **kwargs)
     from peft import PeftModel
 
-    from atlas_core.models.tiny import resolve_model_path
-
-    base_folder = resolve_model_path(adapter_base(path), field="adapter's base")
-    base = load_causal_lm(base_folder, **kwargs)  # an adapter's base may be an adapter (a LoRA warm-up, then GRPO)
+    base = load_causal_lm(_base_folder(path), **kwargs)  # itself an adapter, perhaps (a LoRA warm-up, then GRPO)
     merged = PeftModel.from_pretrained(base, path).merge_and_unload()
     merged.name_or_path = str(path)
     return merged
@@ -54,9 +58,7 @@ def load_tokenizer(path: str):
     folder = Path(path)
     saved = any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
     if is_adapter(path) and not saved:
-        from atlas_core.models.tiny import resolve_model_path
-
-        return AutoTokenizer.from_pretrained(resolve_model_path(adapter_base(path), field="adapter's base"))
+        return AutoTokenizer.from_pretrained(_base_folder(path))
     return AutoTokenizer.from_pretrained(path)
 
 

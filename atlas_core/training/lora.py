@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.utils import ADAPTER_SAFE_WEIGHTS_NAME
 
 from atlas_contract.lora import ALL_LINEAR, LoraSettings
 
@@ -128,16 +129,15 @@ def name_adapter_base(folder: str | Path, reference: str) -> bool:
     ``folder``, instead of the local copy it was loaded from, so that the adapter names a base that outlives this pod
     (atlas_core/models/loading.py resolves it). Done on the saved file, not the model: PEFT looks a base it cannot
     find locally up on the hub at every save. The file is replaced whole. False when ``folder`` holds no adapter."""
-    import os
+    from atlas_core.models.loading import ADAPTER_CONFIG, is_adapter
+    from atlas_core.sources.manifest import write_atomically
 
-    path = Path(folder) / "adapter_config.json"
-    if not path.is_file():
+    if not is_adapter(folder):
         return False
+    path = Path(folder) / ADAPTER_CONFIG
     config = json.loads(path.read_text())
     config["base_model_name_or_path"] = reference
-    staging = path.with_name(f".{path.name}.partial")
-    staging.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    os.replace(staging, path)
+    write_atomically(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
     return True
 
 
@@ -171,20 +171,20 @@ class ResumedAdapterCheck(TrainerCallback):
         adapters = list(getattr(model, "peft_config", None) or {})
         with _gathered(model):
             held = get_peft_model_state_dict(model)
-        saved = load_file(self.checkpoint / "adapter_model.safetensors")
+        saved = load_file(self.checkpoint / ADAPTER_SAFE_WEIGHTS_NAME)
         problems = []
         if len(adapters) != 1 or any(".base_layer.base_layer." in name for name, _ in model.named_modules()):
             problems.append(f"the policy holds adapters {adapters} (one expected)")
+        mine = adapter_fingerprint(held)
         if held.keys() != saved.keys():
             problems.append(f"{len(held)} adapter tensors in the policy, {len(saved)} in the checkpoint")
-        elif (mine := adapter_fingerprint(held)) != adapter_fingerprint(saved):
+        elif mine != adapter_fingerprint(saved):
             problems.append(f"the policy's adapter (sha256 {mine[:16]}) is not the checkpoint's")
         if problems:
             raise RuntimeError(f"resume: {self.checkpoint.name}'s LoRA adapter not applied once: {'; '.join(problems)}")
         if state.is_world_process_zero:
             print(
-                f"resume: the LoRA adapter of {self.checkpoint.name} applied once: {len(held)} tensors, sha256 "
-                f"{adapter_fingerprint(held)}",
+                f"resume: the LoRA adapter of {self.checkpoint.name} applied once: {len(held)} tensors, sha256 {mine}",
                 flush=True,
             )
 
