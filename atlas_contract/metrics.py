@@ -97,6 +97,19 @@ TRAINER = (
         "Evaluation: share of problems where guidance did not make the student worse.",
         RUN_LABELS,
     ),
+    Metric(
+        "atlas_tracking_up",
+        "gauge",
+        "1 while the run's experiment tracking server answers, 0 while it does not (training goes on; the steps are "
+        "logged when it is back).",
+        (*RUN_LABELS, "backend"),
+    ),
+    Metric(
+        "atlas_tracking_run_info",
+        "gauge",
+        "1, labelled with the tracking run the run logs to (run_id) and its page (url).",
+        (*RUN_LABELS, "backend", "run_id", "url"),
+    ),
     Metric("atlas_rim_judge_score", "gauge", "Mean score of one RIM judge.", ("judge",)),
     Metric("atlas_rim_escalations", "counter", "RIM evaluations escalated to the large model."),
     Metric("atlas_rim_judge_calls", "counter", "RIM judge calls made (one judgment asked of a model)."),

@@ -36,6 +36,7 @@ MAX_STATUS_INTEGER = 2**53 - 1
 RESULT_RANGES: dict[str, tuple[float | None, float | None]] = {
     "step": (0, MAX_STATUS_INTEGER),
     "reward": (None, None),
+    "kl": (None, None),
     "problems": (0, MAX_STATUS_INTEGER),
     "studentAccuracy": (0.0, 1.0),
     "guidedAccuracy": (0.0, 1.0),
@@ -45,6 +46,8 @@ RESULT_RANGES: dict[str, tuple[float | None, float | None]] = {
     "nonDegradationRate": (0.0, 1.0),
     "guidanceTokensMean": (0.0, None),
 }
+#: The longest tracking run id or URL a result carries (an MLflow run id is 32 characters).
+MAX_TRACKING_TEXT = 1024
 #: The result message's key of a failed export (the trainer container's launch script looks for it).
 EXPORT_ERROR_KEY = "exportError"
 #: ``.status.result.evaluationError``: why the evaluation after training failed (the run still succeeded), in
@@ -70,14 +73,22 @@ def result_message(
     evaluation_error: str | None = None,
     output: dict[str, Any] | None = None,
     export_error: dict[str, str] | None = None,
+    kl: float | None = None,
+    tracking: dict[str, str] | None = None,
 ) -> str:
     """The termination message of a finished trainer: compact JSON, always under the size limit.
     ``evaluation_error``: the evaluation after training failed (the trained run did not). ``output``: the export
     (``{uri, files, bytes}``, ``.status.output``); ``export_error``: ``{reason, message}`` of an export that failed
-    (condition ``Exported=False``; the trainer exits non-zero so its job retries the export alone)."""
+    (condition ``Exported=False``; the trainer exits non-zero so its job retries the export alone). ``kl``: the last
+    logged KL (the run's final figures, ``.status.progress``); ``tracking``: the tracking run's ``{runId, url}``
+    (``.status.tracking``)."""
     result: dict[str, Any] = {"step": int(step)}
     if reward is not None and math.isfinite(reward):
         result["reward"] = round(float(reward), 6)
+    if kl is not None and math.isfinite(kl):
+        result["kl"] = round(float(kl), 6)
+    if tracking and tracking.get("runId"):
+        result["tracking"] = {k: str(tracking[k])[:MAX_TRACKING_TEXT] for k in ("runId", "url") if tracking.get(k)}
     if evaluation:
         result["evaluation"] = {
             k: (round(float(v), 6) if isinstance(v, float) else v) for k, v in evaluation_summary(evaluation).items()
@@ -113,12 +124,18 @@ def parse_result(text: str | None) -> tuple[dict[str, Any] | None, list[str]]:
         return None, []
     if not isinstance(raw, dict) or not _number(raw.get("step"), integer=True):
         return None, []
-    dropped = _out_of_range(raw, ("step", "reward"), "result")
+    dropped = _out_of_range(raw, ("step", "reward", "kl"), "result")
     if "result.step" in {problem.split(":")[0] for problem in dropped}:
         return None, dropped
     result: dict[str, Any] = {"step": int(raw["step"])}
-    if _number(raw.get("reward")) and not any(p.startswith("result.reward:") for p in dropped):
-        result["reward"] = float(raw["reward"])
+    for key in ("reward", "kl"):
+        if _number(raw.get(key)) and not any(p.startswith(f"result.{key}:") for p in dropped):
+            result[key] = float(raw[key])
+    tracked = raw.get("tracking")
+    if isinstance(tracked, dict) and isinstance(tracked.get("runId"), str) and tracked["runId"].strip():
+        result["tracking"] = {
+            k: tracked[k][:MAX_TRACKING_TEXT] for k in ("runId", "url") if isinstance(tracked.get(k), str)
+        }
     evaluation = raw.get("evaluation")
     if isinstance(evaluation, dict):
         out = _out_of_range(evaluation, EVALUATION_SUMMARY.values(), "result.evaluation")

@@ -201,6 +201,37 @@ class OutputSettings:
         return {"uri": self.uri, "merge": self.merge}
 
 
+@dataclass(frozen=True)
+class TrackingRecord:
+    """run.yaml's ``tracking``: what the operator knows of the run that the tracking run records (its params and
+    tags, atlas_contract/tracking.py). Where the runs go is the libraries' own environment (MLFLOW_TRACKING_URI,
+    WANDB_PROJECT, …) and TRL's ``report_to``, not this section."""
+
+    params: dict[str, str] = field(default_factory=dict)
+    """The spec flattened (``spec.training.learningRate``), the image, the backend, the operator's version."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """``atlas.namespace``, ``atlas.name``, ``atlas.uid``, ``atlas.kind``."""
+
+    KEYS = ("params", "tags")
+
+    @classmethod
+    def read(cls, reader: FieldReader) -> TrackingRecord:
+        reader.unknown_keys(cls.KEYS)
+        sections = {}
+        for key in cls.KEYS:
+            value = reader.raw.get(key) or {}
+            if not isinstance(value, Mapping):
+                reader.problems.append(
+                    f"{reader.path(key)}: expected a mapping of names to text, got {bounded_repr(value)}"
+                )
+                value = {}
+            sections[key] = {str(k): str(v) for k, v in value.items()}
+        return cls(**sections)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"params": dict(self.params), "tags": dict(self.tags)}
+
+
 def _names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
 
@@ -233,6 +264,8 @@ class RunConfig:
     """algorithm teacher: the evaluation after training; None = none."""
     output: OutputSettings | None = None
     """Where the trained model is exported when training succeeds; None = it stays in ``output_dir`` only."""
+    tracking: TrackingRecord | None = None
+    """The params and tags of the run's tracking run (a cluster run's spec); None = the trainer's own only."""
     teaching: TeachingSettings | None = field(init=False, compare=False)
     """algorithm teacher: the teaching protocol, read from ``trainer`` (its unstated fields at their defaults); else
     None. Derived, not stored twice: ``trainer`` stays what the file says, so the file round-trips byte for byte."""
@@ -247,6 +280,7 @@ class RunConfig:
         "resume",
         "evaluation",
         "output",
+        "tracking",
         "dataset",
         "reward",
         "trainer",
@@ -280,6 +314,7 @@ class RunConfig:
             student=_student(reader, teacher),
             evaluation=_evaluation(reader, algorithm),
             output=_output(reader),
+            tracking=_tracking(reader),
         )
         if problems:
             raise InvalidFields(problems)
@@ -303,6 +338,8 @@ class RunConfig:
             config["evaluation"] = self.evaluation.to_dict()
         if self.output is not None:
             config["output"] = self.output.to_dict()
+        if self.tracking is not None:
+            config["tracking"] = self.tracking.to_dict()
         return config
 
     def evaluation_source(self) -> str | None:
@@ -340,6 +377,16 @@ def _output(reader: FieldReader) -> OutputSettings | None:
         reader.problems.append(f"output: expected a mapping (uri, merge) or null, got {bounded_repr(section)}")
         return None
     return OutputSettings.read(FieldReader(section, "output", reader.problems))
+
+
+def _tracking(reader: FieldReader) -> TrackingRecord | None:
+    section = reader.raw.get("tracking")
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        reader.problems.append(f"tracking: expected a mapping (params, tags) or null, got {bounded_repr(section)}")
+        return None
+    return TrackingRecord.read(FieldReader(section, "tracking", reader.problems))
 
 
 def _evaluation(reader: FieldReader, algorithm: Any) -> EvaluationSettings | None:

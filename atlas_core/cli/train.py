@@ -89,6 +89,7 @@ def finish_run(run, result) -> int:
     from atlas_core.training.finish import (
         evaluate_after_training,
         export_trained_model,
+        finish_tracking,
         last_kl,
         last_reward,
         note_pending_export,
@@ -127,7 +128,9 @@ def finish_run(run, result) -> int:
     if run.output is not None:
         pending = {"step": result.global_step, "reward": reward, "kl": last_kl(result.log_history)}
         note_pending_export(run, {**pending, "evaluation": evaluation, "evaluation_error": error}, bool(export_error))
-    write_result(result.global_step, reward, evaluation, error, output=output, export_error=export_error)
+    kl = last_kl(result.log_history)
+    tracked = finish_tracking(run, result, reward, kl, evaluation, output)
+    write_result(result.global_step, reward, evaluation, error, output, export_error, kl=kl, tracking=tracked)
     return SOURCES_EXIT_CODE if export_error else 0
 
 

@@ -254,6 +254,41 @@ def last_reward(log_history: list[dict[str, Any]]) -> float | None:
     return None
 
 
+def finish_tracking(
+    run: RunConfig,
+    result: Any,
+    reward: float | None,
+    kl: float | None,
+    evaluation: dict[str, Any] | None,
+    output: dict[str, Any] | None,
+) -> dict[str, str] | None:
+    """Rank 0 after the evaluation and the export: the tracking run gets the evaluation table, the artifacts
+    (metrics.jsonl, the curves, the model card, eval.json) and the exported model's URI, and is ended. Its
+    ``{runId, url}`` for the result; None without MLflow, or when its server never answered (training is done
+    either way: a tracking failure is a warning). W&B's run gets the evaluation in its summary."""
+    import tempfile
+
+    from atlas_contract.names import EVAL_REPORT_FILE, METRICS_LOG_FILE
+    from atlas_core.sources.export import model_card
+    from atlas_core.telemetry.curves import plot_curves
+    from atlas_core.training.tracking import MLflowLogger, log_wandb_summary, metric_labels, mlflow_requested
+
+    log_wandb_summary(evaluation)
+    logger_ = result.tracking
+    if logger_ is None:
+        if not mlflow_requested(result.args):
+            return None
+        logger_ = MLflowLogger.for_run(run, metric_labels(result.args, run.run_name))  # a re-run that trained nothing
+    folder = Path(run.output_dir)
+    with tempfile.TemporaryDirectory(prefix="atlas-tracking-") as staging:
+        card = Path(staging) / "README.md"
+        card.write_text(model_card(run, result.global_step, reward, kl, evaluation), encoding="utf-8")
+        artifacts = [folder / METRICS_LOG_FILE, card, folder / EVAL_DIR / EVAL_REPORT_FILE]
+        curves = plot_curves(folder / METRICS_LOG_FILE, Path(staging) / "curves.png")
+        artifacts += [curves] if curves else []
+        return logger_.finish(evaluation, artifacts, result.global_step, (output or {}).get("uri"))
+
+
 def write_result(
     step: int,
     reward: float | None,
@@ -261,6 +296,8 @@ def write_result(
     evaluation_error: str | None = None,
     output: dict[str, Any] | None = None,
     export_error: dict[str, str] | None = None,
+    kl: float | None = None,
+    tracking: dict[str, str] | None = None,
 ) -> Path | None:
     """Write the result to ``$ATLAS_RESULT_FILE`` when set (a pod's termination message); the path written."""
     target = os.environ.get(ENV_RESULT_FILE)
@@ -268,7 +305,8 @@ def write_result(
         return None
     path = Path(target)
     try:
-        path.write_text(result_message(step, reward, evaluation, evaluation_error, output, export_error))
+        message = result_message(step, reward, evaluation, evaluation_error, output, export_error, kl, tracking)
+        path.write_text(message)
     except OSError as exc:  # the result is a report, not the run: never fail a finished run over it
         logger.warning("could not write the run's result to %s: %s", path, exc)
         return None

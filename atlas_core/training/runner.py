@@ -42,6 +42,7 @@ class FinishedRun:
     local_process_index: int = 0
     log_history: list[dict[str, Any]] = field(default_factory=list)
     args: Any = None  # the trainer's configuration (GRPOConfig / SFTConfig) the run used
+    tracking: Any = None  # rank 0's MLflow logger (atlas_core/training/tracking.py), when MLflow is on
 
 
 def build_trainer(run: RunConfig, callbacks: list | None = None):
@@ -140,7 +141,10 @@ def run_training(run: RunConfig, callbacks: list | None = None, quiet: bool = Fa
     """Train per ``run``, resuming as ``run.resume`` says (the newest checkpoint every rank can load); saves the
     final model (and tokenizer) into ``output_dir``. ``quiet`` drops the trainer's own console output
     (its progress bar and printed logs) for callers that show progress themselves."""
+    from atlas_core.training.tracking import install_tracking
+
     trainer = build_trainer(run, callbacks)
+    mlflow = install_tracking(trainer, run)
     if quiet:
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -180,6 +184,7 @@ def run_training(run: RunConfig, callbacks: list | None = None, quiet: bool = Fa
         stopped=stopped,
         local_process_index=trainer.accelerator.local_process_index,
         args=trainer.args,
+        tracking=mlflow.logger if mlflow is not None else None,
     )
 
 

@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from atlas_contract import checks, datasets, defaults, sources
+from atlas_contract import checks, datasets, defaults, sources, tracking
 from atlas_contract.checks import REWARD_FUNCTIONS
 from atlas_contract.lora import ALL_LINEAR, MAX_TARGET_MODULES
 from atlas_contract.names import MAX_RUN_NAME, TRAINJOB_RESERVED_ENV, max_jobset_run_name, max_trainjob_run_name
@@ -596,6 +596,17 @@ def _source_rules() -> Iterator[Rule]:
     )
 
 
+def _tracking_rules() -> Iterator[Rule]:
+    """spec.tracking.mlflow.uri: a tracking server or store MLflow can reach (atlas_contract/tracking.py)."""
+    yield Rule(
+        "spec",
+        f"!{has('tracking.mlflow.uri')} || self.tracking.mlflow.uri.matches('{tracking.MLFLOW_URI_PATTERN}')",
+        "spec.tracking.mlflow.uri",
+        f"expected {tracking.MLFLOW_URI_EXPECTED}",
+        quoted("self.tracking.mlflow.uri"),
+    )
+
+
 def _lora_rules() -> Iterator[Rule]:
     """spec.training.lora.targetModules as the contract takes it (atlas_contract/lora.py): [all-linear] alone, or
     module names; its size is the schema's bound, and r, alpha and dropout the schema's ranges."""
@@ -713,6 +724,7 @@ RULES: tuple[Rule, ...] = tuple(
         _dataset_rules,
         _source_rules,
         _lora_rules,
+        _tracking_rules,
         _transition_rules,
     )
     for rule in group()

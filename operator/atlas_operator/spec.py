@@ -16,7 +16,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from atlas_contract import defaults
+from atlas_contract import defaults, tracking
 from atlas_contract.lora import ALL_LINEAR, MAX_TARGET_MODULES, LoraSettings
 from atlas_contract.names import (
     API_VERSION,
@@ -533,6 +533,49 @@ class OutputSpec:
 
 
 @dataclass
+class MLflowTrackingSpec:
+    """An MLflow tracking server (or store) the run is logged to, through TRL's report_to
+    (atlas_contract/tracking.py)."""
+
+    uri: str = spec_field(
+        "the tracking server as the trainer pods reach it (http://host:port, https://…) or a store on the trainer's "
+        "volume (file:/path): the pods' MLFLOW_TRACKING_URI",
+        required=True,
+        max_length=MAX_REFERENCE,
+    )
+    experiment: str | None = spec_field(
+        "the experiment the run is logged in (MLFLOW_EXPERIMENT_NAME; made when missing)",
+        unset="the run's namespace",
+        max_length=MAX_NAME,
+    )
+
+
+@dataclass
+class WandbTrackingSpec:
+    """Weights & Biases, through TRL's report_to; the key by Secret reference only."""
+
+    project: str = spec_field("the W&B project (WANDB_PROJECT)", required=True, max_length=MAX_NAME)
+    entity: str | None = spec_field(
+        "the W&B entity (WANDB_ENTITY)", unset="the API key's default entity", max_length=MAX_NAME
+    )
+    secret_ref: SecretKeySelector | None = spec_field(
+        f"Secret whose key {tracking.WANDB_SECRET_KEY} is the API key (read by the trainer pods through secretKeyRef; "
+        "never by the operator)",
+        unset="no key: W&B's offline mode (WANDB_MODE=offline), its files in the run's output folder",
+    )
+
+
+@dataclass
+class TrackingSpec:
+    """Experiment tracking: every run's params, curves, evaluation and model card kept in MLflow or W&B, one tracking
+    run per run across every resume (.status.tracking, condition Tracking). Rank 0 logs; a tracking server that does
+    not answer never stops training (its steps are logged when it is back)."""
+
+    mlflow: MLflowTrackingSpec | None = spec_field("MLflow", unset="not logged to MLflow")
+    wandb: WandbTrackingSpec | None = spec_field("Weights & Biases", unset="not logged to W&B")
+
+
+@dataclass
 class EnvVar:
     name: str = spec_field("variable name", required=True)
     value: str | None = spec_field(
@@ -555,6 +598,9 @@ class RunSpec:
     storage: StorageSpec = spec_field("the S3 store and the hub: addresses and credentials", StorageSpec)
     output: OutputSpec | None = spec_field(
         "export the trained model when training succeeds", unset="the model stays in <checkpoint.path>/<name>"
+    )
+    tracking: TrackingSpec | None = spec_field(
+        "experiment tracking (MLflow, W&B)", unset="none: the metrics go to Prometheus and metrics.jsonl only"
     )
     image: str | None = spec_field("trainer image", unset="the operator's trainer image")
     image_pull_secrets: list[LocalObjectReference] = spec_field("Secrets for pulling the images", [])

@@ -137,7 +137,7 @@ OPERATOR_OWNED_TRAINER_FIELDS = {
     "run_name": "from the run's name",
     "save_strategy": "every spec.checkpoint.saveSteps steps",
     "save_steps": "set spec.checkpoint.saveSteps instead",
-    "report_to": "metrics go to Prometheus through the run's metrics Service",
+    "report_to": "metrics go to Prometheus through the run's metrics Service, and to MLflow or W&B with spec.tracking",
     "metrics_port": "the port the run's metrics Service targets",
     "metrics_host": "the address the run's metrics Service reaches",
     "use_vllm": "from spec.rollout",

@@ -43,7 +43,7 @@ def render_children(
 ) -> list[dict[str, Any]]:
     """Every child of ``run``, in apply order: the NetworkPolicies first, so no pod of the run is ever unprotected."""
     images = images or Images()
-    config = config_map(run, reward_yaml)
+    config = config_map(run, reward_yaml, images.trainer)
     policies = network_policies(run, network or NetworkSettings())
     if on_jobset(run):
         return [*policies, config, metrics_service(run), jobset(run, images, config)]

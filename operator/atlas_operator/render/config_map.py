@@ -28,6 +28,7 @@ from atlas_contract.run_config import (
 )
 from atlas_operator.presets import accelerate_config
 from atlas_operator.render.common import REWARD_REF_DIR, child_metadata, on_jobset
+from atlas_operator.render.tracking import report_to, tracking_record
 from atlas_operator.spec import AtlasTeacherSpec, Run, TrainingSpec, reward_funcs
 
 
@@ -71,13 +72,14 @@ def rollout_endpoint(run: Run) -> str:
     return f"http://{_server_host(run, 'rollout')}:{VLLM_PORT}"
 
 
-def run_config(run: Run) -> dict[str, Any]:
+def run_config(run: Run, trainer_image: str | None = None) -> dict[str, Any]:
     """The run configuration the trainer pods load (`atlas_core.cli.train recipe=run.yaml`)."""
-    return typed_run_config(run).to_dict()
+    return typed_run_config(run, trainer_image).to_dict()
 
 
-def typed_run_config(run: Run) -> RunConfig:
-    """run.yaml as the contract types it (atlas_contract/run_config.py), built from the run's spec."""
+def typed_run_config(run: Run, trainer_image: str | None = None) -> RunConfig:
+    """run.yaml as the contract types it (atlas_contract/run_config.py), built from the run's spec (``trainer_image``:
+    the operator's, named in the tracking params when the spec names none)."""
     spec = run.spec
     trainer = trainer_config(run)
     student = None
@@ -100,6 +102,7 @@ def typed_run_config(run: Run) -> RunConfig:
         student=student,
         evaluation=evaluation_settings(run),
         output=OutputSettings(spec.output.uri, spec.output.merge) if spec.output else None,
+        tracking=tracking_record(run, trainer_image),
     )
 
 
@@ -115,7 +118,7 @@ def trainer_config(run: Run) -> dict[str, Any]:
         save_steps=spec.checkpoint.save_steps,
         metrics_port=TRAINER_METRICS_PORT,
         metrics_host="0.0.0.0",  # scraped by Prometheus and the operator through <name>-metrics
-        report_to=[],
+        report_to=report_to(run),
     )
     if spec.resources.gpus_per_node == 0:
         trainer["bf16"] = False
@@ -195,7 +198,7 @@ def reward_config_path(run: Run) -> str | None:
     return None
 
 
-def config_map(run: Run, reward_yaml: str | None = None) -> dict[str, Any]:
+def config_map(run: Run, reward_yaml: str | None = None, trainer_image: str | None = None) -> dict[str, Any]:
     """``<name>-config``: the run configuration, the Accelerate config and (named RIM config) the reward config.
 
     ``reward_yaml`` is the text of ``reward_system/<spec.reward.config>.yaml`` (read by the caller, so
@@ -206,7 +209,9 @@ def config_map(run: Run, reward_yaml: str | None = None) -> dict[str, Any]:
         run.spec.deepspeed, num_machines=res.nodes, num_processes=res.nodes * res.processes(), mixed_precision=mixed
     )
     data = {
-        RUN_CONFIG_FILE: yaml_text(run_config(run), f"Run configuration of {run.kind} {run.namespace}/{run.name}"),
+        RUN_CONFIG_FILE: yaml_text(
+            run_config(run, trainer_image), f"Run configuration of {run.kind} {run.namespace}/{run.name}"
+        ),
         ACCELERATE_CONFIG_FILE: yaml_text(accelerate, f"Accelerate config: DeepSpeed preset {run.spec.deepspeed}"),
     }
     if run.spec.reward.config and reward_yaml is not None:

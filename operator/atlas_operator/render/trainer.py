@@ -55,6 +55,7 @@ from atlas_operator.render.sources import (
     storage_env,
     trainer_fetches,
 )
+from atlas_operator.render.tracking import tracking_env
 from atlas_operator.spec import Run
 
 
@@ -153,6 +154,7 @@ def _env(run: Run) -> list[dict[str, Any]]:
     env += [{"name": k, "value": v} for k, v in NCCL_ENV.items()]
     if _reads_sources(run):  # the fetched copies, and the store an export writes to
         env += [{"name": sources.ENV_SOURCES_DIR, "value": sources_dir(run)}, *storage_env(run)]
+    env += tracking_env(run, output_dir(run))
     own = {e["name"] for e in env}
     for var in run.spec.env:  # the user's values win over ours
         entry = {"name": var.name}
