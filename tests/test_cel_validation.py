@@ -221,7 +221,36 @@ def lora_run(case: str, kind: str) -> dict[str, Any]:
     return manifest
 
 
-CORPUS = [*EXAMPLES, *STORED, *BUILT, *(lora_run(case, kind) for case in LORAS for kind in KINDS), *variants(700)]
+# spec.tracking.mlflow.uri (atlas_contract/tracking.py): a server, https, a file store; not another scheme, not a
+# scheme alone, no space.
+_EXPECTED_URI = "spec.tracking.mlflow.uri: expected an http://, https:// or file: URI of an MLflow tracking store, got "
+TRACKINGS = {
+    "server": ({"mlflow": {"uri": "http://mlflow.monitoring:5000"}}, None),
+    "https-experiment": ({"mlflow": {"uri": "https://mlflow.example.com/", "experiment": "teachers"}}, None),
+    "file-store": ({"mlflow": {"uri": "file:/checkpoints/mlruns"}}, None),
+    "wandb-only": ({"wandb": {"project": "atlas", "secretRef": {"name": "wandb"}}}, None),
+    "ftp": ({"mlflow": {"uri": "ftp://mlflow:21"}}, _EXPECTED_URI + "'ftp://mlflow:21'"),
+    "host-only": ({"mlflow": {"uri": "mlflow:5000"}}, _EXPECTED_URI + "'mlflow:5000'"),
+    "scheme-alone": ({"mlflow": {"uri": "http://"}}, _EXPECTED_URI + "'http://'"),
+    "space": ({"mlflow": {"uri": "http://mlflow .ns:5000"}}, _EXPECTED_URI + "'http://mlflow .ns:5000'"),
+}
+
+
+def tracking_run(case: str, kind: str) -> dict[str, Any]:
+    """A run of ``kind`` with TRACKINGS[case]'s spec.tracking."""
+    manifest = (teacher if kind == "AtlasTeacher" else training)(f"tracking-{case}")
+    manifest["spec"]["tracking"] = copy.deepcopy(TRACKINGS[case][0])
+    return manifest
+
+
+CORPUS = [
+    *EXAMPLES,
+    *STORED,
+    *BUILT,
+    *(lora_run(case, kind) for case in LORAS for kind in KINDS),
+    *(tracking_run(case, kind) for case in TRACKINGS for kind in KINDS),
+    *variants(700),
+]
 
 
 def cel_visible(manifest: dict[str, Any], problems: list[str]) -> list[str]:
@@ -307,6 +336,22 @@ def test_lora_settings_are_refused_by_the_schema_or_a_rule_with_the_value_found(
             assert schema_valid(manifest) and by_cel == problems
         if run is not None:
             assert run.spec.training.lora.settings()[1] == []
+
+
+@pytest.mark.parametrize("case", list(TRACKINGS))
+def test_a_tracking_uri_is_refused_at_apply_with_the_value_found(case):
+    """spec.tracking.mlflow.uri: the same message from the CRD's rule (what the API server answers) and the operator,
+    naming the field and the value; a server, https and file: pass."""
+    for kind in KINDS:
+        manifest, expected = tracking_run(case, kind), TRACKINGS[case][1]
+        try:
+            parse_run(manifest)
+            problems = []
+        except InvalidFields as invalid:
+            problems = invalid.problems
+        assert problems == ([expected] if expected else [])
+        assert schema_valid(manifest)
+        assert [r.as_problem() for r in admission_refusals(manifest)] == problems
 
 
 def test_examples_and_stored_runs_pass_every_rule():

@@ -26,7 +26,8 @@ from atlas_operator.reconcile import Reconciler, RetryLater, RunMemory, relevanc
 from atlas_operator.reconcile.memory import RunKey
 from atlas_operator.reconcile.patching import merge_patch
 from atlas_operator.reconcile.retry import RetryForever, needs_retry, stuck
-from atlas_operator.status_update import now, progress_patch, status_update
+from atlas_operator.status_update import merge_conditions, now, progress_patch, status_update
+from atlas_operator.tracking_status import running_update
 
 log = logging.getLogger("atlas_operator")
 CONFIG = config.current()
@@ -178,6 +179,21 @@ def _with_unwritten_status(run: RunKey, body: dict, memo: kopf.Memo) -> dict:
     return {**body, "status": merge_patch(dict(body.get("status") or {}), status)}
 
 
+def tracking_patch(
+    body: kopf.Body, status: dict, generation: int | None, seen: dict | None, at: str
+) -> tuple[dict, tuple[str, str] | None]:
+    """Condition Tracking and .status.tracking from what the Running trainer's /metrics said of its MLflow logging,
+    and the Warning Event to post when the server just stopped answering (tracking_status.running_update)."""
+    new, tracking, warning = running_update(status, dict(body.get("spec") or {}), seen)
+    patch: dict = {}
+    if new is not None:
+        new["observedGeneration"] = generation
+        patch["conditions"] = merge_conditions(status.get("conditions"), [new], at)
+    if tracking is not None:
+        patch["tracking"] = tracking
+    return patch, warning
+
+
 def _first_tick(**_) -> float:
     """Each run's timer starts at its own point of the interval: a thousand runs created (or resumed) together do
     not all refresh in the same second."""
@@ -206,8 +222,13 @@ for _plural in KINDS.values():
             await asyncio.to_thread(reconcile_into_patch, body, patch, memo)
             status = {**status, **patch.get("status", {})}
         if status.get("phase") == "Running":
-            progress = await memo.reconciler.scrape(dict(body.metadata))
-            patch.status.update(progress_patch(status, progress, now()))
+            progress, tracking = await memo.reconciler.scrape(dict(body.metadata))
+            at = now()
+            patch.status.update(progress_patch(status, progress, at))
+            update, warning = tracking_patch(body, status, generation, tracking, at)
+            patch.status.update(update)
+            if warning is not None:  # an Event is a blocking call: off the event loop
+                await asyncio.to_thread(memo.reconciler.kube.post_event, body, "Warning", *warning)
 
     @kopf.on.delete(GROUP, VERSION, _plural)
     def delete_run(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_) -> None:

@@ -32,6 +32,7 @@ class ConditionType(enum.StrEnum):
     TRAINING = "Training"  # the trainer runs (the job's own words)
     SOURCES_READY = "SourcesReady"  # the run's S3, hub and PVC sources are fetched (runs that name one)
     EXPORTED = "Exported"  # the trained model is exported to spec.output.uri (runs with spec.output)
+    TRACKING = "Tracking"  # the trainer logs to spec.tracking.mlflow's server (False: it does not answer)
 
 
 class EventReason(enum.StrEnum):
@@ -78,6 +79,7 @@ class EventReason(enum.StrEnum):
     NOT_FOUND = "NotFound"
     UNREACHABLE = "Unreachable"
     EXPORT_FAILED = "ExportFailed"
+    TRACKING_UNREACHABLE = "TrackingUnreachable"  # the MLflow server does not answer the trainer (training goes on)
     # What the operator changed (Normal).
     JOB_RECREATED = "JobRecreated"
     QUEUED_RUN_SUSPENDED = "QueuedRunSuspended"
@@ -181,6 +183,7 @@ class RunResult:
 
     step: int | None = spec_field("last global optimizer step", **_result_range("step"))
     reward: float | None = spec_field("mean reward of the last logged step")
+    kl: float | None = spec_field("KL to the reference model at the last logged step (absent when beta is 0)")
     evaluation: EvaluationResult | None = spec_field("the evaluation after training (AtlasTeacher spec.evaluation)")
     evaluation_error: str | None = spec_field(
         "why the evaluation after training failed, in one line (the trained run still succeeded; a Warning Event "
@@ -197,6 +200,14 @@ class Output:
         "files exported: the model's and its card README.md (atlas-manifest.json beside them lists them)", minimum=0
     )
     bytes: int | None = spec_field("bytes exported", minimum=0)
+
+
+@dataclass
+class Tracking:
+    """The tracking run the trainer logs to (spec.tracking.mlflow): one for the run, across every resume."""
+
+    run_id: str | None = spec_field("the MLflow run's id", max_length=1024)
+    url: str | None = spec_field("its page in the MLflow UI", max_length=1024)
 
 
 @dataclass
@@ -230,4 +241,7 @@ class RunStatus:
         "read from the finished rank-0 trainer pod's termination message once the job has succeeded"
     )
     output: Output | None = spec_field("the export of the trained model (spec.output; condition Exported)")
+    tracking: Tracking | None = spec_field(
+        "the tracking run (spec.tracking.mlflow; condition Tracking), as the trainer reported it"
+    )
     kopf: dict[str, Any] = spec_field("the operator framework's bookkeeping (last handled spec, handler progress)", {})

@@ -79,6 +79,7 @@ class Outcome:
     preemption: dict[str, Any] | None = None
     preemption_saves: int = 0
     output: dict[str, Any] | None = None  # .status.output to write: the export the finished trainer reported
+    tracking: dict[str, Any] | None = None  # .status.tracking to write: the tracking run the finished trainer reported
 
 
 def now() -> str:
@@ -417,6 +418,8 @@ def status_update(old: dict[str, Any], generation: int | None, result: Outcome, 
         new["output"] = result.output
     elif result.result_stale:
         new["output"] = None
+    if result.tracking is not None:
+        new["tracking"] = result.tracking
     patch = {key: value for key, value in new.items() if old.get(key) != value}
     for key in ("children", "progress"):  # a merge patch keeps keys it does not name: delete what is gone
         before, after = old.get(key) or {}, patch.get(key)

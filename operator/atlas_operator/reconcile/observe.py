@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from atlas_contract.metrics import PROGRESS
 from atlas_contract.names import KINDS, LABEL_COMPONENT, LABEL_INSTANCE, ChildNames
 from atlas_contract.results import parse_result
 from atlas_contract.sources import REASONS
@@ -40,6 +41,7 @@ from atlas_operator.status_update import (
     training_reason,
     watchdog_restarts,
 )
+from atlas_operator.tracking_status import tracking_condition
 
 # Reads of a succeeded job's Master pod for the run's result, per job and operator process: a pod that is gone
 # or carries no result is not read again at every status refresh.
@@ -91,10 +93,14 @@ class Observation:
                 if result.result is not None:  # the export: .status.output, not the result's
                     result.output = result.result.pop("output", None)
                     result.result.pop("exportError", None)
+                    result.tracking = result.result.pop("tracking", None)
+                    # The run's last figures: it may end before any scrape saw them (kubectl get's columns).
+                    result.progress = {k: result.result[k] for k in PROGRESS if k in result.result}
         elif job is not None:
             result.result_stale = True  # a job made again (spec change) has not reported yet
         self.observe_sources(run, body, result)
         self.observe_export(run, body, result)
+        self.observe_tracking(run, body, result)
 
     @staticmethod
     def preempted(body: dict[str, Any], job: dict[str, Any], result: Outcome) -> bool:
@@ -251,6 +257,22 @@ class Observation:
         else:
             waiting = f"the trained model is exported to {run.spec.output.uri} when training succeeds"
             result.conditions.append(condition(Condition.EXPORTED, False, "Pending", waiting))
+
+    @staticmethod
+    def observe_tracking(run: Run, body: dict[str, Any], result: Outcome) -> None:
+        """Tracking, for a run with spec.tracking.mlflow: True with the tracking run once the finished trainer reported
+        it, False when it succeeded without one (its server never answered); while it runs, the timer's scrape says
+        (handlers.tracking_patch), and before that Waiting."""
+        if run.spec.tracking is None or run.spec.tracking.mlflow is None:
+            return
+        uri = run.spec.tracking.mlflow.uri
+        status = body.get("status") or {}
+        finished = result.tracking or (status.get("tracking") if result.phase == "Succeeded" else None)
+        if result.phase == "Succeeded" and not finished:
+            message = f"the run ended with no MLflow run: MLflow at {uri} did not answer the trainer"
+            result.conditions.append(condition(Condition.TRACKING, False, EventReason.TRACKING_UNREACHABLE, message))
+        elif finished or not any(c.get("type") == Condition.TRACKING for c in status.get("conditions") or []):
+            result.conditions.append(tracking_condition(uri, None, finished if result.phase == "Succeeded" else None))
 
     def observe_preemption(self, run: Run, body: dict[str, Any], result: Outcome) -> None:
         """A save on SIGTERM newer than the run's status shows (pod_changed noted it): .status.preemption, a Normal

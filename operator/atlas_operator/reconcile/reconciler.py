@@ -183,5 +183,5 @@ class Reconciler:
         Trainer made of a TrainJob, the run its labels name; None for anything else."""
         return self.children.owning_run(child) or self.observation.run_of_trainjob_gang(child)
 
-    async def scrape(self, meta: dict[str, Any]) -> dict[str, Any] | None:
+    async def scrape(self, meta: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         return await self.scraping.scrape(meta)

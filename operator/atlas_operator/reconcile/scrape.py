@@ -13,6 +13,7 @@ from atlas_contract.names import ChildNames
 from atlas_operator.config import OperatorConfig
 from atlas_operator.reconcile.common import log
 from atlas_operator.status_update import parse_progress
+from atlas_operator.tracking_status import parse_tracking
 
 MAX_METRICS_BYTES = 1 << 20  # a trainer's /metrics is a few KB; more is not a metrics endpoint
 SCRAPERS = 8  # threads: each run's timer awaits its own scrape, so one in flight per run
@@ -33,10 +34,11 @@ class Scraping:
             port=self.settings.trainer_metrics_port,
         )
 
-    async def scrape(self, meta: dict[str, Any]) -> dict[str, Any] | None:
-        """The Running trainer's step/reward/kl from its /metrics, or None when it does not answer (not up, too
-        slow or big, not metrics). Each read is bounded in time and size and runs in the scrapers' own small pool,
-        so a trainer that trickles or floods its endpoint delays only its own run's timer."""
+    async def scrape(self, meta: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """The Running trainer's step/reward/kl and its tracking (tracking_status.parse_tracking) from its
+        /metrics, or (None, None) when it does not answer (not up, too slow or big, not metrics). Each read is bounded
+        in time and size and runs in the scrapers' own small pool, so a trainer that trickles or floods its endpoint
+        delays only its own run's timer."""
         name, namespace = meta["name"], meta.get("namespace", "default")
         url = self.metrics_url(name, namespace)
         loop = asyncio.get_running_loop()
@@ -44,10 +46,10 @@ class Scraping:
             text = await loop.run_in_executor(
                 self._pool, fetch_text, url, self.settings.scrape_timeout_s, MAX_METRICS_BYTES
             )
-            return parse_progress(text, name, namespace) or None
+            return parse_progress(text, name, namespace) or None, parse_tracking(text, name, namespace)
         except (OSError, ValueError, http.client.HTTPException) as exc:
             log.debug("metrics of %s/%s not readable at %s: %s", namespace, name, url, exc)
-            return None
+            return None, None
 
 
 def fetch_text(url: str, deadline_s: float, max_bytes: int) -> str:
