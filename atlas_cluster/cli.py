@@ -9,6 +9,8 @@ atlas cluster up --nodes 2        # and two process nodes that run the pods (the
 atlas cluster up --s3             # and an S3-compatible server (versitygw, built once) with a bucket `atlas`, its
                                   # credentials in the Secret default/atlas-s3; also prints export AWS_ENDPOINT_URL=…
                                   # AWS_ACCESS_KEY_ID=… AWS_SECRET_ACCESS_KEY=… ($ATLAS_S3_BIN: the binary to run)
+atlas cluster up --mlflow         # and an MLflow tracking server (SQLite; artifacts beside it, or with --s3 in the
+                                  # bucket `atlas` under mlflow/); also prints export MLFLOW_TRACKING_URI=…
 atlas cluster status              # the running processes, and the exports
 atlas cluster down                # stop every process it started and remove the cluster's folder
 """
@@ -25,8 +27,17 @@ import yaml
 
 from atlas_cluster import versions
 from atlas_cluster.build import BuildError, ensure_built, ensure_controllers, ensure_s3_server, parse_controllers
-from atlas_cluster.cluster import S3_SECRET, S3_SECRET_NAMESPACE, STOP_ORDER, ClusterError, LocalCluster
+from atlas_cluster.cluster import (
+    MLFLOW_ARTIFACTS,
+    S3_SECRET,
+    S3_SECRET_NAMESPACE,
+    STOP_ORDER,
+    ClusterError,
+    LocalCluster,
+)
 from atlas_cluster.controllers import ControllerError
+from atlas_cluster.mlflow import PROCESS as MLFLOW
+from atlas_cluster.mlflow import MLflowServer
 from atlas_cluster.paths import DEFAULT_CLUSTER, cluster_dir
 from atlas_cluster.processes import ProcessFailed, Supervisor
 from atlas_cluster.s3 import DEFAULT_BUCKET, S3Server, export_line
@@ -56,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="action", required=True)
     up = commands.add_parser("up", help="start a local cluster with the CRDs, the chart and the operator")
     down = commands.add_parser("down", help="stop the local cluster and remove its folder")
-    status = commands.add_parser("status", help="the cluster's processes, kubeconfig and S3 exports")
+    status = commands.add_parser("status", help="the cluster's processes, kubeconfig, S3 and MLflow exports")
     for command in (up, down, status):
         command.add_argument("--name", default=DEFAULT_CLUSTER, help=f"cluster name (default {DEFAULT_CLUSTER})")
     up.add_argument(
@@ -94,6 +105,14 @@ def parser() -> argparse.ArgumentParser:
         f"the address pods reach in the Secret {S3_SECRET_NAMESPACE}/{S3_SECRET}; prints export AWS_ENDPOINT_URL=… "
         "AWS_ACCESS_KEY_ID=… AWS_SECRET_ACCESS_KEY=… for the host",
     )
+    up.add_argument(
+        "--mlflow",
+        action="store_true",
+        help="also run an MLflow tracking server (the installed mlflow's `mlflow server`), its runs in a SQLite "
+        "database in the cluster's folder (mlflow/mlflow.db) and its artifacts beside it, or with --s3 in the S3 "
+        f"server's bucket ({MLFLOW_ARTIFACTS}), clients uploading them through it; on 127.0.0.1 and, with --nodes, "
+        "the pods' gateway; prints export MLFLOW_TRACKING_URI=… for the host",
+    )
     return parser
 
 
@@ -124,6 +143,7 @@ def up(args: argparse.Namespace) -> int:
             nodes=args.nodes,
             gpus_per_node=args.gpus_per_node,
             s3_binary=s3_binary,
+            mlflow=args.mlflow,
         )
         cluster.up()
     except (BuildError, ClusterError, ControllerError, ProcessFailed, FileNotFoundError) as exc:
@@ -135,6 +155,8 @@ def up(args: argparse.Namespace) -> int:
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     if cluster.s3 is not None:
         print(export_line(cluster.s3.env()))
+    if cluster.mlflow_server is not None:
+        print(export_line(cluster.mlflow_server.env("127.0.0.1")))
     return 0
 
 
@@ -157,11 +179,17 @@ def status(args: argparse.Namespace) -> int:
     for name, pid in running.items():
         print(f"{name}: pid {pid}")
     print(f"export KUBECONFIG={directory / 'admin.kubeconfig'}")
-    s3 = S3Server.load(directory / S3, Path(), Supervisor(directory)) if S3 in running else None
+    supervisor = Supervisor(directory)
+    s3 = S3Server.load(directory / S3, Path(), supervisor) if S3 in running else None
     if s3 is not None:
         print(f"# S3 server on {', '.join(s3.hosts)} port {s3.port}: bucket {DEFAULT_BUCKET}, data in {s3.data}, "
               f"Secret {S3_SECRET_NAMESPACE}/{S3_SECRET} for the pods")  # fmt: skip
         print(export_line(s3.env()))
+    mlflow = MLflowServer.load(directory / MLFLOW, supervisor) if MLFLOW in running else None
+    if mlflow is not None:
+        print(f"# MLflow server on {', '.join(mlflow.hosts)} port {mlflow.port}: database {mlflow.database}, "
+              f"artifacts {mlflow.artifacts_destination}")  # fmt: skip
+        print(export_line(mlflow.env("127.0.0.1")))
     return 0
 
 

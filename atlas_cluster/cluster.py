@@ -1,7 +1,8 @@
 """A local Kubernetes without Docker: the control plane (atlas_cluster/controlplane.py), the project's CRDs and chart
 installed with the real ``helm``, the backends' CRDs from their upstream modules, and the operator started as a
 process under its chart's ServiceAccount — never as admin, so every request it makes is judged by RBAC. Optionally
-an S3-compatible server (atlas_cluster/s3.py) beside it, with its credentials in the Secret ``default/atlas-s3``.
+an S3-compatible server (atlas_cluster/s3.py) beside it, with its credentials in the Secret ``default/atlas-s3``, and
+an MLflow tracking server (atlas_cluster/mlflow.py), its artifacts in that S3 server's bucket when both run.
 
 This package imports neither half of the project: the chart and CRDs are files, the operator is ``atlas operator``
 in a process, configured from the environment the chart's own Deployment gives it.
@@ -25,6 +26,8 @@ from atlas_cluster.build import BuildError, go_binary, module_dir
 from atlas_cluster.controllers import controller_crd_files, start_controllers
 from atlas_cluster.controlplane import STOP_ORDER as CONTROL_PLANE_STOP_ORDER
 from atlas_cluster.controlplane import ControlPlane, kubeconfig, write_kubeconfig
+from atlas_cluster.mlflow import PROCESS as MLFLOW
+from atlas_cluster.mlflow import MLflowServer
 from atlas_cluster.podnet import PodNetwork, with_cluster_names
 from atlas_cluster.processes import Supervisor
 from atlas_cluster.s3 import DEFAULT_BUCKET, S3Server
@@ -39,9 +42,10 @@ OPERATOR = "operator"
 NODES = "nodes"
 S3_SECRET = "atlas-s3"  # in S3_SECRET_NAMESPACE: AWS_ENDPOINT_URL (as the pods reach it), AWS_ACCESS_KEY_ID, …
 S3_SECRET_NAMESPACE = "default"
+MLFLOW_ARTIFACTS = f"s3://{DEFAULT_BUCKET}/mlflow"  # the MLflow server's artifacts when the S3 server runs too
 # `down` stops what depends on the API server first (the nodes delete their Node objects and pods on the way out),
-# the S3 server once no pod uses it, etcd last.
-STOP_ORDER = (OPERATOR, *versions.CONTROLLERS, NODES, S3, "kube-scheduler", *CONTROL_PLANE_STOP_ORDER)
+# the MLflow server once no pod uses it, the S3 server (where its artifacts go) after it, etcd last.
+STOP_ORDER = (OPERATOR, *versions.CONTROLLERS, NODES, MLFLOW, S3, "kube-scheduler", *CONTROL_PLANE_STOP_ORDER)
 TOKEN_SECONDS = 7 * 24 * 3600  # the operator's token: a local cluster is not meant to live longer
 # The environment the operator process keeps from ours (the rest comes from the chart's Deployment).
 HOST_ENV = ("PATH", "HOME", "LANG", "TMPDIR", "PYTHONPATH", "ATLAS_CACHE_DIR", "VIRTUAL_ENV")
@@ -114,10 +118,14 @@ class LocalCluster:
     # An S3-compatible server (atlas_cluster/s3.py, this binary) started after the nodes, its data in s3/data of the
     # cluster's folder, the bucket DEFAULT_BUCKET made, and its credentials in the Secret default/atlas-s3.
     s3_binary: Path | None = None
+    # An MLflow tracking server (atlas_cluster/mlflow.py) started after the S3 server, its database in mlflow/ of the
+    # cluster's folder, its artifacts there too, or in the S3 server's bucket (MLFLOW_ARTIFACTS) when one runs.
+    mlflow: bool = False
 
     def __post_init__(self) -> None:
         self.supervisor = Supervisor(self.directory)
         self.s3: S3Server | None = None
+        self.mlflow_server: MLflowServer | None = None  # `mlflow` is the flag that asks for it
         self.control_plane = ControlPlane(self.directory, self.bin_dir, self.supervisor, self.apiserver_args)
 
     @property
@@ -150,6 +158,8 @@ class LocalCluster:
             self.start_nodes()
         if self.s3_binary:
             self.start_s3(self.s3_binary)
+        if self.mlflow:
+            self.start_mlflow()
         self.install_chart(self.chart_values)
         if self.start_operator:
             self.start_operator_process()
@@ -228,6 +238,29 @@ class LocalCluster:
         self.log(f"atlas cluster: S3 server on {', '.join(hosts)} port {self.s3.port} (bucket {DEFAULT_BUCKET}; "
                  f"Secret {S3_SECRET_NAMESPACE}/{S3_SECRET})")  # fmt: skip
         return self.s3
+
+    def start_mlflow(self) -> MLflowServer:
+        """The MLflow server on 127.0.0.1 and, with process nodes, on the pods' gateway too (at one port). When the
+        cluster's S3 server runs (started by this object or recorded in the folder), its artifacts go to its bucket
+        (MLFLOW_ARTIFACTS), the server holding the S3 credentials in its environment; else to a folder beside its
+        database."""
+        gateway = self.pod_gateway()
+        hosts = ("127.0.0.1", gateway) if gateway else ("127.0.0.1",)
+        s3 = self.s3
+        if s3 is None and S3 in self.supervisor.running():
+            s3 = S3Server.load(self.directory / S3, Path(), self.supervisor)
+        artifacts, artifact_env = None, {}
+        if s3 is not None:
+            artifacts = MLFLOW_ARTIFACTS
+            artifact_env = {**s3.env(), "AWS_DEFAULT_REGION": s3.region}  # as the host reaches it: 127.0.0.1
+        started = time.monotonic()
+        server = MLflowServer(self.directory / MLFLOW, self.supervisor, hosts, artifacts=artifacts,
+                              artifact_env=artifact_env).start()  # fmt: skip
+        self.mlflow_server = server
+        self.log(f"atlas cluster: MLflow server on {', '.join(hosts)} port {server.port} in "
+                 f"{time.monotonic() - started:.1f} s (database {server.database}; artifacts "
+                 f"{server.artifacts_destination})")  # fmt: skip
+        return server
 
     # ------------------------------------------------------------------ installing
 

@@ -1,5 +1,6 @@
 """Shared fixtures: the offline tiny model (built once per session), a warmed-up copy, the trainer metrics
-cleared, and a real S3-compatible server (``s3_server``, tests/support/s3.py). Helpers the tests import are in
+cleared, a real S3-compatible server (``s3_server``, tests/support/s3.py) and a real MLflow tracking server
+(``mlflow_server``, tests/support/mlflow.py). Helpers the tests import are in
 tests/support/ (env.py: REPO, PYTHON, free_port, python_env)."""
 
 from __future__ import annotations
@@ -63,6 +64,15 @@ def s3_server(tmp_path_factory):
     """A real S3-compatible server (versitygw, make s3) on 127.0.0.1 for the session: ``endpoint``, ``access_key``,
     ``secret_key``, ``region``, ``bucket(name)``, ``env()``, ``client()`` (tests/support/s3.py)."""
     from tests.support.s3 import s3_server as start
+
+    yield from start(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server (``mlflow server``, SQLite) on 127.0.0.1 for the session: ``uri``, ``client()``,
+    ``stop()``, ``start()`` (the same port and store) (tests/support/mlflow.py)."""
+    from tests.support.mlflow import mlflow_server as start
 
     yield from start(tmp_path_factory)
 
