@@ -104,9 +104,15 @@ def metric_name(log_key: str) -> str:
     return METRIC_NAMES.get(log_key) or _UNSAFE.sub("_", log_key)
 
 
+#: A key of the trainer's end-of-training summary (train_runtime, train_loss, …), logged at the last step's number: it
+#: is not a step of its own, so it carries no ``atlas_training_step``.
+SUMMARY_KEY = "train_runtime"
+
+
 def step_metrics(logs: Mapping[str, Any], step: int) -> dict[str, float]:
-    """One logged step's numeric values under their tracked names, with the step as ``atlas_training_step``."""
-    values = {STEP_METRIC: float(step)}
+    """One logged step's numeric values under their tracked names, with the step as ``atlas_training_step`` (not on
+    the end-of-training summary)."""
+    values = {} if SUMMARY_KEY in logs else {STEP_METRIC: float(step)}
     for key, value in logs.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:  # NaN: not a value
             continue
@@ -132,7 +138,7 @@ def flatten(value: Any, prefix: str) -> dict[str, str]:
         for key, inner in value.items():
             flat.update(flatten(inner, f"{prefix}.{key}" if prefix else str(key)))
         return flat
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
     flat[prefix] = text[:MAX_PARAM_VALUE]
     return flat
 

@@ -179,7 +179,21 @@ def run(plan: Plan, notes: list[str] = ()) -> int:
     if plan.metrics_port:
         set_gauges(report, metric_labels(plan.output))
     _print_report(plan, report, out)
+    _track(plan, report)
     return 0
+
+
+def _track(plan: Plan, report: Any) -> None:
+    """The table as an MLflow run of its own when MLFLOW_TRACKING_URI is set (atlas_core/training/tracking.py)."""
+    from dataclasses import asdict
+
+    from atlas_core.training.tracking import track_evaluation
+
+    settings = asdict(plan.settings)
+    files = [plan.output / EVAL_REPORT_FILE, plan.output / EVAL_PROBLEMS_FILE]
+    tracked = track_evaluation(plan.names, settings, report.to_dict(), files)
+    if tracked is not None:
+        print(f"tracked: MLflow run {tracked['runId']} {tracked.get('url', '')}".rstrip(), file=sys.stderr)
 
 
 def _serve_metrics(plan: Plan, err) -> bool:

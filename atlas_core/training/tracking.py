@@ -438,3 +438,34 @@ def _create_experiment(client: Any, name: str) -> str:
         if experiment is None:
             raise
         return experiment.experiment_id
+
+
+def track_evaluation(
+    names: dict[str, str], settings: dict[str, Any], report: dict[str, Any], files: list[Path]
+) -> dict[str, str] | None:
+    """``atlas eval``'s table as an MLflow run of its own when ``MLFLOW_TRACKING_URI`` is set: the models, dataset
+    and settings as params, the table as ``atlas_eval_*`` metrics, ``files`` (eval.json, problems.jsonl) as
+    artifacts. Its ``{runId, url}``, or None (no tracking, or its server did not answer within FLUSH_WAIT_S)."""
+    if not os.environ.get(tracking.ENV_MLFLOW_URI):
+        return None
+    import mlflow
+
+    os.environ.setdefault(tracking.ENV_MLFLOW_TIMEOUT, str(tracking.REQUEST_TIMEOUT_S))
+    os.environ.setdefault(tracking.ENV_MLFLOW_RETRIES, str(tracking.REQUEST_MAX_RETRIES))
+    params = {**tracking.flatten(names, "eval"), **tracking.flatten(settings, "eval.settings")}
+    for name in VERSIONED:
+        try:
+            params[f"versions.{name}"] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    uid = str(uuid.uuid4())  # every evaluation is a run of its own
+    logger_ = MLflowLogger(
+        uri=os.environ.get(tracking.ENV_MLFLOW_URI) or mlflow.get_tracking_uri(),
+        experiment=os.environ.get(tracking.ENV_MLFLOW_EXPERIMENT) or "Default",
+        run_name=f"eval {Path(names.get('teacher', 'teacher')).name}",
+        uid=uid,
+        params=params,
+        tags={tracking.TAG_UID: uid, tracking.TAG_KIND: "eval", tracking.TAG_NAME: names.get("teacher", "")},
+        labels={"namespace": "local", "run": "eval", "kind": "local"},
+    )
+    return logger_.finish(report, files, 0)
