@@ -221,6 +221,7 @@ class MLflowLogger:
         self._steps: deque[tuple[int, int, dict[str, float]]] = deque()
         self._tasks: deque[Callable[[Any], None]] = deque()
         self._busy = False
+        self._failures = 0  # attempts that failed so far (flush returns at the next one)
         self._condition = threading.Condition()
         self._retry_at = 0.0
         self._thread = threading.Thread(target=self._loop, name="atlas-mlflow", daemon=True)
@@ -260,18 +261,25 @@ class MLflowLogger:
             self._condition.notify()
 
     def flush(self, timeout: float) -> bool:
-        """Wait until everything queued is logged, at most ``timeout`` seconds; whether it was."""
+        """Log everything queued now: one attempt at once (a server that did not answer is not waited out until its
+        next retry), returning when all is logged, when that attempt failed, or after ``timeout`` seconds; whether
+        all was logged. What is left stays queued (a later flush tries again)."""
         deadline = time.monotonic() + timeout
         with self._condition:
-            while self._steps or self._tasks or self._busy:
+            failures = self._failures
+            self._retry_at = 0.0
+            self._condition.notify_all()
+            while (self._steps or self._tasks or self._busy) and self._failures == failures:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    logger.warning(
-                        "tracking: %s did not take %d steps and %d tasks within %.0f s; training does not wait",
-                        self.uri, len(self._steps), len(self._tasks), timeout,
-                    )  # fmt: skip
-                    return False
+                    break
                 self._condition.wait(remaining)
+            if self._steps or self._tasks:
+                logger.warning(
+                    "tracking: %s has not taken %d steps and %d tasks; training does not wait for them",
+                    self.uri, len(self._steps), len(self._tasks),
+                )  # fmt: skip
+                return False
         return True
 
     def finish(
@@ -328,7 +336,9 @@ class MLflowLogger:
                 self._work(client)
             except Exception as exc:  # noqa: BLE001 - a tracking failure is said and retried, never raised
                 self._mark(False, _one_line(exc))
-                self._retry_at = time.monotonic() + tracking.RETRY_INTERVAL_S
+                with self._condition:
+                    self._retry_at = time.monotonic() + tracking.RETRY_INTERVAL_S
+                    self._failures += 1
             else:
                 self._mark(True)
             finally:

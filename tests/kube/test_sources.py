@@ -20,6 +20,11 @@ atlas_cluster/s3.py) that the pods reach at the nodes' gateway, as ``atlas clust
   gang resumes the checkpoint's adapter exactly once (rank 0's fingerprint of the adapter it holds at the first
   resumed step equals the checkpoint file's); an AtlasTeacher exports with output.merge (the merged model at the
   top, the adapter in adapter/), an AtlasTraining the adapter alone; each adapter names the run's model as its base.
+- Experiment tracking (spec.tracking.mlflow) against a real MLflow server the pods reach at the gateway
+  (atlas_cluster/mlflow.py, as ``atlas cluster up --mlflow`` runs it): a teacher killed once mid-training and resumed
+  ends Succeeded with one MLflow run holding every step once, its params, its evaluation and its artifacts, named by
+  ``.status.tracking.runId``; a server that does not answer is condition Tracking=False and a Warning naming it, and
+  the run still succeeds.
 
 The module shares one namespace, chart release and operator (``world``): its runs have names of their own.
 """
@@ -42,6 +47,7 @@ from pathlib import Path
 
 import pytest
 
+from atlas_cluster.mlflow import MLflowServer
 from atlas_cluster.node import ProcessNodes
 from atlas_cluster.s3 import S3Server
 from atlas_contract import names, results
@@ -635,3 +641,91 @@ def test_a_lora_trainings_killed_worker_resumes_the_adapter_once_and_exports_it(
     assert files["adapter_model.safetensors"] == (out / "adapter_model.safetensors").read_bytes()
     assert load_tensors(files["adapter_model.safetensors"]).keys() == saved.keys()
     assert json.loads(files["adapter_config.json"])["base_model_name_or_path"] == "builtin://tiny-llama"
+
+
+# ---------------------------------------------------------------------- experiment tracking
+
+
+@pytest.fixture(scope="module")
+def tracking_server(kube: Kube, nodes: ProcessNodes, tmp_path_factory) -> Iterator[MLflowServer]:
+    """A real MLflow server on 127.0.0.1 and the nodes' gateway, where the pods reach it."""
+    directory = tmp_path_factory.mktemp("mlflow-pods")
+    server = MLflowServer(directory, kube.cluster.supervisor, hosts=("127.0.0.1", nodes.network.gateway)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_tracked_teacher_killed_once_resumes_into_one_mlflow_run_holding_each_step_once(
+    sources: Sources, tracking_server: MLflowServer, tiny_model_dir: Path
+):
+    """A teacher on two nodes with spec.tracking.mlflow, its Worker SIGKILLed after a checkpoint: the restarted gang
+    continues the same MLflow run (found by the run's uid), which ends with every step once and in order, the spec
+    as params (no secret), the evaluation table, the artifacts; .status.tracking names it, condition Tracking is
+    True, and .status.progress holds the final step, reward and KL."""
+    import mlflow
+
+    from atlas_contract import tracking
+    from tests.kube.test_runs import assert_resumed_without_repeating_steps, wait_checkpoint
+
+    world, store = sources.world, sources.store
+    bucket, name, steps, every = "tracked", "tracked-teacher", 6, 2
+    store.bucket_with_sources(bucket, tiny_model_dir)
+    out = world.nodes.claim_dir(NAMESPACE, "ckpt") / name
+    experiment = "kube-tracking"
+    uri = tracking_server.endpoint_for(world.nodes.network.gateway)
+    teacher = s3_teacher(
+        name, bucket, nodes=2, checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": every},
+        tracking={"mlflow": {"uri": uri, "experiment": experiment}},
+    )  # fmt: skip
+    teacher["spec"]["training"].update(maxSteps=steps, lrSchedulerType="constant")
+    world.apply(teacher)
+    wait_checkpoint(world, teacher, out, every)
+    master, worker = world.wait_trainer_pods(name, 2)
+    assert world.status(teacher)["phase"] == "Running", "the run finished before the Worker could be killed"
+    for container in world.worker(worker).main:
+        container.kill_all()
+    status = world.wait_phase(teacher, "Succeeded", "Failed")
+    assert status["phase"] == "Succeeded", world.pod_logs(name)
+    assert_resumed_without_repeating_steps(world.log(master), out, steps, every, ranks=2)
+    status = world.wait_status(teacher, lambda s: s.get("tracking"), ".status.tracking", 30)
+
+    client = mlflow.MlflowClient(tracking_server.endpoint)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    run_id = run.info.run_id
+    assert status["tracking"]["runId"] == run_id and run_id in status["tracking"]["url"]
+    tracked = condition(status, "Tracking")
+    assert tracked["status"] == "True" and run_id in tracked["message"], tracked
+    history = sorted(client.get_metric_history(run_id, tracking.STEP_METRIC), key=lambda m: m.timestamp)
+    assert [m.step for m in history] == list(range(1, steps + 1))  # the killed attempt's steps and the resumed ones
+    assert run.info.status == "FINISHED" and run.data.tags[tracking.TAG_NAME] == name
+    assert run.data.tags[tracking.TAG_UID] == world.kube.get("-n", NAMESPACE, "atlasteacher", name)["metadata"]["uid"]
+    assert run.data.params["spec.model"] == f"s3://{bucket}/{MODEL_KEY}" and run.data.params["atlas.backend"]
+    assert run.data.metrics["atlas_eval_problems"] == EVAL_LIMIT == status["result"]["evaluation"]["problems"]
+    assert {"metrics.jsonl", "curves.png", "README.md", "eval.json"} <= {a.path for a in client.list_artifacts(run_id)}
+    stored = {**run.data.params, **run.data.tags}
+    assert not [key for key, value in stored.items() if store.server.secret_key in value]
+    assert status["progress"]["step"] == steps and {"reward", "kl"} <= set(status["progress"])
+    assert status["progress"]["kl"] == status["result"]["kl"]
+
+
+def test_a_tracking_server_that_does_not_answer_is_said_and_the_run_still_succeeds(
+    sources: Sources, tiny_model_dir: Path
+):
+    """spec.tracking.mlflow.uri where nothing answers: while it trains, condition Tracking=False and one Warning
+    Event name the URI; the run trains to Succeeded all the same, and says it ended with no MLflow run."""
+    world = sources.world
+    bucket, name = "untracked", "untracked"
+    sources.store.bucket_with_sources(bucket, tiny_model_dir)
+    uri = f"http://{world.nodes.network.gateway}:{free_port()}"  # nothing listens there
+    run = world.apply(fault_run(name, bucket, tracking={"mlflow": {"uri": uri}}))
+    said = world.wait_status(run, has_condition("Tracking", "False", "TrackingUnreachable"), "Tracking=False", 240)
+    assert uri in condition(said, "Tracking")["message"]
+    status = world.wait_phase(run, "Succeeded", "Failed")
+    assert status["phase"] == "Succeeded", world.pod_logs(name)
+    warnings = [e for e in world.events(name) if e["reason"] == "TrackingUnreachable"]
+    assert len(warnings) == 1 and uri in warnings[0]["message"]
+    final = world.wait_status(run, lambda s: "no MLflow run" in (condition(s, "Tracking") or {}).get("message", ""),
+                              "Tracking says the run ended with no MLflow run", 30)  # fmt: skip
+    assert condition(final, "Tracking")["status"] == "False" and "tracking" not in final
