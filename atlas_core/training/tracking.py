@@ -156,8 +156,10 @@ class MLflowTracking(MLflowCallback):
             self.logger.log_step(state.global_step, tracking.step_metrics(logs, state.global_step))
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.logger is not None:
-            self.logger.flush(tracking.FLUSH_WAIT_S)  # the tracking run stays open: finish() ends it
+        # The last steps logged before the process moves on (a stop on SIGTERM exits next) while the server answers;
+        # one that does not is not waited for here: finish() tries it once more. The tracking run stays open.
+        if self.logger is not None and self.logger.up:
+            self.logger.flush(tracking.FLUSH_WAIT_S)
 
     def on_save(self, args, state, control, **kwargs):
         pass  # checkpoints stay on the run's volume; the final model is exported by spec.output
