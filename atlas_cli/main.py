@@ -50,13 +50,15 @@ def _train_manifest(path: str, overrides: list[str]) -> int:
     from atlas_core.cli.train import main as train_main
 
     try:
-        name, config, notes = manifest_run_config(path)
+        name, config, notes, tracking_env = manifest_run_config(path)
     except InvalidFields as invalid:
         for problem in invalid.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
+    for key, value in tracking_env.items():  # the user's own environment wins (MLFLOW_TRACKING_URI=… atlas train …)
+        os.environ.setdefault(key, value)
     with tempfile.TemporaryDirectory(prefix="atlas-run-") as staging:
         recipe = Path(staging) / f"{name}.yaml"
         recipe.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -157,6 +157,7 @@ def up(args: argparse.Namespace) -> int:
         print(export_line(cluster.s3.env()))
     if cluster.mlflow_server is not None:
         print(export_line(cluster.mlflow_server.env("127.0.0.1")))
+        _print_pod_address(cluster.mlflow_server)
     return 0
 
 
@@ -190,7 +191,14 @@ def status(args: argparse.Namespace) -> int:
         print(f"# MLflow server on {', '.join(mlflow.hosts)} port {mlflow.port}: database {mlflow.database}, "
               f"artifacts {mlflow.artifacts_destination}")  # fmt: skip
         print(export_line(mlflow.env("127.0.0.1")))
+        _print_pod_address(mlflow)
     return 0
+
+
+def _print_pod_address(server: MLflowServer) -> None:
+    """The address the nodes' pods reach the MLflow server at: what a run's spec.tracking.mlflow.uri says."""
+    for host in server.hosts[1:]:
+        print(f"# the pods reach it at {server.endpoint_for(host)} (spec.tracking.mlflow.uri)")
 
 
 def main(argv: list[str] | None = None) -> int:

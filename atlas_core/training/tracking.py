@@ -64,6 +64,8 @@ def install_tracking(trainer: Any, run: RunConfig) -> MLflowTracking | None:
         return None
     trainer.remove_callback(MLflowCallback)
     callback = MLflowTracking(run, labels=metric_labels(args, run.run_name))
+    if trainer.is_world_process_zero():  # ready before the first step (rank 0 logs)
+        callback.logger = MLflowLogger.for_run(run, callback.labels)
     trainer.add_callback(callback)
     return callback
 
@@ -226,6 +228,12 @@ class MLflowLogger:
         self._failures = 0  # attempts that failed so far (flush returns at the next one)
         self._condition = threading.Condition()
         self._retry_at = 0.0
+        # MLflow's client and entities imported and built here, before training: their import is a second of CPU that
+        # the logging thread would otherwise take from the first steps.
+        from mlflow import MlflowClient
+        from mlflow.entities import Metric, Param  # noqa: F401 - imported for the thread
+
+        self._client = MlflowClient(tracking_uri=uri)
         self._thread = threading.Thread(target=self._loop, name="atlas-mlflow", daemon=True)
         self._thread.start()
 
@@ -325,9 +333,7 @@ class MLflowLogger:
     # ------------------------------------------------------------------ the logging thread
 
     def _loop(self) -> None:
-        from mlflow import MlflowClient
-
-        client = MlflowClient(tracking_uri=self.uri)
+        client = self._client
         while True:
             with self._condition:
                 while not (self._steps or self._tasks) or time.monotonic() < self._retry_at:

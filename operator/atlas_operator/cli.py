@@ -148,14 +148,23 @@ def local_run_config(run: Run) -> tuple[dict[str, Any], list[str]]:
     return config, notes
 
 
-def manifest_run_config(path: str) -> tuple[str, dict[str, Any], list[str]]:
+def manifest_run_config(path: str) -> tuple[str, dict[str, Any], list[str], dict[str, str]]:
     """``atlas train run.yaml``: (run name, the run configuration to train here in one process, notes on
-    what differs from the cluster). Raises InvalidFields with every problem."""
+    what differs from the cluster, the tracking environment spec.tracking gives the trainer). Raises InvalidFields
+    with every problem."""
     runs = parse_file(path)
     if len(runs) != 1:
         raise InvalidFields([f"{path}: expected one run, found {len(runs)}"])
     config, notes = local_run_config(runs[0])
-    return runs[0].name, config, notes
+    return runs[0].name, config, notes, local_tracking_env(runs[0], config["output_dir"])
+
+
+def local_tracking_env(run: Run, output_dir: str) -> dict[str, str]:
+    """spec.tracking's environment with literal values (MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME, WANDB_PROJECT,
+    …) for a local run; what the pods read from a Secret (WANDB_API_KEY) comes from the user's own environment."""
+    from atlas_operator.render.tracking import tracking_env
+
+    return {entry["name"]: entry["value"] for entry in tracking_env(run, output_dir) if "value" in entry}
 
 
 # --------------------------------------------------------------------------- atlas operator
