@@ -81,7 +81,7 @@ def test_result_status_schema_is_the_contracts_summary():
         crd = custom_resource_definition(kind)
         status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
         result = status["properties"]["result"]
-        assert set(result["properties"]) == {"step", "reward", "evaluation", "evaluationError"}
+        assert set(result["properties"]) == {"step", "reward", "kl", "evaluation", "evaluationError"}
         assert set(result["properties"]["evaluation"]["properties"]) == set(results.EVALUATION_SUMMARY.values())
         report = {field: 0.5 for field in results.EVALUATION_SUMMARY} | {"problems": 40}
         parsed = results.parse_result_message(results.result_message(12, 0.25, report, "evaluation: failed"))
