@@ -1,7 +1,8 @@
 """Training time with the tracking server down, against without tracking, in one sitting (python -m bench.tracking).
 
 The same tiny GRPO run (the tiny recipe, builtin://arithmetic, STEPS steps, a log every step, one process each) under
-four tracking settings, interleaved over ROUNDS rounds so that a slow minute of the machine falls on every setting:
+four tracking settings, interleaved over ROUNDS rounds, each round in another order, so that a slow minute of the
+machine falls on every setting:
 
 - ``none``: no MLFLOW_TRACKING_URI (no tracking);
 - ``up``: a real MLflow server (atlas_cluster/mlflow.py, SQLite) that answers;
@@ -9,10 +10,10 @@ four tracking settings, interleaved over ROUNDS rounds so that a slow minute of 
 - ``silent``: a port that accepts connections and never answers (every request waits out MLflow's timeout,
   atlas_contract/tracking.py REQUEST_TIMEOUT_S, and its retry).
 
-Measured in each process: the training (``trainer.train()``, from the first step to the last), and the wait after
-it for the tracking server (``on_train_end``'s and ``finish``'s flush: bounded by the timeouts). Printed: the median
-of each over the rounds, and each setting's training time as a ratio to ``none`` (the target: ``refused`` and
-``silent`` within 1.05×, i.e. 5%). About 8 minutes on 2 cores; run it on a quiet machine.
+Measured in each process: the training (``trainer.train()``, from the first step to the last) and its CPU seconds,
+and the wait after it for the tracking server (``finish``'s flush: bounded by the timeouts). Printed: the median of
+each over the rounds, and each setting's training time as a ratio to ``none`` (the target: ``refused`` and
+``silent`` within 1.05×, i.e. 5%). About 10 minutes on 2 cores; run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 30
-ROUNDS = 3
+ROUNDS = 4
 SETTINGS = ("none", "up", "refused", "silent")
 
 # The training process: one run, its training and tracking times as JSON on its last line.
 CHILD = """
-import json, sys, time
+import json, resource, sys, time
 from atlas_core.training import runner
 from atlas_core.training.finish import finish_tracking
 from atlas_core.training.load_config import load_run_config, parse_run_config
@@ -49,11 +50,13 @@ def timed_build(*args, **kwargs):
     train = trainer.train
 
     def timed_train(*a, **k):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         try:
             return train(*a, **k)
         finally:
             timings["train_s"] = time.perf_counter() - started
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            timings["cpu_s"] = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
 
     trainer.train = timed_train
     return trainer
@@ -144,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         measured: dict[str, list[dict]] = {setting: [] for setting in SETTINGS}
         try:
             for round_ in range(args.rounds):
-                for setting in SETTINGS:
+                shift = round_ % len(SETTINGS)  # each round in another order: no setting always after the same one
+                order = SETTINGS[shift:] + SETTINGS[:shift]
+                for setting in order:
                     out = root / f"{setting}-{round_}"
                     measured[setting].append(train(setting, uris[setting], out, args.steps))
                     print(f"round {round_ + 1}/{args.rounds} {setting}: {measured[setting][-1]}", file=sys.stderr)
@@ -152,11 +157,12 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     base = statistics.median(m["train_s"] for m in measured["none"])
     print(f"# bench.tracking at {commit()}: {args.steps} steps of tiny GRPO, {args.rounds} rounds, medians")
-    print(f"{'setting':<9} {'training s':>10} {'× none':>7} {'wait after s':>12}")
+    print(f"{'setting':<9} {'training s':>10} {'× none':>7} {'CPU s':>7} {'wait after s':>12}")
     for setting in SETTINGS:
         train_s = statistics.median(m["train_s"] for m in measured[setting])
+        cpu_s = statistics.median(m["cpu_s"] for m in measured[setting])
         finish_s = statistics.median(m["finish_s"] for m in measured[setting])
-        print(f"{setting:<9} {train_s:>10.2f} {train_s / base:>7.3f} {finish_s:>12.2f}")
+        print(f"{setting:<9} {train_s:>10.2f} {train_s / base:>7.3f} {cpu_s:>7.2f} {finish_s:>12.2f}")
     return 0
 
 

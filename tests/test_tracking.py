@@ -176,3 +176,27 @@ def test_wandb_offline_keeps_the_run_on_disk_under_the_prometheus_names(tmp_path
     (log,) = folder.glob("run-run-uid-1.wandb")
     data = log.read_bytes()
     assert b"atlas_training_reward" in data and b"atlas_training_step" in data
+
+
+def test_atlas_eval_logs_its_table_as_a_run_of_its_own(mlflow_server, tmp_path, atlas_cache, monkeypatch, capsys):
+    """``atlas eval`` with MLFLOW_TRACKING_URI: one MLflow run of its own per evaluation, the table as metrics (equal
+    to eval.json's), the models and settings as params, eval.json and problems.jsonl as artifacts."""
+    from atlas_cli.main import main as atlas
+    from tests.test_eval_cli import SMALL, eval_cmd
+
+    experiment = "tracking-eval"
+    monkeypatch.setenv(tracking.ENV_MLFLOW_URI, mlflow_server.uri)
+    monkeypatch.setenv(tracking.ENV_MLFLOW_EXPERIMENT, experiment)
+    output = tmp_path / "eval"
+    code = atlas(eval_cmd("builtin://tiny-llama", "builtin://tiny-llama", output, "--limit", "3", "-k", "1", *SMALL))
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    (run,) = tracked_runs(mlflow_server, experiment)
+    assert f"tracked: MLflow run {run.info.run_id}" in err
+    report = json.loads((output / "eval.json").read_text())
+    assert run.data.metrics["atlas_eval_problems"] == 3 == report["problems"]
+    assert run.data.metrics["atlas_eval_non_degradation_rate"] == pytest.approx(report["non_degradation_rate"])
+    assert run.data.params["eval.teacher"] == "builtin://tiny-llama" and run.data.params["eval.split"] == "test"
+    assert run.data.tags[tracking.TAG_KIND] == "eval" and run.info.status == "FINISHED"
+    artifacts = {a.path for a in mlflow_server.client().list_artifacts(run.info.run_id)}
+    assert artifacts == {"eval.json", "problems.jsonl"}

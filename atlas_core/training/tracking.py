@@ -307,6 +307,8 @@ class MLflowLogger:
         def finish_run(client: Any) -> None:
             now = int(time.time() * 1000)
             values = tracking.evaluation_metrics(evaluation or {})
+            if values and set(values) <= set(client.get_run(self.run_id).data.metrics):
+                values = {}  # a re-run that only retries its export: the evaluation is logged once
             metrics = [Metric(key, value, now, step) for key, value in values.items()]
             tags = []
             if output_uri:
