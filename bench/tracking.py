@@ -11,9 +11,10 @@ machine falls on every setting:
   atlas_contract/tracking.py REQUEST_TIMEOUT_S, and its retry).
 
 Measured in each process: the training (``trainer.train()``, from the first step to the last) and its CPU seconds,
-and the wait after it for the tracking server (``finish``'s flush: bounded by the timeouts). Printed: the median of
+the CPU seconds of the tracking thread itself (what tracking takes from training, whatever the machine's noise), and
+the wait after training for the tracking server (``finish``'s flush: bounded by the timeouts). Printed: the median of
 each over the rounds, and each setting's training time as a ratio to ``none`` (the target: ``refused`` and
-``silent`` within 1.05×, i.e. 5%). About 10 minutes on 2 cores; run it on a quiet machine.
+``silent`` within 1.05×, i.e. 5%). About 12 minutes on 2 cores; run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 30
-ROUNDS = 4
+ROUNDS = 5
 SETTINGS = ("none", "up", "refused", "silent")
 
 # The training process: one run, its training and tracking times as JSON on its last line.
@@ -63,6 +64,7 @@ def timed_build(*args, **kwargs):
 
 runner.build_trainer = timed_build
 done = runner.run_training(run, quiet=True)
+timings["thread_cpu_s"] = done.tracking.thread_cpu_s if done.tracking is not None else 0.0
 started = time.perf_counter()
 finish_tracking(run, done, None, None, None, None)
 timings["finish_s"] = time.perf_counter() - started
@@ -157,12 +159,15 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     base = statistics.median(m["train_s"] for m in measured["none"])
     print(f"# bench.tracking at {commit()}: {args.steps} steps of tiny GRPO, {args.rounds} rounds, medians")
-    print(f"{'setting':<9} {'training s':>10} {'× none':>7} {'CPU s':>7} {'wait after s':>12}")
+    header = f"{'setting':<9} {'training s':>10} {'× none':>7} {'CPU s':>7} {'tracking CPU s':>14} {'share':>6}"
+    print(f"{header} {'wait after s':>12}")
     for setting in SETTINGS:
         train_s = statistics.median(m["train_s"] for m in measured[setting])
         cpu_s = statistics.median(m["cpu_s"] for m in measured[setting])
+        thread_s = statistics.median(m["thread_cpu_s"] for m in measured[setting])
         finish_s = statistics.median(m["finish_s"] for m in measured[setting])
-        print(f"{setting:<9} {train_s:>10.2f} {train_s / base:>7.3f} {cpu_s:>7.2f} {finish_s:>12.2f}")
+        print(f"{setting:<9} {train_s:>10.2f} {train_s / base:>7.3f} {cpu_s:>7.2f} {thread_s:>14.3f} "
+              f"{thread_s / cpu_s:>6.1%} {finish_s:>12.2f}")  # fmt: skip
     return 0
 
 

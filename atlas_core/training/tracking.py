@@ -226,6 +226,7 @@ class MLflowLogger:
         self._tasks: deque[Callable[[Any], None]] = deque()
         self._busy = False
         self._failures = 0  # attempts that failed so far (flush returns at the next one)
+        self.thread_cpu_s = 0.0  # CPU seconds the logging thread used (bench/tracking.py reports it)
         self._condition = threading.Condition()
         self._retry_at = 0.0
         # MLflow's client and entities imported and built here, before training: their import is a second of CPU that
@@ -352,6 +353,7 @@ class MLflowLogger:
             else:
                 self._mark(True)
             finally:
+                self.thread_cpu_s = time.thread_time()
                 with self._condition:
                     self._busy = False
                     self._condition.notify_all()
