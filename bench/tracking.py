@@ -13,8 +13,11 @@ machine falls on every setting:
 Measured in each process: the training (``trainer.train()``, from the first step to the last) and its CPU seconds,
 the CPU seconds of the tracking thread itself (what tracking takes from training, whatever the machine's noise), and
 the wait after training for the tracking server (``finish``'s flush: bounded by the timeouts). Printed: the median of
-each over the rounds, and each setting's training time as a ratio to ``none`` (the target: ``refused`` and
-``silent`` within 1.05×, i.e. 5%). About 12 minutes on 2 cores; run it on a quiet machine.
+each over the rounds, each setting's training time as a ratio to ``none``'s median and, paired, the median over the
+rounds of its ratio to the same round's ``none`` (a machine whose speed swings by a third from one minute to the next,
+as these VMs' do, moves both runs of a round together); the target: ``refused`` and ``silent`` within 1.05×, i.e. 5%.
+The tracking thread's CPU share is the direct measure of what tracking takes from training. About 12 minutes on 2
+cores; run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -159,14 +162,17 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     base = statistics.median(m["train_s"] for m in measured["none"])
     print(f"# bench.tracking at {commit()}: {args.steps} steps of tiny GRPO, {args.rounds} rounds, medians")
-    header = f"{'setting':<9} {'training s':>10} {'× none':>7} {'CPU s':>7} {'tracking CPU s':>14} {'share':>6}"
-    print(f"{header} {'wait after s':>12}")
+    header = f"{'setting':<9} {'training s':>10} {'× none':>7} {'paired ×':>9} {'CPU s':>7} {'tracking CPU s':>14}"
+    print(f"{header} {'share':>6} {'wait after s':>12}")
     for setting in SETTINGS:
         train_s = statistics.median(m["train_s"] for m in measured[setting])
+        # The same round's ratio to none, then the median over rounds: a slow minute of the machine counts once.
+        rounds = zip(measured[setting], measured["none"], strict=True)
+        paired = statistics.median(m["train_s"] / n["train_s"] for m, n in rounds)
         cpu_s = statistics.median(m["cpu_s"] for m in measured[setting])
         thread_s = statistics.median(m["thread_cpu_s"] for m in measured[setting])
         finish_s = statistics.median(m["finish_s"] for m in measured[setting])
-        print(f"{setting:<9} {train_s:>10.2f} {train_s / base:>7.3f} {cpu_s:>7.2f} {thread_s:>14.3f} "
+        print(f"{setting:<9} {train_s:>10.2f} {train_s / base:>7.3f} {paired:>9.3f} {cpu_s:>7.2f} {thread_s:>14.3f} "
               f"{thread_s / cpu_s:>6.1%} {finish_s:>12.2f}")  # fmt: skip
     return 0
 

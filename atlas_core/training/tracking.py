@@ -226,7 +226,6 @@ class MLflowLogger:
         self._tasks: deque[Callable[[Any], None]] = deque()
         self._busy = False
         self._failures = 0  # attempts that failed so far (flush returns at the next one)
-        self.thread_cpu_s = 0.0  # CPU seconds the logging thread used (bench/tracking.py reports it)
         self._condition = threading.Condition()
         self._retry_at = 0.0
         # MLflow's client and entities imported and built here, before training: their import is a second of CPU that
@@ -327,6 +326,12 @@ class MLflowLogger:
         self.flush(tracking.FLUSH_WAIT_S)
         return self.reference()
 
+    @property
+    def thread_cpu_s(self) -> float:
+        """CPU seconds the logging thread has used so far (bench/tracking.py reports it): what tracking takes from
+        training's cores."""
+        return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident))
+
     def reference(self) -> dict[str, str] | None:
         if self.run_id is None:
             return None
@@ -353,7 +358,6 @@ class MLflowLogger:
             else:
                 self._mark(True)
             finally:
-                self.thread_cpu_s = time.thread_time()
                 with self._condition:
                     self._busy = False
                     self._condition.notify_all()
