@@ -56,10 +56,9 @@ def _report_to(args: Any) -> list[str]:
 def install_tracking(trainer: Any, run: RunConfig) -> MLflowTracking | None:
     """Replace the reporting callbacks ``report_to`` added with ours; the MLflow one, when on."""
     args = trainer.args
-    for name, integration, ours in ((tracking.WANDB, WandbCallback, WandbTracking),):
-        if name in _report_to(args):
-            trainer.remove_callback(integration)
-            trainer.add_callback(ours())
+    if tracking.WANDB in _report_to(args):
+        trainer.remove_callback(WandbCallback)
+        trainer.add_callback(WandbTracking())
     if not mlflow_requested(args):
         return None
     trainer.remove_callback(MLflowCallback)

@@ -540,13 +540,9 @@ def exported_files(store: Store, bucket: str, prefix: str) -> dict[str, bytes]:
     return {key.removeprefix(prefix): client.get_object(Bucket=bucket, Key=key)["Body"].read() for key in keys}
 
 
-def kill_the_worker_and_check_the_resumed_adapter(world: World, manifest: dict, out: Path, steps: int, every: int):
-    """SIGKILL the run's Worker after its first checkpoint; the restarted gang resumes from the newest checkpoint,
-    holding that checkpoint's adapter exactly once: rank 0 prints the adapter's fingerprint at the first resumed step,
-    which this computes from the checkpoint's file on the claim. Returns the checkpoint's adapter tensors."""
-    from safetensors.torch import load_file
-
-    from atlas_core.training.lora import adapter_fingerprint
+def kill_the_worker_once(world: World, manifest: dict, out: Path, steps: int, every: int) -> tuple[str, int]:
+    """SIGKILL the two-node run's Worker after its first checkpoint; the restarted gang resumes from the newest
+    checkpoint and trains each remaining step once to Succeeded. Returns rank 0's log and the step it resumed from."""
     from tests.kube.test_runs import assert_resumed_without_repeating_steps, wait_checkpoint
 
     name = manifest["metadata"]["name"]
@@ -558,7 +554,18 @@ def kill_the_worker_and_check_the_resumed_adapter(world: World, manifest: dict, 
     status = world.wait_phase(manifest, "Succeeded", "Failed")
     assert status["phase"] == "Succeeded", world.pod_logs(name)
     log = world.log(master)
-    resumed_from = assert_resumed_without_repeating_steps(log, out, steps, every, ranks=2)
+    return log, assert_resumed_without_repeating_steps(log, out, steps, every, ranks=2)
+
+
+def kill_the_worker_and_check_the_resumed_adapter(world: World, manifest: dict, out: Path, steps: int, every: int):
+    """SIGKILL the run's Worker after its first checkpoint; the restarted gang resumes from the newest checkpoint,
+    holding that checkpoint's adapter exactly once: rank 0 prints the adapter's fingerprint at the first resumed step,
+    which this computes from the checkpoint's file on the claim. Returns the checkpoint's adapter tensors."""
+    from safetensors.torch import load_file
+
+    from atlas_core.training.lora import adapter_fingerprint
+
+    log, resumed_from = kill_the_worker_once(world, manifest, out, steps, every)
     said = rf"resume: the LoRA adapter of checkpoint-{resumed_from} applied once: (\d+) tensors, sha256 (\w+)"
     line = re.findall(said, log)
     assert line, log[-3000:]
@@ -667,7 +674,6 @@ def test_a_tracked_teacher_killed_once_resumes_into_one_mlflow_run_holding_each_
     import mlflow
 
     from atlas_contract import tracking
-    from tests.kube.test_runs import assert_resumed_without_repeating_steps, wait_checkpoint
 
     world, store = sources.world, sources.store
     bucket, name, steps, every = "tracked", "tracked-teacher", 6, 2
@@ -681,14 +687,7 @@ def test_a_tracked_teacher_killed_once_resumes_into_one_mlflow_run_holding_each_
     )  # fmt: skip
     teacher["spec"]["training"].update(maxSteps=steps, lrSchedulerType="constant")
     world.apply(teacher)
-    wait_checkpoint(world, teacher, out, every)
-    master, worker = world.wait_trainer_pods(name, 2)
-    assert world.status(teacher)["phase"] == "Running", "the run finished before the Worker could be killed"
-    for container in world.worker(worker).main:
-        container.kill_all()
-    status = world.wait_phase(teacher, "Succeeded", "Failed")
-    assert status["phase"] == "Succeeded", world.pod_logs(name)
-    assert_resumed_without_repeating_steps(world.log(master), out, steps, every, ranks=2)
+    kill_the_worker_once(world, teacher, out, steps, every)
     status = world.wait_status(teacher, lambda s: s.get("tracking"), ".status.tracking", 30)
 
     client = mlflow.MlflowClient(tracking_server.endpoint)
