@@ -116,12 +116,18 @@ def tracked_params(run: RunConfig) -> dict[str, str]:
     params = tracking.flatten(config, "run")
     if run.tracking is not None:
         params.update(run.tracking.params)
+    return {**params, **library_versions()}
+
+
+def library_versions() -> dict[str, str]:
+    """``versions.<name>`` of each installed library in VERSIONED."""
+    versions = {}
     for name in VERSIONED:
         try:
-            params[f"versions.{name}"] = metadata.version(name)
+            versions[f"versions.{name}"] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    return params
+    return versions
 
 
 def tracked_tags(run: RunConfig) -> dict[str, str]:
@@ -238,6 +244,15 @@ class MLflowLogger:
 
     @classmethod
     def for_run(cls, run: RunConfig, labels: dict[str, str]) -> MLflowLogger:
+        uid = run_uid(run)
+        return cls.from_environment(run.run_name, uid, tracked_params(run), tracked_tags(run), labels)
+
+    @classmethod
+    def from_environment(
+        cls, run_name: str, uid: str, params: dict[str, str], tags: dict[str, str], labels: dict[str, str]
+    ) -> MLflowLogger:
+        """A logger to MLflow's own MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME, its requests bounded
+        (REQUEST_TIMEOUT_S, REQUEST_MAX_RETRIES) unless the user set MLflow's variables."""
         import mlflow
 
         os.environ.setdefault(tracking.ENV_MLFLOW_TIMEOUT, str(tracking.REQUEST_TIMEOUT_S))
@@ -245,10 +260,10 @@ class MLflowLogger:
         return cls(
             uri=os.environ.get(tracking.ENV_MLFLOW_URI) or mlflow.get_tracking_uri(),
             experiment=os.environ.get(tracking.ENV_MLFLOW_EXPERIMENT) or "Default",
-            run_name=run.run_name,
-            uid=run_uid(run),
-            params=tracked_params(run),
-            tags=tracked_tags(run),
+            run_name=run_name,
+            uid=uid,
+            params=params,
+            tags=tags,
             labels=labels,
         )
 
@@ -473,24 +488,13 @@ def track_evaluation(
     artifacts. Its ``{runId, url}``, or None (no tracking, or its server did not answer within FLUSH_WAIT_S)."""
     if not os.environ.get(tracking.ENV_MLFLOW_URI):
         return None
-    import mlflow
-
-    os.environ.setdefault(tracking.ENV_MLFLOW_TIMEOUT, str(tracking.REQUEST_TIMEOUT_S))
-    os.environ.setdefault(tracking.ENV_MLFLOW_RETRIES, str(tracking.REQUEST_MAX_RETRIES))
-    params = {**tracking.flatten(names, "eval"), **tracking.flatten(settings, "eval.settings")}
-    for name in VERSIONED:
-        try:
-            params[f"versions.{name}"] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
+    params = {**tracking.flatten(names, "eval"), **tracking.flatten(settings, "eval.settings"), **library_versions()}
     uid = str(uuid.uuid4())  # every evaluation is a run of its own
-    logger_ = MLflowLogger(
-        uri=os.environ.get(tracking.ENV_MLFLOW_URI) or mlflow.get_tracking_uri(),
-        experiment=os.environ.get(tracking.ENV_MLFLOW_EXPERIMENT) or "Default",
-        run_name=f"eval {Path(names.get('teacher', 'teacher')).name}",
-        uid=uid,
-        params=params,
-        tags={tracking.TAG_UID: uid, tracking.TAG_KIND: "eval", tracking.TAG_NAME: names.get("teacher", "")},
-        labels={"namespace": "local", "run": "eval", "kind": "local"},
+    logger_ = MLflowLogger.from_environment(
+        f"eval {Path(names.get('teacher', 'teacher')).name}",
+        uid,
+        params,
+        {tracking.TAG_UID: uid, tracking.TAG_KIND: "eval", tracking.TAG_NAME: names.get("teacher", "")},
+        {"namespace": "local", "run": "eval", "kind": "local"},
     )
     return logger_.finish(report, files, 0)
