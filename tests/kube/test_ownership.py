@@ -128,12 +128,15 @@ class Cluster:
         return [entry for entry in events if entry["user"]["username"].startswith(user)]
 
     def operator_writes(self, since: int = 0, names: set[str] | None = None, runs: bool = True) -> list[str]:
-        """The operator's writes (``runs=False``: but those to the runs themselves), as "verb resource/name"."""
+        """The operator's writes the API server accepted (``runs=False``: but those to the runs themselves), as "verb
+        resource/name". A create refused AlreadyExists changed nothing: it is how a new run, which creates first as
+        Go controllers do, finds a name taken (atlas_operator/reconcile/children.py)."""
         return [
             f"{e['verb']} {ref.get('resource')}/{ref.get('name')}"
             + (f"/{ref['subresource']}" if ref.get("subresource") else "")
             for e in self.operator_requests(since)
             if e["verb"] in WRITES
+            and (e.get("responseStatus") or {}).get("code", 200) < 400
             and (ref := e.get("objectRef") or {})
             and (names is None or ref.get("name") in names)
             and ref.get("resource") != "events"
@@ -503,3 +506,37 @@ def test_foreground_deletion_waits_for_the_runs_children(shared):
     wait_for(gone, timeout=GC_TIMEOUT, what="run and children gone")
     # Whenever the run was seen with no child left, only the finalizers were holding it.
     assert all(f is None or set(f) <= {"foregroundDeletion", f"{GROUP}/cleanup"} for f in seen_without_children)
+
+
+# --------------------------------------------------------------------------- a new run's requests
+
+
+def test_a_new_runs_way_reads_none_of_its_children(shared):
+    """A new run's success path, as the API server's audit log records the operator's requests: its 7 children are
+    created, each once, without a look at their names first (Go controllers create first; a name taken is found by
+    the create's AlreadyExists: the cases above), then its status is written. No GET of a child."""
+    cluster = shared
+    name = "lean-new-run"
+    mark = cluster.audit_mark()
+    manifest = training(name)
+    cluster.create_run(manifest)
+
+    def requests() -> list[tuple[str, str, str, int]]:
+        """(verb, resource, name/subresource, code) of the operator's requests about this run and its children."""
+        found = []
+        for entry in cluster.operator_requests(mark):
+            ref = entry.get("objectRef") or {}
+            if str(ref.get("name") or "").startswith(name):
+                where = ref["name"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+                code = (entry.get("responseStatus") or {}).get("code")
+                found.append((entry["verb"], ref.get("resource"), where, code))
+        return found
+
+    # The status write is the pass's last request; the audit log writes its line after the answer: wait for it.
+    wait_for(lambda: ("patch", "atlastrainings", f"{name}/status", 200) in requests(), timeout=TIMEOUT, what="status")
+    seen = requests()
+    children = [r for r in seen if r[1] not in ("atlastrainings", "atlasteachers")]
+    assert [r for r in children if r[0] == "get"] == [], seen
+    created = sorted((resource, where) for verb, resource, where, code in children if verb == "create" and code == 201)
+    assert len(created) == 7 and len(set(created)) == 7, seen
+    assert [r for r in children if r[0] != "create"] == [], seen

@@ -88,8 +88,10 @@ class Reconciler:
         self.children.prune(run, body, result)  # first: a replaced job never runs beside its successor
         try:
             job, servers = self.children.apply_all(run, desired, existing, revision, result)
-        except NameConflict as conflict:  # made under one of our names since it was read: create nothing more
-            return self.children.name_conflict(run, body, result, existing, [conflict.foreign])
+        except NameConflict as conflict:  # a name taken (the create's AlreadyExists): every taken name said at once
+            self.children.take_back(run, result)
+            existing, foreign = self.children.observe(run, body, desired, look=True, fresh=True)
+            return self.children.name_conflict(run, body, result, existing, foreign or [conflict.foreign])
         self.observation.observe(run, body, job, servers, result)
         return result
 
