@@ -123,11 +123,19 @@ def run_key(body: dict) -> RunKey:
     return body["kind"], meta.get("namespace"), meta["name"]
 
 
-def reconcile_status(body: dict, memo: kopf.Memo) -> tuple[dict, list]:
+def reconcile_status(body: dict, memo: kopf.Memo, handler: bool = False) -> tuple[dict, list]:
     """One reconciliation of a run (counted and timed): the status patch and the Events to post. A run's
-    reconciliations (its handlers, its timer, its children's events) go one at a time."""
-    with memo.memory.run_lock(run_key(body)):
-        return reconcile_counted(body, memo, time.perf_counter())
+    reconciliations (its handlers, its timer, its children's events) go one at a time, and each sees the status the
+    one before it returned even while kopf has not written it yet: ``handler`` (a kopf handler's pass, whose status
+    kopf writes after it) keeps it, under the run's lock, and every pass starts from it (a child's change during a
+    new run's first pass, its own creates and take-backs among them, posted its Events a second time)."""
+    run = run_key(body)
+    with memo.memory.run_lock(run):
+        body = _with_unwritten_status(run, body, memo)
+        patch, events = reconcile_counted(body, memo, time.perf_counter())
+        if handler:
+            memo.memory.keep_unwritten(run, body["metadata"].get("resourceVersion"), copy.deepcopy(patch))
+        return patch, events
 
 
 def reconcile_counted(body: dict, memo: kopf.Memo, started: float) -> tuple[dict, list]:
@@ -149,9 +157,9 @@ def reconcile_counted(body: dict, memo: kopf.Memo, started: float) -> tuple[dict
     return status_update(dict(body.get("status") or {}), meta.get("generation"), result, now())
 
 
-def reconcile_and_post(body: kopf.Body, memo: kopf.Memo) -> dict:
+def reconcile_and_post(body: kopf.Body, memo: kopf.Memo, handler: bool = False) -> dict:
     """One reconciliation of a run: posts its Events, returns the status patch."""
-    patch, events = reconcile_status(body, memo)
+    patch, events = reconcile_status(body, memo, handler)
     for event in events:
         memo.reconciler.kube.post_event(body, event.type, event.reason, event.message)
     return patch
@@ -161,11 +169,10 @@ def reconcile_into_patch(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) ->
     if body.metadata.get("deletionTimestamp"):
         return  # being deleted: recreating children now would race the delete handler
     try:
-        status = reconcile_and_post(body, memo)
+        status = reconcile_and_post(body, memo, handler=True)
     except (ApiError, RetryLater) as exc:
         raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
     patch.status.update(status)
-    memo.memory.keep_unwritten(run_key(body), body.metadata.get("resourceVersion"), copy.deepcopy(status))
 
 
 def _with_unwritten_status(run: RunKey, body: dict, memo: kopf.Memo) -> dict:
@@ -284,7 +291,7 @@ def reconcile_after_change(run: tuple[str, str, str], cause: str | None, memo: k
         body = reconciler.kube.get_fresh(RUN_RESOURCES[kind], namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
-        patch = reconcile_and_post(_with_unwritten_status(run, body, memo), memo)
+        patch = reconcile_and_post(body, memo)
         if patch:
             reconciler.kube.patch(RUN_RESOURCES[kind], namespace, name, {"status": patch}, subresource="status")
     except (ApiError, RetryLater) as exc:  # the run's timer catches up
