@@ -264,3 +264,14 @@ def _refreshed(emu, run: dict, round_: int) -> bool:
         return status.get("restarts") == round_
     training_condition = next((c for c in status.get("conditions") or [] if c["type"] == "Training"), {})
     return training_condition.get("message") == f"PyTorchJob is running (round {round_})"
+
+
+def test_a_retry_after_is_honoured_and_spread():
+    """APF answers every request it rejects in one second with the same Retry-After: the workers wait it and up to
+    half of it more, each its own draw, so they do not all come back in the same second (atlas_operator/kube.py)."""
+    from atlas_operator.kube import RETRY_AFTER_JITTER, jittered
+
+    waits = [jittered(2.0) for _ in range(32)]
+    assert all(2.0 <= w <= 2.0 * (1 + RETRY_AFTER_JITTER) for w in waits)
+    assert len({int(w * 10) for w in waits}) > 5  # spread over the extra second, not bunched in one tenth
+    assert jittered(0.0) == 0.0 and jittered(1.0, lambda: 1.0) == 1.0 + RETRY_AFTER_JITTER
