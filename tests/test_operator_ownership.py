@@ -13,6 +13,7 @@ import copy
 
 import kubernetes
 import pytest
+from atlas_operator.ticker import tick_line
 
 from tests.support import upgrade_fixtures
 from tests.support.kube_emulator import (
@@ -110,8 +111,9 @@ def test_an_atlas_training_and_an_atlas_teacher_of_one_name_do_not_fight(cluster
     assert {key: obj["metadata"]["resourceVersion"] for key, obj in now.items()} == versions
     assert cluster.status(first)["phase"] != "Invalid"
 
-    cluster.delete_run(first)  # the first goes: the second starts by itself
+    cluster.delete_run(first)  # the first goes, and the garbage collector takes its children: the second starts
     wait_for(lambda: cluster.emu.get(TRAININGS, NS, "same-name") is None, timeout=TIMEOUT, what="first run gone")
+    cluster.server.run(cluster.emu.collect_garbage())
     children = wait_children(cluster, "same-name", teacher_run=True)
     owner = cluster.emu.get(TEACHERS, NS, "same-name")["metadata"]["uid"]
     assert all(obj["metadata"]["ownerReferences"][0]["uid"] == owner for obj in children.values())
@@ -208,9 +210,7 @@ def test_an_upgraded_operator_leaves_running_jobs_and_servers_alone(tmp_path):
                     )
             for run in runs:  # and the timers went by several times
                 name = run["metadata"]["name"]
-                wait_for(
-                    lambda n=name: operator.output().count(f"default/{n}] Timer 'observe_run' succeeded") >= 3, TIMEOUT
-                )
+                wait_for(lambda n=name: operator.output().count(tick_line("default", n)) >= 3, TIMEOUT)
             writes = [
                 c
                 for c in emu.calls(start=start)

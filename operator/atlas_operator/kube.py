@@ -308,6 +308,7 @@ class Kube:
                 "name": meta["name"],
                 "namespace": meta["namespace"],
                 "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),  # the run as the Event tells of it
             },
             "type": type_,
             "reason": reason,

@@ -26,6 +26,7 @@ import kubernetes
 import pytest
 from atlas_operator import kube as k8s
 from atlas_operator.kube import Kube, Resource
+from atlas_operator.ticker import tick_line
 
 from tests.kube.conftest import Release, start_release, stop_release
 from tests.support import upgrade_fixtures
@@ -221,7 +222,7 @@ def test_upgraded_operator_writes_no_workload(kube, namespace, operator_release)
                          what=f"{run['metadata']['name']} round {round_}")  # fmt: skip
         for run in runs:  # and each run's timer went by a few times
             name = run["metadata"]["name"]
-            timer = f"default/{name}] Timer 'observe_run' succeeded"
+            timer = tick_line("default", name)
             wait_for(lambda t=timer: release.operator_log.read_text().count(t) >= 3, timeout=TIMEOUT, what=timer)
         writes = [w for w in cluster.operator_writes() if w.split()[1].split("/")[0] in WORKLOADS]
         assert writes == []

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from atlas_contract.checks import find_reward_config
-from atlas_contract.names import KINDS, ChildNames
+from atlas_contract.names import KINDS
 from atlas_operator import kube
 from atlas_operator.kube import ApiError, Kube
 from atlas_operator.ownership import Foreign, conflict_message, is_controlled_by, name_taken_message, rival_run
@@ -239,35 +239,6 @@ class Children:
         """The controller owner reference of a child when it is a run (AtlasTraining/AtlasTeacher)."""
         refs = (child.get("metadata") or {}).get("ownerReferences") or []
         return next((ref for ref in refs if ref.get("controller") and ref.get("kind") in KINDS), None)
-
-    def delete_all(self, body: dict[str, Any]) -> list[str]:
-        """Delete what the run owns (the API server's garbage collector would too, through the owner
-        references; doing it here also covers a GC that is slow or off)."""
-        namespace, name = body["metadata"].get("namespace", "default"), body["metadata"]["name"]
-        deleted = []
-        owned = ChildNames(name)
-        targets = [
-            (kube.PYTORCH_JOB, owned.job),
-            (kube.JOBSET, owned.jobset),
-            (kube.TRAINJOB, owned.job),
-            (kube.DEPLOYMENT, owned.rollout),
-            (kube.DEPLOYMENT, owned.student),
-            (kube.SERVICE, owned.rollout),
-            (kube.SERVICE, owned.student),
-            (kube.SERVICE, owned.metrics),
-            (kube.CONFIG_MAP, owned.config_map),
-            (kube.NETWORK_POLICY, owned.network_policy),  # after the workloads whose pods they protect
-            (kube.NETWORK_POLICY, owned.trainer_network_policy),
-        ]
-        for resource, child in targets:
-            if resource.kind in kube.JOBS and not self.prerequisites.crd_installed(resource.kind):
-                continue
-            existing = self.kube.get(resource, namespace, child)
-            if existing is None or not is_controlled_by(existing, body):
-                continue  # never delete what someone else made under the same name
-            if self.kube.delete(resource, namespace, child):
-                deleted.append(f"{resource.kind}/{child}")
-        return deleted
 
 
 # The conditions (type, reason) of a run whose names were found taken: by an object someone else made, or by a run

@@ -172,10 +172,6 @@ class Reconciler:
 
     # -- what the handlers ask of it besides a reconciliation
 
-    def delete_children(self, body: dict[str, Any]) -> list[str]:
-        """Delete what the run owns (its deletion: ``memory.forget`` next)."""
-        return self.children.delete_all(body)
-
     def pod_changed(self, pod: dict[str, Any], deleted: bool = False) -> tuple[str, str] | None:
         """The run (kind, name) whose status a change of ``pod`` changes, else None (Observation.pod_changed)."""
         return self.observation.pod_changed(pod, deleted=deleted)
