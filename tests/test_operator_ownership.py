@@ -10,6 +10,7 @@ running job or server; a spec change still recreates.
 from __future__ import annotations
 
 import copy
+import itertools
 
 import kubernetes
 import pytest
@@ -275,3 +276,17 @@ def test_a_retry_after_is_honoured_and_spread():
     assert all(2.0 <= w <= 2.0 * (1 + RETRY_AFTER_JITTER) for w in waits)
     assert len({int(w * 10) for w in waits}) > 5  # spread over the extra second, not bunched in one tenth
     assert jittered(0.0) == 0.0 and jittered(1.0, lambda: 1.0) == 1.0 + RETRY_AFTER_JITTER
+
+
+def test_kopfs_retries_are_spread_and_never_given_up():
+    """kopf's own requests (its watches of the runs, its status writes) back off with RetryForever: kopf's steps,
+    then the cap, forever, each spread as the operator's own Retry-After waits are (reconcile/retry.py)."""
+    from atlas_operator.kube import RETRY_AFTER_JITTER
+    from atlas_operator.reconcile.retry import KOPF_BACKOFFS, RetryForever
+
+    plain = list(itertools.islice(RetryForever(5.0, lambda: 0.0), 12))
+    assert plain == [s for s in KOPF_BACKOFFS if s < 5.0] + [5.0] * (12 - len([s for s in KOPF_BACKOFFS if s < 5.0]))
+    highest = list(itertools.islice(RetryForever(5.0, lambda: 1.0), 12))
+    assert highest == [wait * (1 + RETRY_AFTER_JITTER) for wait in plain]
+    drawn = list(itertools.islice(RetryForever(5.0), 200))[-100:]
+    assert all(5.0 <= w <= 5.0 * (1 + RETRY_AFTER_JITTER) for w in drawn) and len({round(w, 1) for w in drawn}) > 5
