@@ -443,8 +443,8 @@ def children_of(status: dict) -> list[tuple[Resource, str]]:
 
 
 def test_gc_collects_a_deleted_runs_children(kube, namespace, operator_release):
-    """Every backend's children carry ownerReferences the real garbage collector follows: with the operator gone
-    (its delete handler never runs), deleting the runs deletes every child."""
+    """Every backend's children carry ownerReferences the real garbage collector follows, and the runs no finalizer:
+    with the operator stopped, deleting the runs deletes every child (the operator deletes none at any time)."""
     release = operator_release(chart_values(namespace))
     cluster = Cluster(kube, namespace, release)
     manifests = [
@@ -472,11 +472,11 @@ def test_gc_collects_a_deleted_runs_children(kube, namespace, operator_release):
                 "blockOwnerDeletion": True,
             }
     assert {name: len(c) for name, c in children.items()} == {"gc-pytorchjob": 7, "gc-jobset": 5, "gc-trainjob": 9}
-    kube.cluster.supervisor.stop(f"operator-{release.name}")  # no delete handler from here on
+    kube.cluster.supervisor.stop(f"operator-{release.name}")  # nothing of the operator's from here on
     mark = cluster.audit_mark()
     for manifest in manifests:
+        assert not cluster.run(manifest)["metadata"].get("finalizers")  # nothing holds the deletion
         cluster.delete_run(manifest)
-        cluster.patch_run(manifest, {"metadata": {"finalizers": None}})  # the operator's, as a user would
     for manifest in manifests:
         wait_for(lambda m=manifest: cluster.run(m) is None, timeout=TIMEOUT, what="the run gone")
     left = lambda: [f"{r.kind} {c}" for cs in children.values() for r, c in cs if cluster.get(r, c)]  # noqa: E731
@@ -505,8 +505,8 @@ def test_foreground_deletion_waits_for_the_runs_children(shared):
         return now is None and not remaining
 
     wait_for(gone, timeout=GC_TIMEOUT, what="run and children gone")
-    # Whenever the run was seen with no child left, only the finalizers were holding it.
-    assert all(f is None or set(f) <= {"foregroundDeletion", f"{GROUP}/cleanup"} for f in seen_without_children)
+    # Whenever the run was seen with no child left, only the garbage collector's finalizer was holding it.
+    assert all(f is None or set(f) <= {"foregroundDeletion"} for f in seen_without_children)
 
 
 # --------------------------------------------------------------------------- a new run's requests
