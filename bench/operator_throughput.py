@@ -718,7 +718,9 @@ def admission_figures(api, core, count: int) -> dict:
         group, version = ("jobset.x-k8s.io", "v1alpha2") if kind == "jobsets" else ("atlas.arc.computer", "v1alpha1")
         started = time.perf_counter()
         for index in range(count):
-            api.create_namespaced_custom_object(group, version, namespace, kind, make(f"admit-{index:04d}"))
+            body = make(f"admit-{index:04d}")
+            body["metadata"]["namespace"] = namespace
+            api.create_namespaced_custom_object(group, version, namespace, kind, body)
         seconds[kind] = time.perf_counter() - started
     return seconds
 
