@@ -58,6 +58,9 @@ class RunTicker:
             return
         if run not in self._runs:
             self._schedule(run, time.monotonic() + first_delay(self.interval))
+        meta = body.get("metadata") or {}
+        if "managedFields" in meta:  # a thousand runs are held: not what no pass reads (client-go strips it too)
+            body = {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
         self._runs[run] = body
 
     def _schedule(self, run: RunKey, at: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from atlas_operator import kube
@@ -45,6 +46,8 @@ class Prerequisites:
         self._crd_seen_at: dict[str, float] = {}  # job kind → when its CRD was last seen served
         self._runtime_seen: dict[str, tuple[float, dict]] = {}  # ClusterTrainingRuntime → when read, as read
         self._found_at: dict[tuple[str, str, str], float] = {}  # (plural, namespace, name) → when last found
+        self._looking: dict[tuple[str, str, str], threading.Lock] = {}  # one look at a time for each object
+        self._lock = threading.Lock()
 
     def missing(self, run: Run) -> tuple[EventReason, str] | None:
         """The reason and message of the first prerequisite the run lacks, or None."""
@@ -72,13 +75,16 @@ class Prerequisites:
         """Whether the object exists; one found is trusted for a while: the runs created within that while after its
         deletion get their children, and their pods wait (Pending) until it exists again."""
         key = (resource.plural, namespace, name)
-        if time.monotonic() - self._found_at.get(key, float("-inf")) < self.settings.crd_cache_s:
-            return True
-        if self.kube.exists(resource, namespace, name):
-            self._found_at[key] = time.monotonic()
-            return True
-        self._found_at.pop(key, None)
-        return False
+        with self._lock:
+            looking = self._looking.setdefault(key, threading.Lock())
+        with looking:  # the handler threads of a burst of new runs wait for the first one's look, not each its own
+            if time.monotonic() - self._found_at.get(key, float("-inf")) < self.settings.crd_cache_s:
+                return True
+            if self.kube.exists(resource, namespace, name):
+                self._found_at[key] = time.monotonic()
+                return True
+            self._found_at.pop(key, None)
+            return False
 
     def crd_installed(self, kind: str) -> bool:
         """Whether the API serves the job ``kind`` (PyTorchJob, JobSet); a CRD found is trusted for a while."""
