@@ -50,15 +50,20 @@ p95 8.3 s (fdd36eb 2.5 s).
 "runs created in" is how long the bench's client took to create them one after another: the pace the operator has
 to keep; the median latency by tenth of the creation order shows whether it does (flat) or falls behind (growing).
 
-Targets (PASS/FAIL): 100 runs p95 < 1 s; 1,000 runs p95 < 3 s with all children present; writes per settled run
-<= children + 3; idle at the largest size: < 5 API requests/s beyond open watches, scrapes/s <= runs / interval,
-operator CPU < 0.3 core, RSS < 250 MB.
+* ``jobset`` (issue #59): the peer. The real JobSet controller on a cluster of its own, N suspended JobSets (two
+  Jobs and a headless Service each) created at ``--peer-pace`` per second by one client; then the operator on the
+  same kind of cluster (the JobSet controller beside it), N runs at the same pace, the busy burst only. Compared
+  on create -> first child (how soon a controller answers a new object, whatever its number of children) and
+  controller CPU per object.
 
-Targets are checked on the real API's figures (the emulator's are printed beside them: what the emulator tells
-and what it does not).
+Targets (PASS/FAIL), ratios measured in one sitting (the absolute ones of the scale issue, < 1 s / < 3 s, are out of
+reach on 2 cores for any operator, the floor included): create -> children p95 <= 1.25x the floor's at each size;
+<= 8 requests per new run (7 creates and 1 status write) and no read; operator CPU <= 15 ms per run; at the peer's
+pace, first child p95 <= 2x the JobSet controller's and CPU per object <= 1.5x; idle at the largest size: < 5 API
+requests/s beyond open watches, scrapes/s <= runs / interval, operator CPU < 0.3 core, RSS < 250 MB.
 
-    .venv/bin/python -m bench.operator_throughput [--api real,floor,emulator] [--runs 100,1000] [--interval 15]
-        [--settle 3] [--window 30] [--pace RUNS_PER_S] [--profile DIR]
+    .venv/bin/python -m bench.operator_throughput [--api real,floor,jobset,emulator] [--runs 100,1000]
+        [--interval 15] [--settle 3] [--window 30] [--pace RUNS_PER_S] [--peer-pace 20] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -82,8 +87,9 @@ import aiohttp.web
 import kmock
 import kubernetes
 
-from atlas_cluster.build import default_bin_dir, ensure_built
+from atlas_cluster.build import default_bin_dir, ensure_built, ensure_controllers
 from atlas_cluster.cluster import RELEASE_NAMESPACE, LocalCluster
+from atlas_cluster.versions import CONTROLLERS as CONTROLLER_VERSIONS
 from atlas_contract.names import ChildNames
 from tests.support.env import REPO, free_port, python_env
 from tests.support.kube_emulator import PYTORCHJOBS, EmulatorThread, write_kubeconfig
@@ -380,6 +386,10 @@ class Audit:
         self.offset = path.stat().st_size if path.exists() else 0
         self.events: list[dict] = []
 
+    def _of_user(self, username: str | None) -> bool:
+        """The user's (``user`` ending in ``:``: any ServiceAccount of that namespace)."""
+        return bool(username) and (username.startswith(self.user) if self.user.endswith(":") else username == self.user)
+
     def poll(self) -> list[dict]:
         """The user's requests logged since the last poll (also appended to ``events``)."""
         if not self.path.exists():
@@ -389,7 +399,7 @@ class Audit:
             data = log.read()
         complete = data[: data.rfind(b"\n") + 1]
         self.offset += len(complete)
-        new = [e for e in map(json.loads, complete.splitlines()) if e.get("user", {}).get("username") == self.user]
+        new = [e for e in map(json.loads, complete.splitlines()) if self._of_user(e.get("user", {}).get("username"))]
         self.events += new
         return new
 
@@ -427,10 +437,13 @@ def bench_real(
     profile: Path | None = None,
     ideal: bool = False,
     pace: float = 0.0,
+    controllers: tuple[str, ...] = (),
+    busy_only: bool = False,
 ) -> dict:
     """The same burst and idle window on the real control plane (module docstring); ``ideal``: the burst only, with
     bench/ideal_operator.py (nothing but the children's creates) in the operator's place; ``pace``: runs created
-    per second (0: as fast as the client goes)."""
+    per second (0: as fast as the client goes); ``controllers``: upstream controllers running beside it (the same
+    cluster as the JobSet bench's); ``busy_only``: no idle window."""
     bin_dir = default_bin_dir()
     ensure_built(bin_dir)  # cached after the first time (make kube)
     trainers = FakeTrainers()
@@ -440,13 +453,15 @@ def bench_real(
         bin_dir,
         start_operator=False,
         log=lambda line: None,
+        controllers=controllers,
+        controller_binaries=ensure_controllers(controllers) if controllers else {},
         operator_env={
             "ATLAS_OPERATOR_METRICS_PORT": str(free_port()),
             "ATLAS_PROGRESS_INTERVAL": str(interval),
             "ATLAS_METRICS_URL_TEMPLATE": f"http://127.0.0.1:{trainers.port}/{{namespace}}/{{name}}/metrics",
         },
     )
-    figures: dict = {"runs": runs, "api": "floor" if ideal else "real"}
+    figures: dict = {"runs": runs, "api": "floor" if ideal else "real", "pace": pace}
     try:
         cluster.up()
         api_client = kubernetes.config.new_client_from_config(str(cluster.kubeconfig))
@@ -537,6 +552,7 @@ def bench_real(
         wait(lambda: follow() or len(ready_at) == len(names), 300, 0.1)
         figures["all_ready_s"] = time.time() - started
         figures.update(latency_figures(names, created_at, ready_at))
+        figures["first"] = first_child_figures(names, created_at, seen)
         figures["steps"] = step_figures(names, created_at, steps, ready_at)
         while time.time() - last_write[0] < settle:  # settled: no write of the operator's for `settle` seconds
             time.sleep(0.25)
@@ -550,9 +566,9 @@ def bench_real(
         }
         figures["busy_parts"] = {n: process_cpu(pid) - parts0[n] for n, pid in parts.items()}
         requests = audit_requests_per_run(audit.events, core, names, owner)
-        figures["writes"], figures["reads"], figures["sample"] = requests
-        if ideal:
-            return figures  # it writes no status: no run is ever Running, and nothing is scraped
+        figures["writes"], figures["reads"], figures["sample"], figures["other_reads"] = requests
+        if ideal or busy_only:
+            return figures  # the floor writes no status: no run is ever Running, and nothing is scraped
 
         # Idle: every job Running, every trainer answering, nothing changing.
         mark_jobs_running(api, names)
@@ -593,16 +609,136 @@ def bench_real(
     return figures
 
 
+def first_child_figures(names: list[str], created_at: dict, seen: dict[str, dict]) -> dict:
+    """create -> the first child written: p50 and p95 (how soon a controller answers a new object, whatever the
+    number of its children)."""
+    firsts = [min(seen[n].values()) - created_at[n] for n in names if seen[n]]
+    return {"p50": statistics.median(firsts), "p95": percentile(firsts, 0.95)} if firsts else {}
+
+
+def jobset(name: str) -> dict:
+    """A suspended JobSet of two single-pod Jobs (its controller makes the two Jobs and a headless Service)."""
+    pod = {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox:1.36", "command": ["true"]}]}
+    job = {"parallelism": 1, "completions": 1, "backoffLimit": 0, "template": {"spec": pod}}
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name},
+        "spec": {"suspend": True, "replicatedJobs": [{"name": "workers", "replicas": 2, "template": {"spec": job}}]},
+    }
+
+
+JOBSET_CHILDREN = (("jobs", "{}-workers-0"), ("jobs", "{}-workers-1"), ("services", "{}"))
+
+
+def bench_jobset(runs: int, interval: float, settle: float, window: float, pace: float = 20.0, **_) -> dict:
+    """The peer: the real JobSet controller (atlas_cluster/controllers.py) on the same kind of cluster, N suspended
+    JobSets created at ``pace`` by one client; create -> its first child and -> all three, from the audit log (the
+    controller's ServiceAccount), and the controller's CPU over the burst."""
+    bin_dir = default_bin_dir()
+    ensure_built(bin_dir)
+    workdir = Path(tempfile.mkdtemp(prefix="atlas-bench-"))
+    cluster = LocalCluster(workdir, bin_dir, start_operator=False, log=lambda line: None, controllers=("jobset",),
+                           controller_binaries=ensure_controllers(("jobset",)))  # fmt: skip
+    figures: dict = {"runs": runs, "api": "jobset", "pace": pace}
+    try:
+        cluster.up()
+        api_client = kubernetes.config.new_client_from_config(str(cluster.kubeconfig))
+        api = kubernetes.client.CustomObjectsApi(api_client)
+        kubernetes.client.CoreV1Api(api_client).create_namespace({"metadata": {"name": NS}})
+        spec = CONTROLLER_VERSIONS["jobset"]
+        audit = Audit(cluster.control_plane.audit_log, f"system:serviceaccount:{spec.namespace}:")
+        controller = cluster.supervisor.children["jobset"].pid
+        control_plane = [cluster.supervisor.children[n].pid for n in ("kube-apiserver", "etcd")]
+        names = [f"js-{i:04d}" for i in range(runs)]
+        owner = {pattern.format(n): n for n in names for _, pattern in JOBSET_CHILDREN}
+        created_at: dict[str, float] = {}
+        seen: dict[str, dict[tuple[str, str], float]] = {n: {} for n in names}
+        ready_at: dict[str, float] = {}
+        writes = dict.fromkeys(names, 0)
+        last_write = [time.time()]
+
+        def follow() -> None:
+            for e in audit.poll():
+                ref = e.get("objectRef", {})
+                if e["verb"] not in WRITES or e.get("responseStatus", {}).get("code", 500) >= 400:
+                    continue
+                if ref.get("namespace") != NS:
+                    continue
+                last_write[0] = max(last_write[0], audit_time(e))
+                run = owner.get(ref.get("name", ""))
+                if run is None:
+                    continue
+                writes[run] += 1
+                key = (ref.get("resource"), ref.get("name"))
+                if e["verb"] == "create" and not ref.get("subresource") and key not in seen[run]:
+                    seen[run][key] = audit_time(e)
+                    if len(seen[run]) == len(JOBSET_CHILDREN):
+                        ready_at[run] = max(seen[run].values())
+
+        cpu0 = {"controller": process_cpu(controller), "api": process_cpu(*control_plane)}
+        started = time.time()
+        for index, name in enumerate(names):
+            if pace:
+                time.sleep(max(0.0, started + index / pace - time.time()))
+            created_at[name] = time.time()
+            api.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NS, "jobsets", jobset(name))
+            if len(created_at) % 50 == 0:
+                follow()
+        figures["created_s"] = time.time() - started
+        wait(lambda: follow() or len(ready_at) == len(names), 300, 0.1)
+        figures["all_ready_s"] = time.time() - started
+        figures.update(latency_figures(names, created_at, ready_at))
+        figures["first"] = first_child_figures(names, created_at, seen)
+        while time.time() - last_write[0] < settle:
+            time.sleep(0.25)
+            follow()
+        figures["busy_cpu"] = {
+            "operator": process_cpu(controller) - cpu0["controller"],
+            "api": process_cpu(*control_plane) - cpu0["api"],
+            "seconds": time.time() - started,
+        }
+        figures["writes"] = [writes[n] for n in names]
+        figures["rss"] = peak_rss_mb(controller)
+        figures["admission"] = admission_figures(api, kubernetes.client.CoreV1Api(api_client), runs)
+    finally:
+        cluster.down()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return figures
+
+
+def admission_figures(api, core, count: int) -> dict:
+    """What the API server takes to admit each kind, as a user applying them one after another sees it: ``count``
+    JobSets (their webhook called for each), then ``count`` AtlasTrainings (the CRD's schema and CEL rules), each
+    kind unpaced into a namespace of its own, no operator running (only the JobSet controller, answering its own)."""
+    seconds = {}
+    for kind, make in (("jobsets", jobset), ("atlastrainings", lambda n: training(n, checkpoint={"pvc": "ckpt"}))):
+        namespace = f"admit-{kind}"
+        core.create_namespace({"metadata": {"name": namespace}})
+        group, version = ("jobset.x-k8s.io", "v1alpha2") if kind == "jobsets" else ("atlas.arc.computer", "v1alpha1")
+        started = time.perf_counter()
+        for index in range(count):
+            body = make(f"admit-{index:04d}")
+            body["metadata"]["namespace"] = namespace
+            api.create_namespaced_custom_object(group, version, namespace, kind, body)
+        seconds[kind] = time.perf_counter() - started
+    return seconds
+
+
 def audit_requests_per_run(events: list[dict], core, names: list[str], owner: dict[str, str]):
     """The operator's successful writes for each run (its own, its children's) from the audit log, plus the Events
     it posted about each (an Event's name is generated: counted from the Events themselves); its reads of each run
-    and its children; and the first run's requests by kind."""
+    and its children; the first run's requests by kind; and its reads in the namespace of objects no run is named
+    after (the shared checkpoint PVC)."""
     reads = dict.fromkeys(names, 0)
     counts = dict.fromkeys(names, 0)
     sample: dict[str, int] = {}
+    other_reads = 0  # of objects no run is named after (a checkpoint PVC the runs share): none on a new run's way
     for e in events:
         ref = e.get("objectRef", {})
         run = owner.get(ref.get("name", ""))
+        if run is None and ref.get("namespace") == NS and e["verb"] not in WRITES and e["verb"] != "watch":
+            other_reads += 1
         if run is None or ref.get("namespace") != NS:
             continue
         key = f"{e['verb'].upper()} {ref['resource']}{'/' + ref['subresource'] if ref.get('subresource') else ''}"
@@ -622,7 +758,7 @@ def audit_requests_per_run(events: list[dict], core, names: list[str], owner: di
             counts[run] += 1
             if run == names[0]:
                 sample["CREATE events"] = sample.get("CREATE events", 0) + 1
-    return [counts[n] for n in names], [reads[n] for n in names], sample
+    return [counts[n] for n in names], [reads[n] for n in names], sample, other_reads
 
 
 def writes_per_run(emu, names: list[str]) -> tuple[list[int], dict[str, int]]:
@@ -659,6 +795,11 @@ def log_tail(path: Path, lines: int = 20) -> str:
     return f"the end of {path.name}:\n" + "\n".join(text[-lines:])
 
 
+def cpu_ms(figures: dict) -> float:
+    """The controller's (operator's, floor's, JobSet controller's) busy CPU per object created, in ms."""
+    return 1000 * figures["busy_cpu"]["operator"] / figures["runs"]
+
+
 def shown(show, figures: dict) -> str:
     """A cell of the table; "-" where that API has no such figure (the floor has no idle window)."""
     try:
@@ -677,32 +818,44 @@ def main() -> int:
     parser.add_argument(
         "--pace", type=float, default=0.0, help="real and floor: runs created per second (default: as fast as it goes)"
     )
+    parser.add_argument(
+        "--peer-pace", type=float, default=20.0, help="jobset: JobSets, and runs beside them, created per second"
+    )
     parser.add_argument("--profile", type=Path, help="a folder for py-spy stacks of the busy operator (real API)")
     args = parser.parse_args()
     # A timeout's SIGTERM unwinds like Ctrl-C: the real API's processes are stopped (bench_real's finally).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sizes = [int(n) for n in args.runs.split(",")]
     apis = [a.strip() for a in args.api.split(",")]
-    benches = {"real": bench_real, "floor": bench_floor, "emulator": bench_emulator}
+    benches = {"real": bench_real, "floor": bench_floor, "emulator": bench_emulator, "jobset": bench_jobset}
     if unknown := set(apis) - set(benches):
-        parser.error(f"--api: {', '.join(sorted(unknown))}: expected real, floor and/or emulator")
+        parser.error(f"--api: {', '.join(sorted(unknown))}: expected real, floor, jobset and/or emulator")
     window = args.window or 2 * args.interval
     results = []
     for runs in sizes:
         for api in apis:
             print(f"... {runs} runs, {api} API", file=sys.stderr, flush=True)
-            options = {"profile": args.profile, "pace": args.pace} if api != "emulator" else {}
+            options = {"profile": args.profile, "pace": args.pace} if api in ("real", "floor") else {}
+            if api == "jobset":  # the peer, and the operator at the same pace on the same kind of cluster
+                options = {"pace": args.peer_pace}
+                results.append(bench_jobset(runs, args.interval, args.settle, window, **options))
+                print(f"... {runs} runs, real API at the JobSets' pace", file=sys.stderr, flush=True)
+                options.update(controllers=("jobset",), busy_only=True)
+                results.append({**bench_real(runs, args.interval, args.settle, window, **options), "peer": True})
+                continue
             results.append(benches[api](runs, args.interval, args.settle, window, **options))
 
     children = len(CHILDREN)
     rows = [
         ("API", lambda f: f["api"]),
-        (f"runs (AtlasTraining, {children} children each)", lambda f: f"{f['runs']}"),
+        ("created at", lambda f: f"{f['pace']:g}/s" if f.get("pace") else "once"),
+        (f"runs (AtlasTraining, {children} children; JobSet, 3)", lambda f: f"{f['runs']}"),
         ("all children present", lambda f: f"{f['present']}/{f['runs']} in {f['all_ready_s']:.1f} s"),
         ("runs created (the bench's client) in", lambda f: f"{f['created_s']:.1f} s"),
         ("create -> children p50", lambda f: f"{f['p50']:.2f} s"),
         ("create -> children p95", lambda f: f"{f['p95']:.2f} s"),
         ("create -> children max", lambda f: f"{f['max']:.2f} s"),
+        ("create -> first child p50 / p95", lambda f: f"{f['first']['p50']:.2f} / {f['first']['p95']:.2f} s"),
         (
             "median by creation tenth (1st/5th/10th)",
             lambda f: " / ".join(f"{f['deciles'][i]:.2f}" for i in (0, len(f["deciles"]) // 2 - 1, -1)),
@@ -723,7 +876,7 @@ def main() -> int:
             "busy CPU s: apiserver / etcd / ctrl-manager",
             lambda f: " / ".join(f"{v:.1f}" for v in f["busy_parts"].values()) if "busy_parts" in f else "-",
         ),
-        ("busy operator CPU ms per run", lambda f: f"{1000 * f['busy_cpu']['operator'] / f['runs']:.1f}"),
+        ("busy controller CPU ms per object", lambda f: f"{cpu_ms(f):.1f}"),
         ("busy CPU s: whole bench process", lambda f: f"{f['busy_cpu']['bench']:.1f}"),
         (
             "API writes per settled run (med/max)",
@@ -733,6 +886,7 @@ def main() -> int:
             "API reads per settled run (med/max)",
             lambda f: f"{statistics.median(f['reads']):.0f} / {max(f['reads'])}" if "reads" in f else "-",
         ),
+        ("API reads of shared objects (the PVC), all runs", lambda f: f"{f['other_reads']}"),
         ("idle: all Running and scraped", lambda f: "yes" if f["idle_ready"] else "NO"),
         ("idle: API requests/s (beyond watches)", lambda f: f"{f['requests_per_s']:.2f}"),
         ("idle: watches (re)opened in window", lambda f: f"{f['watches_opened']}"),
@@ -747,6 +901,10 @@ def main() -> int:
             lambda f: f"{f['idle_cpu']['api']:.3f} / {f['idle_cpu']['trainers']:.3f}",
         ),
         ("operator peak RSS", lambda f: f"{f['rss']:.0f} MB"),
+        (
+            "admission, one client: JobSets / AtlasTrainings",
+            lambda f: f"{f['admission']['jobsets']:.1f} / {f['admission']['atlastrainings']:.1f} s",
+        ),
     ]
     width = max(len(label) for label, _ in rows)
     cells = [[shown(show, f) for f in results] for _, show in rows]
@@ -759,36 +917,51 @@ def main() -> int:
     for (label, _), row in zip(rows, cells, strict=True):
         print(f"{label:<{width}}  " + "  ".join(f"{c:>{col}}" for c in row))
     for f in results:
-        if f["runs"] == min(sizes):
+        if f["runs"] == min(sizes) and "sample" in f:
             sample = ", ".join(f"{k} x{v}" for k, v in sorted(f["sample"].items()))
             print(f"requests of run-0000 ({f['runs']} runs, {f['api']} API): {sample}")
 
-    # The targets are the real API's (the emulator's figures stand beside them for comparison).
-    judged = [f for f in results if f["api"] == "real"]
+    # The targets are ratios to the floor and to the JobSet controller, measured in this sitting (issue #59: the
+    # absolute ones are out of reach on 2 cores for any operator, the floor included).
+    judged = [f for f in results if f["api"] == "real" and not f.get("peer")]
     if not judged:
-        print("targets not checked: they are the real API's with the operator (--api real)")
+        print("targets not checked: they are the real API's with the operator, unpaced (--api real)")
         return 0
     checks = []
     for f in judged:
-        n, api = f["runs"], f["api"]
-        if n <= 100:
-            checks.append((f"{n} runs ({api}): p95 < 1 s", f["p95"] < 1))
-        else:
-            checks.append((f"{n} runs ({api}): p95 < 3 s, all children present", f["p95"] < 3 and f["present"] == n))
-        checks.append(
-            (
-                f"{n} runs ({api}): writes per settled run <= children + 3 = {children + 3}",
-                max(f["writes"]) <= children + 3,
-            )
-        )
+        n = f["runs"]
+        floor = next((g for g in results if g["api"] == "floor" and g["runs"] == n), None)
+        if floor is not None:
+            ratio = f["p95"] / floor["p95"]
+            checks.append((f"{n} runs: p95 {f['p95']:.2f} s <= 1.25 x the floor's {floor['p95']:.2f} s ({ratio:.2f}x)",
+                           ratio <= 1.25 and f["present"] == n))  # fmt: skip
+        checks.append((f"{n} runs: requests per new run <= {children} creates + 1 status",
+                       max(f["writes"]) + max(f["reads"]) <= children + 1))  # fmt: skip
+        checks.append((f"{n} runs: no read on a new run's way (shared objects: {f['other_reads']} in all)",
+                       max(f["reads"]) == 0 and f["other_reads"] <= 2))  # fmt: skip
+        checks.append((f"{n} runs: operator CPU {cpu_ms(f):.1f} ms per run <= 15", cpu_ms(f) <= 15))
+    for peer in (g for g in results if g["api"] == "jobset"):
+        n = peer["runs"]
+        paced = next((g for g in results if g["api"] == "real" and g.get("peer") and g["runs"] == n), None)
+        if paced is None:
+            continue
+        latency, cpu = paced["first"]["p95"] / peer["first"]["p95"], cpu_ms(paced) / cpu_ms(peer)
+        checks.append((f"{n} at {peer['pace']:g}/s: first child p95 <= 2 x the JobSet controller's ({latency:.2f}x)",
+                       latency <= 2))  # fmt: skip
+        checks.append((f"{n} at {peer['pace']:g}/s: CPU per object <= 1.5 x the JobSet controller's ({cpu:.2f}x)",
+                       cpu <= 1.5))  # fmt: skip
+        admitted = peer["admission"]["atlastrainings"] / peer["admission"]["jobsets"]
+        checks.append((f"{n} created by one client: AtlasTrainings in <= 1.5 x the JobSets' time ({admitted:.2f}x)",
+                       admitted <= 1.5))  # fmt: skip
     big = max(judged, key=lambda f: f["runs"])
-    n, api = big["runs"], big["api"]
+    n = big["runs"]
     checks += [
-        (f"idle at {n} ({api}): every run Running and scraped", big["idle_ready"]),
-        (f"idle at {n} ({api}): < 5 API requests/s beyond open watches", big["requests_per_s"] < 5),
-        (f"idle at {n} ({api}): scrapes/s <= runs / interval", big["scrapes_per_s"] <= n / args.interval),
-        (f"idle at {n} ({api}): operator CPU < 0.3 core", big["idle_cpu"]["operator"] < 0.3),
-        (f"idle at {n} ({api}): operator RSS < 250 MB", big["rss"] < 250),
+        (f"idle at {n}: every run Running and scraped", big["idle_ready"]),
+        (f"idle at {n}: < 5 API requests/s beyond open watches", big["requests_per_s"] < 5),
+        # (1 % for the window's edges: a run's two scrapes in a window of two intervals may be three at its ends)
+        (f"idle at {n}: scrapes/s <= runs / interval", big["scrapes_per_s"] <= 1.01 * n / args.interval),
+        (f"idle at {n}: operator CPU < 0.3 core", big["idle_cpu"]["operator"] < 0.3),
+        (f"idle at {n}: operator RSS < 250 MB", big["rss"] < 250),
     ]
     for label, ok in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {label}")

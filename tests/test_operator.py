@@ -11,6 +11,7 @@ import json
 import kubernetes
 import pytest
 from atlas_operator.crd import custom_resource_definition
+from atlas_operator.ticker import TICK_DONE, tick_line
 
 from tests.support.env import REPO, free_port
 from tests.support.k8s_schemas import crd_jsonschema, openapi_validate, pruned_fields
@@ -80,17 +81,14 @@ def test_create_makes_every_child_owned_by_the_run(cluster):
     )
     assert cluster.condition(manifest, "Valid")["status"] == "True"
     assert cluster.condition(manifest, "RolloutReady")["reason"] == "Waiting"
-    wait_for(
-        lambda: any(e["reason"] == "Pending" for e in cluster.events("create-run")),
-        timeout=TIMEOUT,
-        what="a Pending event",
-    )
     # Settled: further timer passes write nothing.
     cluster.wait_status(manifest, lambda s: "kopf" in s, "kopf's bookkeeping")
     before = len(cluster.emu.writes(name="create-run"))
-    wait_for(lambda: len(cluster.operator.output().split("Timer 'observe_run' succeeded")) > 6, timeout=TIMEOUT)
+    wait_for(lambda: len(cluster.operator.output().split(TICK_DONE)) > 6, timeout=TIMEOUT)
     after = cluster.emu.writes(name="create-run")
     assert len(after) == before, [(c.method, c.path, c.user_agent, c.body) for c in after[before:]]
+    # A new run's first phase is no news: no Event says it (its status does).
+    assert [e["reason"] for e in cluster.events("create-run") if e["reason"] == "Pending"] == []
 
 
 def test_phase_and_conditions_follow_the_pytorchjob(cluster):
@@ -437,13 +435,29 @@ def test_a_missing_env_secret_shows_as_the_kubelet_reports_it(cluster):
     assert operator_secret_calls(cluster) == []
 
 
-def test_deleting_the_run_leaves_nothing(cluster):
-    manifest = teacher("delete-run")
-    cluster.apply(manifest)
-    wait_children(cluster, "delete-run")
+def test_a_deleted_runs_children_are_left_to_the_garbage_collector(cluster):
+    """No finalizer holds a run: its deletion is the API server's at once, and its children the garbage collector's
+    (each names the run its controller owner; tests/kube/test_ownership.py watches the real one collect them). The
+    operator writes nothing for it, and its ticks end."""
+    manifest, other = teacher("delete-run"), teacher("delete-keep")
+    for run in (manifest, other):
+        cluster.apply(run)
+        wait_children(cluster, run["metadata"]["name"])
+    cluster.wait_status(manifest, lambda s: "kopf" in s, "the first status write")
+    run = cluster.run(manifest)
+    assert not run["metadata"].get("finalizers"), run["metadata"]
+    for resource, name in children_of("delete-run").values():
+        (owner,) = cluster.emu.get(resource, NS, name)["metadata"]["ownerReferences"]
+        assert (owner["uid"], owner["controller"]) == (run["metadata"]["uid"], True), (resource, name)
+    before = len(cluster.emu.writes())
     cluster.delete_run(manifest)
-    wait_for(lambda: cluster.run(manifest) is None, timeout=TIMEOUT, what="the run gone (finalizer released)")
-    assert not any(cluster.emu.get(r, NS, n) for r, n in children_of("delete-run").values())
+    assert cluster.run(manifest) is None
+    ticks = lambda name: cluster.operator.output().count(tick_line(NS, name))  # noqa: E731
+    deleted, kept = ticks("delete-run"), ticks("delete-keep")
+    wait_for(lambda: ticks("delete-keep") >= kept + 2, timeout=TIMEOUT, what="two ticks of the run kept")
+    assert ticks("delete-run") <= deleted + 1  # (one may have been under way)
+    operator = [c for c in cluster.emu.writes()[before:] if (c.user_agent or "").startswith(("kopf", "atlas-operator"))]
+    assert [(c.method, c.path) for c in operator if "delete-run" in c.path] == []
 
 
 def _operator_samples(cluster) -> dict[tuple[str, tuple], float]:
@@ -516,8 +530,8 @@ def test_a_finished_runs_result_is_read_from_its_master_pod(cluster):
     assert [c.verb for c in cluster.pod_reads("result-run-master-0")] == ["get"]
     # Settled: timer passes neither read the pod again nor write anything.
     reads, writes = len(cluster.pod_reads("result-run-master-0")), len(cluster.emu.writes(name="result-run"))
-    ticks = cluster.operator.output().count("Timer 'observe_run' succeeded")
-    wait_for(lambda: cluster.operator.output().count("Timer 'observe_run' succeeded") > ticks + 6, timeout=TIMEOUT)
+    ticks = cluster.operator.output().count(TICK_DONE)
+    wait_for(lambda: cluster.operator.output().count(TICK_DONE) > ticks + 6, timeout=TIMEOUT)
     assert len(cluster.pod_reads("result-run-master-0")) == reads
     assert len(cluster.emu.writes(name="result-run")) == writes
 
@@ -564,8 +578,8 @@ def test_a_finished_run_without_a_readable_result_shows_none_and_does_not_loop(c
     )
     writes = {n: len(cluster.emu.writes(name=n)) for n in ("garbage-run", "nopod-run")}
     logged = len(cluster.operator.output())
-    ticks = cluster.operator.output().count("Timer 'observe_run' succeeded")
-    wait_for(lambda: cluster.operator.output().count("Timer 'observe_run' succeeded") > ticks + 6, timeout=TIMEOUT)
+    ticks = cluster.operator.output().count(TICK_DONE)
+    wait_for(lambda: cluster.operator.output().count(TICK_DONE) > ticks + 6, timeout=TIMEOUT)
     for manifest in (garbage, missing):
         name = manifest["metadata"]["name"]
         assert "result" not in cluster.status(manifest) and cluster.status(manifest)["phase"] == "Succeeded"
@@ -701,6 +715,44 @@ def trainjob_life(cluster) -> dict:
     return manifest
 
 
+def names_and_backends_life(cluster) -> list[dict]:
+    """What deletes a child now that a run's deletion is the garbage collector's: a name found taken (what the pass
+    created taken back, every name looked at), a backend changed (the other job deleted), and a run an earlier
+    operator gave its finalizer (kopf takes it off at the deletion: the runs' patch). Returns the runs."""
+    from tests.support.kube_emulator import TRAINJOBS
+
+    taken = []
+    for backend, (group, version, plural) in {
+        "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
+        "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
+    }.items():
+        name = f"rbac-{backend.lower()}-taken"
+        foreign = {"apiVersion": f"{group}/{version}", "kind": backend, "metadata": {"name": name}, "spec": {}}
+        cluster.custom.create_namespaced_custom_object(group, version, NS, plural, foreign)
+        run = teacher(name, backend=backend)
+        cluster.apply(run)
+        cluster.wait_status(run, lambda s, r=run: (cluster.condition(r, "ChildrenReady") or {}).get("reason")
+                            == "NameConflict", "the name conflict")  # fmt: skip
+        wait_for(lambda n=name: cluster.emu.get("v1/configmaps", NS, f"{n}-config") is None, timeout=TIMEOUT,
+                 what="what the pass created taken back")  # fmt: skip
+        taken.append(run)
+    switched = []
+    for backend, job in (("JobSet", JOBSETS), ("TrainJob", TRAINJOBS)):
+        run = training(f"rbac-{backend.lower()}-switch", backend=backend, checkpoint={"pvc": "ckpt"})  # keeps progress
+        cluster.apply(run)
+        wait_for(lambda r=run, j=job: cluster.emu.get(j, NS, r["metadata"]["name"]), timeout=TIMEOUT, what=backend)
+        cluster.patch_spec(run, {"backend": "PyTorchJob"})
+        wait_for(lambda r=run, j=job: cluster.emu.get(j, NS, r["metadata"]["name"]) is None, timeout=TIMEOUT,
+                 what=f"the {backend} deleted at the backend's change")  # fmt: skip
+        switched.append(run)
+    legacy = [teacher("rbac-legacy-teacher"), training("rbac-legacy-training")]
+    for run in legacy:
+        run["metadata"]["finalizers"] = ["atlas.arc.computer/cleanup"]  # tests/fixtures/upgrade/ runs carry it
+        cluster.apply(run)
+        wait_children(cluster, run["metadata"]["name"], teacher_run=run["kind"] == "AtlasTeacher")
+    return [*taken, *switched, *legacy]
+
+
 def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
     """Every (group, resource, verb) the operator process uses — its own client and kopf's — over the whole life
     of a PyTorchJob run, a JobSet run and a TrainJob run, against the chart's RBAC rules: nothing missing, nothing
@@ -782,7 +834,8 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
         cluster.wait_status(other, lambda s: s.get("phase") == "Running", "the AtlasTraining Running")
         gang = jobset_life(cluster)
         trainjob = trainjob_life(cluster)
-        for run in (manifest, other, gang, trainjob):
+        runs = [manifest, other, gang, trainjob, *names_and_backends_life(cluster)]
+        for run in runs:
             cluster.delete_run(run)
             wait_for(lambda r=run: cluster.run(r) is None, timeout=TIMEOUT, what="the run deleted")
         used = permissions_used(cluster.emu)
@@ -790,7 +843,7 @@ def test_chart_rbac_is_exactly_what_the_operator_calls(tmp_path):
     granted = _rbac_rules("namespaced", "cluster", "allNamespaces")  # rbac.scope: cluster, every namespace
     assert not [r for section in _rules_file().values() for r in section if "secrets" in r["resources"]]
     assert used - granted == set(), "calls the chart's RBAC does not allow"
-    assert granted - used == set(), "permissions the operator never uses"
+    assert not (granted - used), f"permissions the operator never uses: {sorted(granted - used)}"
 
 
 def test_watching_one_namespace_leaves_the_others_alone(tmp_path):

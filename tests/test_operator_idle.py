@@ -6,6 +6,7 @@ same at a thousand runs)."""
 from __future__ import annotations
 
 import pytest
+from atlas_operator.ticker import tick_line
 
 from tests.support.env import free_port
 from tests.support.kube_emulator import wait_for
@@ -46,7 +47,7 @@ def idle(tmp_path_factory):
 
 
 def ticks(cluster, name: str) -> int:
-    return cluster.operator.output().count(f"{NS}/{name}] Timer 'observe_run' succeeded")
+    return cluster.operator.output().count(tick_line(NS, name))
 
 
 def operator_calls_over_ticks(cluster, names: list[str]) -> list:

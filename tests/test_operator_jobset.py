@@ -9,6 +9,7 @@ tests/kube/test_runs.py); assertions read the emulator's stored objects and its 
 from __future__ import annotations
 
 import pytest
+from atlas_operator.ticker import tick_line
 
 from atlas_contract.results import parse_result_message, result_message
 from tests.support.jobset_world import (
@@ -67,7 +68,7 @@ def pod_reads(cluster, jobset: str) -> list:
 
 def ticks(cluster, name: str) -> int:
     """How many status refreshes (timer passes) of run ``name`` the operator has logged."""
-    return cluster.operator.output().count(f"{NS}/{name}] Timer 'observe_run' succeeded")
+    return cluster.operator.output().count(tick_line(NS, name))
 
 
 # --------------------------------------------------------------------------- tests

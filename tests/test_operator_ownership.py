@@ -10,9 +10,11 @@ running job or server; a spec change still recreates.
 from __future__ import annotations
 
 import copy
+import itertools
 
 import kubernetes
 import pytest
+from atlas_operator.ticker import tick_line
 
 from tests.support import upgrade_fixtures
 from tests.support.kube_emulator import (
@@ -110,8 +112,9 @@ def test_an_atlas_training_and_an_atlas_teacher_of_one_name_do_not_fight(cluster
     assert {key: obj["metadata"]["resourceVersion"] for key, obj in now.items()} == versions
     assert cluster.status(first)["phase"] != "Invalid"
 
-    cluster.delete_run(first)  # the first goes: the second starts by itself
+    cluster.delete_run(first)  # the first goes, and the garbage collector takes its children: the second starts
     wait_for(lambda: cluster.emu.get(TRAININGS, NS, "same-name") is None, timeout=TIMEOUT, what="first run gone")
+    cluster.server.run(cluster.emu.collect_garbage())
     children = wait_children(cluster, "same-name", teacher_run=True)
     owner = cluster.emu.get(TEACHERS, NS, "same-name")["metadata"]["uid"]
     assert all(obj["metadata"]["ownerReferences"][0]["uid"] == owner for obj in children.values())
@@ -208,9 +211,7 @@ def test_an_upgraded_operator_leaves_running_jobs_and_servers_alone(tmp_path):
                     )
             for run in runs:  # and the timers went by several times
                 name = run["metadata"]["name"]
-                wait_for(
-                    lambda n=name: operator.output().count(f"default/{n}] Timer 'observe_run' succeeded") >= 3, TIMEOUT
-                )
+                wait_for(lambda n=name: operator.output().count(tick_line("default", n)) >= 3, TIMEOUT)
             writes = [
                 c
                 for c in emu.calls(start=start)
@@ -264,3 +265,28 @@ def _refreshed(emu, run: dict, round_: int) -> bool:
         return status.get("restarts") == round_
     training_condition = next((c for c in status.get("conditions") or [] if c["type"] == "Training"), {})
     return training_condition.get("message") == f"PyTorchJob is running (round {round_})"
+
+
+def test_a_retry_after_is_honoured_and_spread():
+    """APF answers every request it rejects in one second with the same Retry-After: the workers wait it and up to
+    half of it more, each its own draw, so they do not all come back in the same second (atlas_operator/kube.py)."""
+    from atlas_operator.kube import RETRY_AFTER_JITTER, jittered
+
+    waits = [jittered(2.0) for _ in range(32)]
+    assert all(2.0 <= w <= 2.0 * (1 + RETRY_AFTER_JITTER) for w in waits)
+    assert len({int(w * 10) for w in waits}) > 5  # spread over the extra second, not bunched in one tenth
+    assert jittered(0.0) == 0.0 and jittered(1.0, lambda: 1.0) == 1.0 + RETRY_AFTER_JITTER
+
+
+def test_kopfs_retries_are_spread_and_never_given_up():
+    """kopf's own requests (its watches of the runs, its status writes) back off with RetryForever: kopf's steps,
+    then the cap, forever, each spread as the operator's own Retry-After waits are (reconcile/retry.py)."""
+    from atlas_operator.kube import RETRY_AFTER_JITTER
+    from atlas_operator.reconcile.retry import KOPF_BACKOFFS, RetryForever
+
+    plain = list(itertools.islice(RetryForever(5.0, lambda: 0.0), 12))
+    assert plain == [s for s in KOPF_BACKOFFS if s < 5.0] + [5.0] * (12 - len([s for s in KOPF_BACKOFFS if s < 5.0]))
+    highest = list(itertools.islice(RetryForever(5.0, lambda: 1.0), 12))
+    assert highest == [wait * (1 + RETRY_AFTER_JITTER) for wait in plain]
+    drawn = list(itertools.islice(RetryForever(5.0), 200))[-100:]
+    assert all(5.0 <= w <= 5.0 * (1 + RETRY_AFTER_JITTER) for w in drawn) and len({round(w, 1) for w in drawn}) > 5

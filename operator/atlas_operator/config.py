@@ -76,7 +76,8 @@ class OperatorConfig:
     retry_delay: float = 5.0
     # Threads running reconciliations.
     workers: int = 16
-    # Seconds a trainer scrape may take; how long a found PyTorchJob CRD is trusted before it is checked again.
+    # Seconds a trainer scrape may take; how long a prerequisite found (a job CRD, the runtime, a PVC, a reward
+    # ConfigMap) is trusted before it is checked again.
     scrape_timeout_s: float = 5.0
     crd_cache_s: float = 60.0
     # spec.backend of a run that leaves it unset (PyTorchJob or JobSet).

@@ -2,9 +2,9 @@
 
 Run with ``atlas operator`` (or ``kopf run -A --standalone -m atlas_operator.handlers``). Each handler
 delegates: :class:`~atlas_operator.reconcile.Reconciler` does the work, :func:`status_update.status_update`
-decides what to write, reconcile/retry.py when the timer reconciles again, the Reconciler's
-:class:`~atlas_operator.reconcile.RunMemory` keeps what is remembered per run, and settings come from one
-:class:`~atlas_operator.config.OperatorConfig`.
+decides what to write, atlas_operator/ticker.py keeps each run's periodic pass (reconcile/retry.py: when it
+reconciles again), the Reconciler's :class:`~atlas_operator.reconcile.RunMemory` keeps what is remembered per
+run, and settings come from one :class:`~atlas_operator.config.OperatorConfig`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import asyncio
 import copy
 import gc
 import logging
-import random
 import time
 
 import kopf
@@ -26,7 +25,8 @@ from atlas_operator.reconcile import Reconciler, RetryLater, RunMemory, relevanc
 from atlas_operator.reconcile.memory import RunKey
 from atlas_operator.reconcile.patching import merge_patch
 from atlas_operator.reconcile.retry import RetryForever, needs_retry, stuck
-from atlas_operator.status_update import merge_conditions, now, progress_patch, status_update
+from atlas_operator.status_update import Event, merge_conditions, now, progress_patch, status_update
+from atlas_operator.ticker import RunTicker
 from atlas_operator.tracking_status import running_update
 
 log = logging.getLogger("atlas_operator")
@@ -47,6 +47,7 @@ CHILD_RESOURCES = (
     kube.NETWORK_POLICY,
 )
 WATCHED_PLURALS = {resource.plural for resource in (*CHILD_RESOURCES, kube.POD)}
+LEGACY_FINALIZER = f"{GROUP}/cleanup"  # kopf's, on the runs of earlier operators (see startup)
 BATCH_WINDOW_S = 0.01  # kopf's wait for more events of an object before it processes them (its default: 0.1 s)
 GC_THRESHOLD = 20_000  # allocations between young-generation collections (Python's default: 700)
 
@@ -56,7 +57,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     # kopf's bookkeeping lives in status (one write per reconciliation instead of status + annotations).
     settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.lastHandledConfiguration")
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
-    settings.persistence.finalizer = f"{GROUP}/cleanup"
+    # No handler needs a finalizer (the garbage collector deletes the children: the run is their controller owner;
+    # the ticks are the operator's own, atlas_operator/ticker.py). Named still, so that kopf takes off the one earlier
+    # operators put on their runs (tests/fixtures/upgrade/) instead of leaving their deletion waiting for it.
+    settings.persistence.finalizer = LEGACY_FINALIZER
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = CONFIG.workers
     settings.watching.connect_timeout = 30
@@ -80,8 +84,6 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     # (its creation, then the echo of the finalizer kopf adds) before its handler starts. A run's events rarely come
     # that close together, and one processed early costs a pass that changes nothing.
     settings.batching.batch_window = BATCH_WINDOW_S
-    # A deleted run waits for its timer to exit; check every second, not kopf's default minute.
-    settings.background.cancellation_polling = 1
     # Thousands of watched objects live in the informer: the collector's full passes over them, at its default pace,
     # were a good share of a busy operator's CPU. Objects made at start-up are left out of them; passes are rarer.
     cel_rules.compile_rules()  # before the first runs arrive, not in each of their handler threads
@@ -98,6 +100,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     memo.memory = RunMemory()  # per run, for the Reconciler and the handlers alike (delete_run forgets it)
     memo.reconciler = Reconciler(Kube(watched=memo.informer.get, synced=memo.informer.synced), CONFIG, memo.memory)
     memo.informer.start(settings)
+    memo.ticker = RunTicker(CONFIG.progress_interval, lambda body: observe_run(body, memo), CONFIG.workers)
+    memo.ticker_task = asyncio.get_running_loop().create_task(memo.ticker.run_forever())
     metrics.initialize_series()
     memo.phases = metrics.RunPhases()
     memo.metrics_server = (
@@ -109,6 +113,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_) -> None:
+    if memo.get("ticker_task"):
+        memo.ticker_task.cancel()
     if memo.get("informer"):
         await memo.informer.stop()
     if memo.get("metrics_server"):
@@ -123,11 +129,19 @@ def run_key(body: dict) -> RunKey:
     return body["kind"], meta.get("namespace"), meta["name"]
 
 
-def reconcile_status(body: dict, memo: kopf.Memo) -> tuple[dict, list]:
+def reconcile_status(body: dict, memo: kopf.Memo, handler: bool = False) -> tuple[dict, list]:
     """One reconciliation of a run (counted and timed): the status patch and the Events to post. A run's
-    reconciliations (its handlers, its timer, its children's events) go one at a time."""
-    with memo.memory.run_lock(run_key(body)):
-        return reconcile_counted(body, memo, time.perf_counter())
+    reconciliations (its handlers, its timer, its children's events) go one at a time, and each sees the status the
+    one before it returned even while kopf has not written it yet: ``handler`` (a kopf handler's pass, whose status
+    kopf writes after it) keeps it, under the run's lock, and every pass starts from it (a child's change during a
+    new run's first pass, its own creates and take-backs among them, posted its Events a second time)."""
+    run = run_key(body)
+    with memo.memory.run_lock(run):
+        body = _with_unwritten_status(run, body, memo)
+        patch, events = reconcile_counted(body, memo, time.perf_counter())
+        if handler:
+            memo.memory.keep_unwritten(run, body["metadata"].get("resourceVersion"), copy.deepcopy(patch))
+        return patch, events
 
 
 def reconcile_counted(body: dict, memo: kopf.Memo, started: float) -> tuple[dict, list]:
@@ -149,23 +163,33 @@ def reconcile_counted(body: dict, memo: kopf.Memo, started: float) -> tuple[dict
     return status_update(dict(body.get("status") or {}), meta.get("generation"), result, now())
 
 
-def reconcile_and_post(body: kopf.Body, memo: kopf.Memo) -> dict:
-    """One reconciliation of a run: posts its Events, returns the status patch."""
-    patch, events = reconcile_status(body, memo)
+def post_events(body: dict, events: list, memo: kopf.Memo) -> None:
     for event in events:
         memo.reconciler.kube.post_event(body, event.type, event.reason, event.message)
-    return patch
+
+
+def write_status(body: dict, patch: dict, memo: kopf.Memo) -> dict:
+    """The status patch of a pass kopf does not write (a child's change, the run's tick); the run as written."""
+    meta = body["metadata"]
+    resource = RUN_RESOURCES[body["kind"]]
+    kube = memo.reconciler.kube
+    return kube.patch(resource, meta.get("namespace"), meta["name"], {"status": patch}, subresource="status")
 
 
 def reconcile_into_patch(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
+    """A kopf handler's pass: its status goes into kopf's one write of the run, and its Events wait for that write
+    (posted at its echo, ``run_event``): an Event never tells of a status nobody can read yet."""
     if body.metadata.get("deletionTimestamp"):
-        return  # being deleted: recreating children now would race the delete handler
+        return  # being deleted: recreating children now would race the garbage collector
     try:
-        status = reconcile_and_post(body, memo)
+        status, events = reconcile_status(body, memo, handler=True)
     except (ApiError, RetryLater) as exc:
         raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
+    if events and status:
+        memo.memory.keep_unposted(run_key(body), body.metadata.get("resourceVersion"), events)
+    elif events:  # nothing to write: nothing to wait for
+        post_events(body, events, memo)
     patch.status.update(status)
-    memo.memory.keep_unwritten(run_key(body), body.metadata.get("resourceVersion"), copy.deepcopy(status))
 
 
 def _with_unwritten_status(run: RunKey, body: dict, memo: kopf.Memo) -> dict:
@@ -194,10 +218,36 @@ def tracking_patch(
     return patch, warning
 
 
-def _first_tick(**_) -> float:
-    """Each run's timer starts at its own point of the interval: a thousand runs created (or resumed) together do
-    not all refresh in the same second."""
-    return CONFIG.progress_interval * (0.5 + random.random())
+async def observe_run(body: dict, memo: kopf.Memo) -> None:
+    """A run's tick (atlas_operator/ticker.py): mirror a Running trainer's metrics; retry what no watch event will
+    bring (a missing prerequisite, a rejected child, a result not read yet, a run whose handler never ran). A settled
+    run costs no API call here: its children and its job are watched."""
+    meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        return
+    status, generation = dict(body.get("status") or {}), meta.get("generation")
+    waited_long = stuck(memo.memory, run_key(body), status, generation, CONFIG.progress_interval)
+    patch: dict = {}
+    events: list = []
+    if needs_retry(status, generation, waited_long):
+        try:
+            patch, events = await asyncio.to_thread(reconcile_status, body, memo)
+        except (ApiError, RetryLater) as exc:  # its next tick retries
+            log.warning("could not reconcile %s %s/%s: %s", body["kind"], meta.get("namespace"), meta["name"], exc)
+            return
+        status = merge_patch(status, patch)
+    if status.get("phase") == "Running":
+        progress, tracking = await memo.reconciler.scrape(dict(meta))
+        at = now()
+        patch.update(progress_patch(status, progress, at))
+        update, warning = tracking_patch(body, status, generation, tracking, at)
+        patch.update(update)
+        if warning is not None:
+            events.append(Event("Warning", *warning))
+    if patch:  # blocking calls: off the event loop; the Events after the status they tell of
+        body = await asyncio.to_thread(write_status, body, patch, memo) or body
+    if events:
+        await asyncio.to_thread(post_events, body, events, memo)
 
 
 for _plural in KINDS.values():
@@ -209,37 +259,20 @@ for _plural in KINDS.values():
         """Make the children match the spec (idempotent: compare, then create or patch)."""
         reconcile_into_patch(body, patch, memo)
 
-    @kopf.timer(GROUP, VERSION, _plural, interval=CONFIG.progress_interval, initial_delay=_first_tick)
-    async def observe_run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_) -> None:
-        """Periodically: mirror a Running trainer's metrics; retry what no watch event will bring (a missing
-        prerequisite, a rejected child, a result not read yet). A settled run costs no API call here: its
-        children and its job are watched."""
-        if body.metadata.get("deletionTimestamp"):
+    @kopf.on.event(GROUP, VERSION, _plural)
+    async def run_event(event: kopf.RawEvent, memo: kopf.Memo, **_) -> None:
+        """Every event of a run (kopf's watch): its copy for its tick; the Events its handler's status waited for;
+        at its deletion, what is remembered of it (its children are the garbage collector's: no finalizer)."""
+        body, type_ = event["object"], event.get("type")
+        run = run_key(body)
+        memo.ticker.seen(run, type_, body)
+        if type_ == "DELETED":
+            memo.memory.forget(run[1], run[2])
+            memo.phases.set(*run, None)
             return
-        status, generation = dict(body.get("status") or {}), body.metadata.get("generation")
-        waited_long = stuck(memo.memory, run_key(body), status, generation, CONFIG.progress_interval)
-        if needs_retry(status, generation, waited_long):
-            await asyncio.to_thread(reconcile_into_patch, body, patch, memo)
-            status = {**status, **patch.get("status", {})}
-        if status.get("phase") == "Running":
-            progress, tracking = await memo.reconciler.scrape(dict(body.metadata))
-            at = now()
-            patch.status.update(progress_patch(status, progress, at))
-            update, warning = tracking_patch(body, status, generation, tracking, at)
-            patch.status.update(update)
-            if warning is not None:  # an Event is a blocking call: off the event loop
-                await asyncio.to_thread(memo.reconciler.kube.post_event, body, "Warning", *warning)
-
-    @kopf.on.delete(GROUP, VERSION, _plural)
-    def delete_run(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_) -> None:
-        """Delete the children (owner references would let the garbage collector do it too); forget the run."""
-        try:
-            deleted = memo.reconciler.delete_children(copy.deepcopy(dict(body)))
-        except ApiError as exc:
-            raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
-        memo.memory.forget(body.metadata.namespace, body.metadata.name)
-        memo.phases.set(body["kind"], body.metadata.namespace, body.metadata.name, None)
-        logger.info("deleted %s", ", ".join(deleted) or "nothing (no children left)")
+        events = memo.memory.take_unposted(run, body["metadata"].get("resourceVersion"))
+        if events:
+            await asyncio.to_thread(post_events, body, events, memo)
 
 
 # ---------------------------------------------------------------------------------------------- child events
@@ -284,8 +317,9 @@ def reconcile_after_change(run: tuple[str, str, str], cause: str | None, memo: k
         body = reconciler.kube.get_fresh(RUN_RESOURCES[kind], namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
-        patch = reconcile_and_post(_with_unwritten_status(run, body, memo), memo)
+        patch, events = reconcile_status(body, memo)
         if patch:
-            reconciler.kube.patch(RUN_RESOURCES[kind], namespace, name, {"status": patch}, subresource="status")
+            body = write_status(body, patch, memo) or body
+        post_events(body, events, memo)
     except (ApiError, RetryLater) as exc:  # the run's timer catches up
         log.warning("could not refresh %s %s/%s after a change of its %s: %s", kind, namespace, name, cause, exc)

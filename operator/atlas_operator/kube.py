@@ -8,6 +8,7 @@ import copy
 import datetime
 import json
 import logging
+import random
 import threading
 import time
 import urllib.parse
@@ -100,6 +101,10 @@ Lookup = Callable[[Resource, str, str], "dict[str, Any] | None"]
 # default, each waiting on one, or on a wave of its run's sent together: reconcile/concurrency.py).
 CONNECTIONS = 64
 RETRY_AFTER_TRIES = 10  # client-go's: a request answered 429 is sent again after its Retry-After, 10 times at most
+# A Retry-After is waited, then up to half of it more, at random (client-go's wait.Jitter, maxFactor 0.5): the API
+# server tells every worker it rejected in one second the same whole seconds, and without it they all came back in
+# the same second, to be rejected together again.
+RETRY_AFTER_JITTER = 0.5
 PENDING = "pending"  # a write in flight (see Kube._writing)
 
 
@@ -211,7 +216,7 @@ class Kube:
             # 429 (API Priority and Fairness rejected it, unserved): sent again after the server's Retry-After, for
             # every verb, as client-go does. Before, only GET and DELETE waited it (urllib3); a POST or PATCH failed
             # its reconciliation, retried after ATLAS_RETRY_DELAY whatever the server asked.
-            time.sleep(wait)
+            time.sleep(jittered(wait))
         payload = _json(data)
         if not 200 <= response.status < 300:
             reason = payload.get("reason") if isinstance(payload, dict) else None
@@ -303,6 +308,7 @@ class Kube:
                 "name": meta["name"],
                 "namespace": meta["namespace"],
                 "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),  # the run as the Event tells of it
             },
             "type": type_,
             "reason": reason,
@@ -340,6 +346,11 @@ def _not_older(held: str, written: str) -> bool:
     if held.isdigit() and written.isdigit():
         return int(held) >= int(written)
     return held == written
+
+
+def jittered(wait: float, draw: Callable[[], float] = random.random) -> float:
+    """``wait`` seconds and up to RETRY_AFTER_JITTER of it more (never less: the server's Retry-After is honoured)."""
+    return wait * (1.0 + RETRY_AFTER_JITTER * draw())
 
 
 def _retry_after(response) -> float | None:

@@ -427,8 +427,10 @@ def status_update(old: dict[str, Any], generation: int | None, result: Outcome, 
             patch[key] = {**{k: None for k in before if k not in after}, **after}
     events = []
     transitioned = old.get("phase") != result.phase
-    if transitioned:
-        warning = result.phase in ("Failed", "Invalid")
+    warning = result.phase in ("Failed", "Invalid")
+    # A new run's first phase, Pending, is no news: its status says it, and an Event would be one more write for every
+    # run created (a Go controller posts none either). Every later change of phase is posted, and every Warning.
+    if transitioned and (old.get("phase") or result.phase != "Pending"):
         events.append(Event("Warning" if warning else "Normal", EventReason(result.phase), transition_message(result)))
     said = {(c.get("reason"), c.get("message")) for c in old.get("conditions") or []}
     for event in result.events:

@@ -26,6 +26,7 @@ import kubernetes
 import pytest
 from atlas_operator import kube as k8s
 from atlas_operator.kube import Kube, Resource
+from atlas_operator.ticker import tick_line
 
 from tests.kube.conftest import Release, start_release, stop_release
 from tests.support import upgrade_fixtures
@@ -128,12 +129,15 @@ class Cluster:
         return [entry for entry in events if entry["user"]["username"].startswith(user)]
 
     def operator_writes(self, since: int = 0, names: set[str] | None = None, runs: bool = True) -> list[str]:
-        """The operator's writes (``runs=False``: but those to the runs themselves), as "verb resource/name"."""
+        """The operator's writes the API server accepted (``runs=False``: but those to the runs themselves), as "verb
+        resource/name". A create refused AlreadyExists changed nothing: it is how a new run, which creates first as
+        Go controllers do, finds a name taken (atlas_operator/reconcile/children.py)."""
         return [
             f"{e['verb']} {ref.get('resource')}/{ref.get('name')}"
             + (f"/{ref['subresource']}" if ref.get("subresource") else "")
             for e in self.operator_requests(since)
             if e["verb"] in WRITES
+            and (e.get("responseStatus") or {}).get("code", 200) < 400
             and (ref := e.get("objectRef") or {})
             and (names is None or ref.get("name") in names)
             and ref.get("resource") != "events"
@@ -218,7 +222,7 @@ def test_upgraded_operator_writes_no_workload(kube, namespace, operator_release)
                          what=f"{run['metadata']['name']} round {round_}")  # fmt: skip
         for run in runs:  # and each run's timer went by a few times
             name = run["metadata"]["name"]
-            timer = f"default/{name}] Timer 'observe_run' succeeded"
+            timer = tick_line("default", name)
             wait_for(lambda t=timer: release.operator_log.read_text().count(t) >= 3, timeout=TIMEOUT, what=timer)
         writes = [w for w in cluster.operator_writes() if w.split()[1].split("/")[0] in WORKLOADS]
         assert writes == []
@@ -439,8 +443,8 @@ def children_of(status: dict) -> list[tuple[Resource, str]]:
 
 
 def test_gc_collects_a_deleted_runs_children(kube, namespace, operator_release):
-    """Every backend's children carry ownerReferences the real garbage collector follows: with the operator gone
-    (its delete handler never runs), deleting the runs deletes every child."""
+    """Every backend's children carry ownerReferences the real garbage collector follows, and the runs no finalizer:
+    with the operator stopped, deleting the runs deletes every child (the operator deletes none at any time)."""
     release = operator_release(chart_values(namespace))
     cluster = Cluster(kube, namespace, release)
     manifests = [
@@ -468,11 +472,11 @@ def test_gc_collects_a_deleted_runs_children(kube, namespace, operator_release):
                 "blockOwnerDeletion": True,
             }
     assert {name: len(c) for name, c in children.items()} == {"gc-pytorchjob": 7, "gc-jobset": 5, "gc-trainjob": 9}
-    kube.cluster.supervisor.stop(f"operator-{release.name}")  # no delete handler from here on
+    kube.cluster.supervisor.stop(f"operator-{release.name}")  # nothing of the operator's from here on
     mark = cluster.audit_mark()
     for manifest in manifests:
+        assert not cluster.run(manifest)["metadata"].get("finalizers")  # nothing holds the deletion
         cluster.delete_run(manifest)
-        cluster.patch_run(manifest, {"metadata": {"finalizers": None}})  # the operator's, as a user would
     for manifest in manifests:
         wait_for(lambda m=manifest: cluster.run(m) is None, timeout=TIMEOUT, what="the run gone")
     left = lambda: [f"{r.kind} {c}" for cs in children.values() for r, c in cs if cluster.get(r, c)]  # noqa: E731
@@ -501,5 +505,54 @@ def test_foreground_deletion_waits_for_the_runs_children(shared):
         return now is None and not remaining
 
     wait_for(gone, timeout=GC_TIMEOUT, what="run and children gone")
-    # Whenever the run was seen with no child left, only the finalizers were holding it.
-    assert all(f is None or set(f) <= {"foregroundDeletion", f"{GROUP}/cleanup"} for f in seen_without_children)
+    # Whenever the run was seen with no child left, only the garbage collector's finalizer was holding it.
+    assert all(f is None or set(f) <= {"foregroundDeletion"} for f in seen_without_children)
+
+
+# --------------------------------------------------------------------------- a new run's requests
+
+
+def test_a_new_runs_way_reads_nothing_and_writes_its_children_and_status(shared):
+    """A new run's success path, as the API server's audit log records every request of the operator's in the
+    namespace: its 7 children created, each once, without a look at their names first (Go controllers create first;
+    a name taken is found by the create's AlreadyExists: the cases above), then its one status write, and nothing
+    else: no finalizer, no Event (nothing to warn of), no read. The checkpoint PVC the runs share is read once, by the
+    first run (a prerequisite found is trusted for a while): the second run's way is 8 requests, all writes."""
+    cluster = shared
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "lean-ckpt"},
+           "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}  # fmt: skip
+    cluster.client.request("POST", k8s.PVC.path(cluster.namespace), pvc)
+
+    def way(name: str) -> list[tuple[str, str, str, int]]:
+        """(verb, resource, name/subresource, code) of the operator's requests in the namespace from the run's
+        creation to its status write (the audit log writes a line after its answer: waited for)."""
+        mark = cluster.audit_mark()
+        cluster.create_run(training(name, checkpoint={"pvc": "lean-ckpt"}))
+        status = ("patch", "atlastrainings", f"{name}/status", 200)
+
+        def requests() -> list[tuple[str, str, str, int]]:
+            found = []
+            for entry in cluster.operator_requests(mark):
+                ref = entry.get("objectRef") or {}
+                named = str(ref.get("name") or "")
+                # Its own objects, the PVC, and any Event (its name is generated): not the other tests' runs'.
+                ours = named.startswith(name) or ref.get("resource") in ("persistentvolumeclaims", "events")
+                if ref.get("namespace") != cluster.namespace or not ours or entry["verb"] in ("list", "watch"):
+                    continue  # (the informer's listings and watches, opened as the operator starts: no run's)
+                where = named + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+                code = (entry.get("responseStatus") or {}).get("code")
+                found.append((entry["verb"], ref.get("resource"), where, code))
+            return found
+
+        wait_for(lambda: status in requests(), timeout=TIMEOUT, what="the status write")
+        seen = requests()
+        return seen[: seen.index(status) + 1]
+
+    first = way("lean-first")
+    assert [r for r in first if r[0] != "create"][:-1] == [("get", "persistentvolumeclaims", "lean-ckpt", 200)], first
+    second = way("lean-second")
+    created = sorted((resource, where) for verb, resource, where, code in second if verb == "create" and code == 201)
+    assert len(created) == 7 and len(set(created)) == 7, second
+    assert all(where.startswith("lean-second") for _, where in created), second
+    assert len(second) == 8 and second[-1] == ("patch", "atlastrainings", "lean-second/status", 200), second
+    assert not cluster.events("lean-second", "Pending")

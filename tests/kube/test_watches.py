@@ -62,21 +62,16 @@ def test_status_is_a_subresource_and_the_operator_writes_it_there(cluster):
     patched = cluster.patch_run(manifest, {"spec": {"model": "someone/else"}}, subresource="status")
     assert patched["spec"] == run["spec"] and patched["metadata"]["generation"] == run["metadata"]["generation"]
 
-    # The server's own record of who wrote what: the operator's status writes all went through /status, and its
-    # writes of the main resource hold nothing but metadata (kopf's finalizer).
+    # The server's own record of who wrote what: the operator's writes all went through /status (no finalizer: the
+    # main resource is the user's alone).
     managers = cluster.run(manifest)["metadata"]["managedFields"]
     operator = [m for m in managers if m["manager"] in ("kopf", "atlas-operator")]
-    assert {m.get("subresource") for m in operator} == {None, "status"}, managers
+    assert {m.get("subresource") for m in operator} == {"status"}, managers
     for entry in managers:
         if "f:status" in entry["fieldsV1"]:
             assert entry.get("subresource") == "status", entry
-        if entry in operator and entry.get("subresource") is None:
-            assert set(entry["fieldsV1"]) == {"f:metadata"}, entry
     writes = cluster.operator_writes(names={"sub"})
-    assert {w for w in writes if w.startswith("patch atlastrainings/")} == {
-        "patch atlastrainings/sub",  # the finalizer
-        "patch atlastrainings/sub/status",
-    }, writes
+    assert {w for w in writes if w.startswith("patch atlastrainings/")} == {"patch atlastrainings/sub/status"}, writes
 
 
 def quiet(cluster: Cluster, mark: int, seconds: float) -> list[dict]:
@@ -99,7 +94,7 @@ def test_a_new_run_is_written_once_though_the_deployment_controller_keeps_writin
     """The deployment controller writes a new server Deployment's status (and its revision annotation) two or three
     times in its first second, none of it what the run's status reads (atlas_operator/reconcile/relevance.py); and
     those writes race the run's first status write, which kopf makes after the handler. A new run costs its children,
-    its finalizer, one status write, its Events once each, and no read of the run again."""
+    one status write, its Event once (a Warning: a new run's Pending is no news), and no read of the run again."""
     names = [f"new-{i}" for i in range(3)]
     mark = cluster.audit_mark()
     for name in names:
@@ -117,11 +112,15 @@ def test_a_new_run_is_written_once_though_the_deployment_controller_keeps_writin
             for e in requests
             if (ref := e.get("objectRef") or {}).get("resource") == "atlastrainings" and ref.get("name") == name
         ]
-        assert sorted(run_requests) == ["patch", "patch status"], (name, run_requests)  # the finalizer, the status
+        assert run_requests == ["patch status"], (name, run_requests)
         listed = cluster.client.request("GET", k8s.EVENT.path(cluster.namespace))["items"]
         events = [e for e in listed if e["involvedObject"] == {**e["involvedObject"], "name": name, "kind": KIND}]
-        # Each once: the phase's, and the warning that the run's two nodes keep no shared checkpoints.
-        assert sorted(e["reason"] for e in events) == ["CheckpointsNotShared", "Pending"], events
+        # Once: the warning that the run's two nodes keep no shared checkpoints, after the status that says it.
+        assert [e["reason"] for e in events] == ["CheckpointsNotShared"], events
+        # It tells of the run as its one status write left it (posted at that write's echo, not before it).
+        assert (
+            events[0]["involvedObject"]["resourceVersion"] == cluster.run(training(name))["metadata"]["resourceVersion"]
+        )
 
 
 def test_generation_moves_with_the_spec_only_and_observed_generation_follows(cluster):
@@ -146,8 +145,8 @@ def test_generation_moves_with_the_spec_only_and_observed_generation_follows(clu
 
 def test_server_side_apply_by_the_user_keeps_what_the_operator_wrote(cluster):
     """A user applies the run with server-side apply, then applies it again without a field: the field is removed
-    (it was theirs alone), the generation moves and the operator follows; the operator's finalizer and status (kopf's
-    fields) stay, since an apply removes only what its own manager set."""
+    (it was theirs alone), the generation moves and the operator follows; the operator's status (kopf's fields) stays,
+    since an apply removes only what its own manager set, and no finalizer comes back."""
     manifest = training("ssa")
     manifest["metadata"]["namespace"] = cluster.namespace
     manifest["spec"]["env"] = [{"name": "HF_HUB_OFFLINE", "value": "1"}]
@@ -162,7 +161,7 @@ def test_server_side_apply_by_the_user_keeps_what_the_operator_wrote(cluster):
     run = cluster.run(manifest)
     assert "env" not in run["spec"]
     assert run["metadata"]["generation"] == before["metadata"]["generation"] + 1
-    assert run["metadata"]["finalizers"] == [f"{GROUP}/cleanup"]
+    assert "finalizers" not in run["metadata"]
     assert run["status"]["children"] == before["status"]["children"]
     reconciled(cluster, manifest)
 

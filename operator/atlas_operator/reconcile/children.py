@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from atlas_contract.checks import find_reward_config
-from atlas_contract.names import KINDS, ChildNames
+from atlas_contract.names import KINDS
 from atlas_operator import kube
 from atlas_operator.kube import ApiError, Kube
 from atlas_operator.ownership import Foreign, conflict_message, is_controlled_by, name_taken_message, rival_run
@@ -45,22 +45,25 @@ class Children:
         self.jobs = jobs
 
     def observe(
-        self, run: Run, body: dict[str, Any], desired: list[dict[str, Any]]
+        self, run: Run, body: dict[str, Any], desired: list[dict[str, Any]], look: bool = False, fresh: bool = False
     ) -> tuple[dict[tuple[str, str], dict[str, Any] | None], list[Foreign]]:
         """Each child as it stands now (None: absent), and the objects under a child's name this run does not control.
-        A run that has made its children finds them in the watch; a new run asks the API server's cache for each
-        name, since an object someone else made there carries none of the labels the watch selects (one made a
-        moment ago and not cached yet is found by the create's 409: ``apply``)."""
-        established = bool((body.get("status") or {}).get("children"))
+        The run's own children are in the watch (and what this operator wrote a moment ago, not in the watch yet, is
+        asked for); a name the watch does not show is taken as free, as Go controllers do from their informers: the
+        create finds it taken by its AlreadyExists (``apply``). Only a run that met a name conflict (``look``, or its
+        ChildrenReady says so) asks the API server's cache for each name, since an object someone else made there
+        carries none of the labels the watch selects; ``fresh``: from etcd, not the cache (right after a create found a
+        name taken, the cache may not show every object made a moment before: the conflict is said whole at once)."""
+        looking = look or met_a_name_conflict(body)
 
         def look_up(child: dict[str, Any]) -> dict[str, Any] | None:
             resource, name = kube.resource_of(child), child["metadata"]["name"]
-            return self.kube.get(
-                resource, run.namespace, name, absent_unless_watched=established, cached=not established
-            )
+            if fresh:
+                return self.kube.get_fresh(resource, run.namespace, name)
+            return self.kube.get(resource, run.namespace, name, absent_unless_watched=not looking, cached=looking)
 
-        # A new run's checks go to the API server, all at once; an established run's are answered by the watch.
-        found = at_once(self.requests, look_up, desired) if not established else [(look_up(c), None) for c in desired]
+        # A run looking at its names asks the API server, all at once; the others are answered by the watch.
+        found = at_once(self.requests, look_up, desired) if looking else [(look_up(c), None) for c in desired]
         existing, foreign = {}, []
         for child, (obj, error) in zip(desired, found, strict=True):
             if error is not None:
@@ -195,6 +198,16 @@ class Children:
             return existing, None
         return self.kube.patch(resource, run.namespace, name, patch), "patched"
 
+    def take_back(self, run: Run, result: Outcome) -> None:
+        """Delete what this pass created (a name of the run turned out taken): a run with a name conflict holds
+        nothing. Only objects this pass made, which the run controls."""
+        for child, action in list(result.actions.items()):
+            if action != "created":
+                continue
+            kind, name = child.split("/", 1)
+            self.kube.delete(kube.RESOURCES[kind], run.namespace, name)
+            del result.actions[child]
+
     def prune(self, run: Run, body: dict[str, Any], result: Outcome) -> None:
         """Delete what the run had and its spec no longer wants: a server set to 0 replicas (its GPUs are freed),
         or the other backend's job and servers after a spec.backend change. What existed is read from
@@ -227,34 +240,16 @@ class Children:
         refs = (child.get("metadata") or {}).get("ownerReferences") or []
         return next((ref for ref in refs if ref.get("controller") and ref.get("kind") in KINDS), None)
 
-    def delete_all(self, body: dict[str, Any]) -> list[str]:
-        """Delete what the run owns (the API server's garbage collector would too, through the owner
-        references; doing it here also covers a GC that is slow or off)."""
-        namespace, name = body["metadata"].get("namespace", "default"), body["metadata"]["name"]
-        deleted = []
-        owned = ChildNames(name)
-        targets = [
-            (kube.PYTORCH_JOB, owned.job),
-            (kube.JOBSET, owned.jobset),
-            (kube.TRAINJOB, owned.job),
-            (kube.DEPLOYMENT, owned.rollout),
-            (kube.DEPLOYMENT, owned.student),
-            (kube.SERVICE, owned.rollout),
-            (kube.SERVICE, owned.student),
-            (kube.SERVICE, owned.metrics),
-            (kube.CONFIG_MAP, owned.config_map),
-            (kube.NETWORK_POLICY, owned.network_policy),  # after the workloads whose pods they protect
-            (kube.NETWORK_POLICY, owned.trainer_network_policy),
-        ]
-        for resource, child in targets:
-            if resource.kind in kube.JOBS and not self.prerequisites.crd_installed(resource.kind):
-                continue
-            existing = self.kube.get(resource, namespace, child)
-            if existing is None or not is_controlled_by(existing, body):
-                continue  # never delete what someone else made under the same name
-            if self.kube.delete(resource, namespace, child):
-                deleted.append(f"{resource.kind}/{child}")
-        return deleted
+
+# The conditions (type, reason) of a run whose names were found taken: by an object someone else made, or by a run
+# of the other kind.
+NAME_TAKEN = {(Condition.CHILDREN_READY, EventReason.NAME_CONFLICT), (Condition.VALID, EventReason.NAME_TAKEN)}
+
+
+def met_a_name_conflict(body: dict[str, Any]) -> bool:
+    """The run's status says a name of its is taken: its passes look at the names before creating anything."""
+    conditions = (body.get("status") or {}).get("conditions") or []
+    return any((c.get("type"), c.get("reason")) in NAME_TAKEN for c in conditions)
 
 
 def _cluster_ip_changes(desired: dict[str, Any], existing: dict[str, Any]) -> bool:

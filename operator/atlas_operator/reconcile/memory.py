@@ -27,7 +27,8 @@ Stuck = tuple[str, str]
 class RunMemory:
     """Per run: its kind; its pods that cannot start and the newest save on SIGTERM its pods reported; the saves,
     restarts and result reads counted; and for the handlers, the run's lock, the status its handler returned that
-    kopf has not written yet, how long it has waited for its create/update handler, and whether a refresh is queued."""
+    kopf has not written yet and the Events to post once it has, how long it has waited for its create/update
+    handler, and whether a refresh is queued."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -41,6 +42,7 @@ class RunMemory:
         self._result_reads: dict[tuple, int] = {}  # (namespace, name, run uid, job uid) → pod reads so far
         self._run_locks: dict[RunKey, threading.Lock] = {}
         self._unwritten: dict[RunKey, tuple[str | None, dict]] = {}  # → (the run's resourceVersion, status)
+        self._unposted: dict[RunKey, tuple[str | None, list]] = {}  # → (the run's resourceVersion, Events)
         self._unreconciled_since: dict[RunKey, float] = {}
         self._refreshing: set[RunKey] = set()
 
@@ -170,6 +172,22 @@ class RunMemory:
                 return None
             return status
 
+    def keep_unposted(self, run: RunKey, version: str | None, events: list) -> None:
+        """The Events of the handler's pass at the run's ``version``, to post once kopf has written its status."""
+        with self._lock:
+            kept = self._unposted.get(run, (None, []))[1]
+            self._unposted[run] = (version, [*kept, *events])
+
+    def take_unposted(self, run: RunKey, version: str | None) -> list:
+        """The Events kept for the run, once it is seen at another ``version`` than theirs (its status written),
+        and forgotten; else none."""
+        with self._lock:
+            kept, events = self._unposted.get(run, (None, []))
+            if not events or kept == version:
+                return []
+            del self._unposted[run]
+            return events
+
     def unreconciled_for(self, run: RunKey, unreconciled: bool) -> float:
         """Seconds the run has waited for its create/update handler (0 when it does not wait)."""
         with self._lock:
@@ -222,7 +240,7 @@ class RunMemory:
             self._restarts,
             self._result_reads,
         )
-        by_run = (self._run_locks, self._unwritten, self._unreconciled_since, self._refreshing)
+        by_run = (self._run_locks, self._unwritten, self._unposted, self._unreconciled_since, self._refreshing)
         return [(table, _first_two) for table in by_name] + [(table, _last_two) for table in by_run]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from atlas_operator import kube
@@ -35,14 +36,18 @@ JOB_CRDS = {
 
 
 class Prerequisites:
-    """Checks of what the run needs from the cluster. A CRD or a ClusterTrainingRuntime found is trusted for a while
-    (settings.crd_cache_s): every run of the cluster needs the same ones."""
+    """Checks of what the run needs from the cluster. A CRD, a ClusterTrainingRuntime, a checkpoint PVC or a reward
+    ConfigMap found is trusted for a while (settings.crd_cache_s): the runs of a cluster or a team need the same ones,
+    and a burst of a thousand new runs reads each once, not once per run (a new run's way reads nothing else)."""
 
     def __init__(self, client: Kube, settings: OperatorConfig):
         self.kube = client
         self.settings = settings
         self._crd_seen_at: dict[str, float] = {}  # job kind → when its CRD was last seen served
         self._runtime_seen: dict[str, tuple[float, dict]] = {}  # ClusterTrainingRuntime → when read, as read
+        self._found_at: dict[tuple[str, str, str], float] = {}  # (plural, namespace, name) → when last found
+        self._looking: dict[tuple[str, str, str], threading.Lock] = {}  # one look at a time for each object
+        self._lock = threading.Lock()
 
     def missing(self, run: Run) -> tuple[EventReason, str] | None:
         """The reason and message of the first prerequisite the run lacks, or None."""
@@ -54,17 +59,32 @@ class Prerequisites:
             if missing:
                 return missing
         pvc = run.spec.checkpoint.pvc
-        if pvc and not self.kube.exists(kube.PVC, run.namespace, pvc):
+        if pvc and not self.found(kube.PVC, run.namespace, pvc):
             return EventReason.CHECKPOINT_PVC_MISSING, (
                 f"spec.checkpoint.pvc: PersistentVolumeClaim '{pvc}' does not exist in namespace {run.namespace}"
             )
         if run.spec.reward.config_map_ref:
             ref = run.spec.reward.config_map_ref
-            if not self.kube.exists(kube.CONFIG_MAP, run.namespace, ref.name):
+            if not self.found(kube.CONFIG_MAP, run.namespace, ref.name):
                 return EventReason.REWARD_CONFIG_MAP_MISSING, (
                     f"spec.reward.configMapRef: ConfigMap '{ref.name}' does not exist in namespace {run.namespace}"
                 )
         return None
+
+    def found(self, resource: kube.Resource, namespace: str, name: str) -> bool:
+        """Whether the object exists; one found is trusted for a while: the runs created within that while after its
+        deletion get their children, and their pods wait (Pending) until it exists again."""
+        key = (resource.plural, namespace, name)
+        with self._lock:
+            looking = self._looking.setdefault(key, threading.Lock())
+        with looking:  # the handler threads of a burst of new runs wait for the first one's look, not each its own
+            if time.monotonic() - self._found_at.get(key, float("-inf")) < self.settings.crd_cache_s:
+                return True
+            if self.kube.exists(resource, namespace, name):
+                self._found_at[key] = time.monotonic()
+                return True
+            self._found_at.pop(key, None)
+            return False
 
     def crd_installed(self, kind: str) -> bool:
         """Whether the API serves the job ``kind`` (PyTorchJob, JobSet); a CRD found is trusted for a while."""

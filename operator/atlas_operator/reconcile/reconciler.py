@@ -88,8 +88,10 @@ class Reconciler:
         self.children.prune(run, body, result)  # first: a replaced job never runs beside its successor
         try:
             job, servers = self.children.apply_all(run, desired, existing, revision, result)
-        except NameConflict as conflict:  # made under one of our names since it was read: create nothing more
-            return self.children.name_conflict(run, body, result, existing, [conflict.foreign])
+        except NameConflict as conflict:  # a name taken (the create's AlreadyExists): every taken name said at once
+            self.children.take_back(run, result)
+            existing, foreign = self.children.observe(run, body, desired, look=True, fresh=True)
+            return self.children.name_conflict(run, body, result, existing, foreign or [conflict.foreign])
         self.observation.observe(run, body, job, servers, result)
         return result
 
@@ -169,10 +171,6 @@ class Reconciler:
         return Outcome(phase, conditions, children=children, events=events)
 
     # -- what the handlers ask of it besides a reconciliation
-
-    def delete_children(self, body: dict[str, Any]) -> list[str]:
-        """Delete what the run owns (its deletion: ``memory.forget`` next)."""
-        return self.children.delete_all(body)
 
     def pod_changed(self, pod: dict[str, Any], deleted: bool = False) -> tuple[str, str] | None:
         """The run (kind, name) whose status a change of ``pod`` changes, else None (Observation.pod_changed)."""

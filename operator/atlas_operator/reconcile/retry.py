@@ -8,8 +8,10 @@ and a run whose create/update handler kopf has not run for a while.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import random
+from collections.abc import Callable, Iterator
 
+from atlas_operator.kube import jittered
 from atlas_operator.reconcile.memory import RunKey, RunMemory
 from atlas_operator.run_status import ConditionType, EventReason
 
@@ -50,10 +52,15 @@ def needs_retry(status: dict, generation: int | None, stuck: bool = False) -> bo
 
 
 class RetryForever:
-    """kopf's API error back-offs (seconds: 1, 1, 2, 3, 5, 8), then ``cap`` each, never exhausted."""
+    """kopf's API error back-offs (seconds: 1, 1, 2, 3, 5, 8), then ``cap`` each, never exhausted; each one up to half
+    of it more at random (atlas_operator.kube.jittered, client-go's jitter): the requests an outage or API Priority
+    and Fairness refused in the same second do not all come back in the same second (kopf waits these for a 429
+    whose Retry-After is not longer)."""
 
-    def __init__(self, cap: float):
+    def __init__(self, cap: float, draw: Callable[[], float] = random.random):
         self.cap = cap
+        self.draw = draw
 
     def __iter__(self) -> Iterator[float]:
-        return itertools.chain((s for s in KOPF_BACKOFFS if s < self.cap), itertools.repeat(self.cap))
+        plain = itertools.chain((s for s in KOPF_BACKOFFS if s < self.cap), itertools.repeat(self.cap))
+        return (jittered(wait, self.draw) for wait in plain)
