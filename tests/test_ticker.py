@@ -57,3 +57,25 @@ def test_each_run_ticks_every_interval_with_its_latest_copy_until_deleted():
     assert all("managedFields" not in run["metadata"] for run in seen)
     b = ticks["b"]
     assert all(later - earlier >= INTERVAL * 1.5 for earlier, later in zip(b, b[1:], strict=False)), b  # no overlap
+
+
+def test_a_run_made_again_before_its_deleted_namesakes_tick_keeps_one_tick_per_interval():
+    async def scenario() -> list[float]:
+        ticks: list[float] = []
+
+        async def tick(run: dict) -> None:
+            ticks.append(time.monotonic())
+
+        ticker = RunTicker(INTERVAL, tick, limit=4)
+        task = asyncio.get_running_loop().create_task(ticker.run_forever())
+        run = ("AtlasTraining", "ns", "again")
+        ticker.seen(run, "ADDED", body("again", "1"))
+        ticker.seen(run, "DELETED", body("again", "1"))
+        ticker.seen(run, "ADDED", body("again", "2"))  # the first one's heap entry is still due
+        await asyncio.sleep(INTERVAL * 5)
+        task.cancel()
+        return ticks
+
+    ticks = asyncio.run(scenario())
+    assert 3 <= len(ticks) <= 5, ticks
+    assert all(later - earlier >= INTERVAL * 0.9 for earlier, later in zip(ticks, ticks[1:], strict=False)), ticks

@@ -80,9 +80,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
     settings.watching.label_selectors[lambda resource: resource.plural in WATCHED_PLURALS] = (
         f"{LABEL_MANAGED_BY}={MANAGED_BY}"
     )
-    # kopf holds each object's events for a batch window (0.1 s) to process only the last: a new run waits it twice
-    # (its creation, then the echo of the finalizer kopf adds) before its handler starts. A run's events rarely come
-    # that close together, and one processed early costs a pass that changes nothing.
+    # kopf holds each object's events for a batch window (0.1 s) to process only the last: a new run waited it before
+    # its handler started (twice, when kopf still added a finalizer). A run's events rarely come that close together,
+    # and one processed early costs a pass that changes nothing.
     settings.batching.batch_window = BATCH_WINDOW_S
     # Thousands of watched objects live in the informer: the collector's full passes over them, at its default pace,
     # were a good share of a busy operator's CPU. Objects made at start-up are left out of them; passes are rarer.
@@ -97,7 +97,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
         on_change=lambda type_, resource, obj: child_changed(type_, resource, obj, memo),
         matters=relevance.matters,
     )
-    memo.memory = RunMemory()  # per run, for the Reconciler and the handlers alike (delete_run forgets it)
+    memo.memory = RunMemory()  # per run, for the Reconciler and the handlers alike (run_event forgets it)
     memo.reconciler = Reconciler(Kube(watched=memo.informer.get, synced=memo.informer.synced), CONFIG, memo.memory)
     memo.informer.start(settings)
     memo.ticker = RunTicker(CONFIG.progress_interval, lambda body: observe_run(body, memo), CONFIG.workers)
@@ -131,7 +131,7 @@ def run_key(body: dict) -> RunKey:
 
 def reconcile_status(body: dict, memo: kopf.Memo, handler: bool = False) -> tuple[dict, list]:
     """One reconciliation of a run (counted and timed): the status patch and the Events to post. A run's
-    reconciliations (its handlers, its timer, its children's events) go one at a time, and each sees the status the
+    reconciliations (its handlers, its tick, its children's events) go one at a time, and each sees the status the
     one before it returned even while kopf has not written it yet: ``handler`` (a kopf handler's pass, whose status
     kopf writes after it) keeps it, under the run's lock, and every pass starts from it (a child's change during a
     new run's first pass, its own creates and take-backs among them, posted its Events a second time)."""
@@ -245,7 +245,7 @@ async def observe_run(body: dict, memo: kopf.Memo) -> None:
         if warning is not None:
             events.append(Event("Warning", *warning))
     if patch:  # blocking calls: off the event loop; the Events after the status they tell of
-        body = await asyncio.to_thread(write_status, body, patch, memo) or body
+        body = await asyncio.to_thread(write_status, body, patch, memo)
     if events:
         await asyncio.to_thread(post_events, body, events, memo)
 
@@ -319,7 +319,7 @@ def reconcile_after_change(run: tuple[str, str, str], cause: str | None, memo: k
             return
         patch, events = reconcile_status(body, memo)
         if patch:
-            body = write_status(body, patch, memo) or body
+            body = write_status(body, patch, memo)
         post_events(body, events, memo)
-    except (ApiError, RetryLater) as exc:  # the run's timer catches up
+    except (ApiError, RetryLater) as exc:  # the run's tick catches up
         log.warning("could not refresh %s %s/%s after a change of its %s: %s", kind, namespace, name, cause, exc)

@@ -45,7 +45,8 @@ class RunTicker:
         self._tick = tick
         self._limit = asyncio.Semaphore(limit)
         self._runs: dict[RunKey, dict] = {}  # each run's latest copy
-        self._due: list[tuple[float, int, RunKey]] = []  # (monotonic time, order, run): a run may appear once only
+        self._due: list[tuple[float, int, RunKey]] = []  # (monotonic time, order, run)
+        self._queued: set[RunKey] = set()  # the runs in ``_due``: each appears there once only
         self._order = itertools.count()
         self._wake = asyncio.Event()
         self._busy: set[RunKey] = set()  # a pass in progress: the next waits a whole interval, never overlaps
@@ -56,15 +57,16 @@ class RunTicker:
         if event_type == "DELETED":
             self._runs.pop(run, None)  # its heap entry is dropped when it comes due
             return
-        if run not in self._runs:
+        if run not in self._queued:  # new (or made again before the entry of its deleted namesake came due)
             self._schedule(run, time.monotonic() + first_delay(self.interval))
         meta = body.get("metadata") or {}
-        if "managedFields" in meta:  # a thousand runs are held: not what no pass reads (client-go strips it too)
+        if "managedFields" in meta:  # a thousand runs are held, and no pass reads it (client-go's informers strip it)
             body = {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
         self._runs[run] = body
 
     def _schedule(self, run: RunKey, at: float) -> None:
         first = not self._due or at < self._due[0][0]
+        self._queued.add(run)
         heapq.heappush(self._due, (at, next(self._order), run))
         if first:
             self._wake.set()
@@ -74,6 +76,7 @@ class RunTicker:
             now = time.monotonic()
             while self._due and self._due[0][0] <= now:
                 _, _, run = heapq.heappop(self._due)
+                self._queued.discard(run)
                 if run not in self._runs:
                     continue  # deleted: it ends here
                 self._schedule(run, now + self.interval)
