@@ -718,7 +718,7 @@ def trainjob_life(cluster) -> dict:
 def names_and_backends_life(cluster) -> list[dict]:
     """What deletes a child now that a run's deletion is the garbage collector's: a name found taken (what the pass
     created taken back, every name looked at), a backend changed (the other job deleted), and a run an earlier
-    operator gave its finalizer (kopf takes it off at the deletion: the runs' patch). Returns the runs."""
+    operator gave its finalizer (kopf takes it off: the runs' patch). Returns the runs."""
     from tests.support.kube_emulator import TRAINJOBS
 
     taken = []

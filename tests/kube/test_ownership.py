@@ -209,6 +209,7 @@ def test_upgraded_operator_writes_no_workload(kube, namespace, operator_release)
                     timeout=TIMEOUT,
                     what=f"Deployment {child} settled",
                 )
+        assert all(cluster.run(r)["metadata"].get("finalizers") == [f"{GROUP}/cleanup"] for r in runs)  # 0.1.0's
         release = operator_release(chart_values("default"), env=UPGRADED_SETTINGS)
         cluster.release = release
         loader = upgrade_fixtures.Loader(kube.api())
@@ -242,6 +243,11 @@ def test_upgraded_operator_writes_no_workload(kube, namespace, operator_release)
             assert status["phase"] == "Running"
             applied = next(c for c in status["conditions"] if c["type"] == "SpecApplied")
             assert applied["status"] == "True", applied
+        for run in runs:  # this operator puts no finalizer, and kopf took off the one 0.1.0's put on: deleted at once
+            assert not cluster.run(run)["metadata"].get("finalizers"), run["metadata"]["name"]
+            cluster.delete_run(run)
+        for run in runs:
+            wait_for(lambda r=run: cluster.run(r) is None, timeout=TIMEOUT, what=f"{run['metadata']['name']} gone")
     finally:
         _remove_fixtures(cluster, runs)
 
