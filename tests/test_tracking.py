@@ -171,7 +171,9 @@ def test_wandb_offline_keeps_the_run_on_disk_under_the_prometheus_names(tmp_path
     assert main([*args, "trainer.report_to=[wandb]"]) == 0
     import wandb
 
-    wandb.finish()  # what the trainer process's exit does (W&B's atexit hook): the run's file written whole
+    # What the trainer process's exit does (W&B's atexit hook): waits for W&B's service to have written every record
+    # (wandb.finish() alone can return before the service flushed the run's file).
+    wandb.teardown()
     (folder,) = (tmp_path / "wandb").glob("offline-run-*-run-uid-1")
     (log,) = folder.glob("run-run-uid-1.wandb")
     data = log.read_bytes()
