@@ -6,6 +6,7 @@ atlas_operator/tracking_status.py)."""
 from __future__ import annotations
 
 import yaml
+from atlas_operator.reconcile.observe import Observation
 from atlas_operator.render import Images, render_children
 from atlas_operator.run_status import EventReason
 from atlas_operator.status_update import Outcome, status_update
@@ -130,3 +131,23 @@ def test_at_succeeded_the_result_fills_the_final_figures_and_the_tracking_run():
     assert patch["tracking"] == {"runId": "a1b2", "url": "u"}
     assert patch["progress"] == {"step": 6, "reward": 0.5, "kl": 0.0123, "updatedAt": "2026-12-07T00:00:00Z"}
     assert patch["result"]["kl"] == 0.0123
+
+
+def test_a_run_that_succeeded_before_any_tick_saw_its_server_down_still_gets_one_warning():
+    """A short run can end between two ticks: the tick never scraped ``atlas_tracking_up 0``. Its end says it then
+    (condition Tracking False and one Warning naming the URI); a run whose tick already said it gets no second one."""
+    run = parse_run(teacher("tracked", tracking={"mlflow": {"uri": SERVER}}))
+
+    def ended(shown: list[dict]) -> tuple[dict, list]:
+        outcome = Outcome(phase="Succeeded", conditions=[])
+        Observation.observe_tracking(run, {"status": {"phase": "Running", "conditions": shown}}, outcome)
+        return status_update({"phase": "Running", "conditions": shown}, 1, outcome, "2026-12-07T00:00:00Z")
+
+    patch, events = ended([])
+    (said,) = [c for c in patch["conditions"] if c["type"] == "Tracking"]
+    assert (said["status"], said["reason"]) == ("False", EventReason.TRACKING_UNREACHABLE) and SERVER in said["message"]
+    warnings = [e for e in events if e.reason == EventReason.TRACKING_UNREACHABLE]
+    assert [(e.type, e.message) for e in warnings] == [("Warning", said["message"])]
+    down, _, _ = running_update({}, {"tracking": {"mlflow": {"uri": SERVER}}}, {"up": False})
+    _, events = ended([{**down, "lastTransitionTime": "2026-12-07T00:00:00Z"}])
+    assert not [e for e in events if e.reason == EventReason.TRACKING_UNREACHABLE]  # its tick posted it already

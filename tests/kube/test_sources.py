@@ -712,8 +712,9 @@ def test_a_tracked_teacher_killed_once_resumes_into_one_mlflow_run_holding_each_
 def test_a_tracking_server_that_does_not_answer_is_said_and_the_run_still_succeeds(
     sources: Sources, tiny_model_dir: Path
 ):
-    """spec.tracking.mlflow.uri where nothing answers: while it trains, condition Tracking=False and one Warning
-    Event name the URI; the run trains to Succeeded all the same, and says it ended with no MLflow run."""
+    """spec.tracking.mlflow.uri where nothing answers: condition Tracking=False and one Warning Event name the URI
+    (from the tick that sees the trainer say so, or from its end when it ended between two ticks); the run trains to
+    Succeeded all the same, and says it ended with no MLflow run."""
     world = sources.world
     bucket, name = "untracked", "untracked"
     sources.store.bucket_with_sources(bucket, tiny_model_dir)

@@ -261,8 +261,8 @@ class Observation:
     @staticmethod
     def observe_tracking(run: Run, body: dict[str, Any], result: Outcome) -> None:
         """Tracking, for a run with spec.tracking.mlflow: True with the tracking run once the finished trainer reported
-        it, False when it succeeded without one (its server never answered); while it runs, the timer's scrape says
-        (handlers.tracking_patch), and before that Waiting."""
+        it, False when it succeeded without one (its server never answered: a Warning Event too, unless a tick posted
+        one while it ran); while it runs, the tick's scrape says (handlers.tracking_patch), and before that Waiting."""
         if run.spec.tracking is None or run.spec.tracking.mlflow is None:
             return
         uri = run.spec.tracking.mlflow.uri
@@ -271,6 +271,9 @@ class Observation:
         if result.phase == "Succeeded" and not finished:
             message = f"the run ended with no MLflow run: MLflow at {uri} did not answer the trainer"
             result.conditions.append(condition(Condition.TRACKING, False, EventReason.TRACKING_UNREACHABLE, message))
+            shown = next((c for c in status.get("conditions") or [] if c.get("type") == Condition.TRACKING), {})
+            if shown.get("reason") != EventReason.TRACKING_UNREACHABLE:  # no tick saw it Running: say it once here
+                result.events.append(Event("Warning", EventReason.TRACKING_UNREACHABLE, message))
         elif finished or not any(c.get("type") == Condition.TRACKING for c in status.get("conditions") or []):
             result.conditions.append(tracking_condition(uri, None, finished if result.phase == "Succeeded" else None))
 
