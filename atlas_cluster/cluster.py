@@ -22,17 +22,19 @@ from pathlib import Path
 import yaml
 
 from atlas_cluster import versions
+from atlas_cluster.api import Api
 from atlas_cluster.build import BuildError, go_binary, module_dir
 from atlas_cluster.controllers import controller_crd_files, start_controllers
 from atlas_cluster.controlplane import STOP_ORDER as CONTROL_PLANE_STOP_ORDER
-from atlas_cluster.controlplane import ControlPlane, kubeconfig, write_kubeconfig
+from atlas_cluster.controlplane import ControlPlane, KubeScheduler
+from atlas_cluster.helm_kubectl import ClusterError, helm, kubectl
+from atlas_cluster.kubeconfig import kubeconfig, write_kubeconfig
 from atlas_cluster.mlflow import PROCESS as MLFLOW
 from atlas_cluster.mlflow import MLflowServer
-from atlas_cluster.podnet import PodNetwork, with_cluster_names
+from atlas_cluster.node.podnet import PodNetwork, with_cluster_names
 from atlas_cluster.processes import Supervisor
 from atlas_cluster.s3 import DEFAULT_BUCKET, S3Server
 from atlas_cluster.s3 import PROCESS as S3
-from atlas_cluster.tools import helm_binary, kubectl_binary
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "atlas-operator"
@@ -45,42 +47,16 @@ S3_SECRET_NAMESPACE = "default"
 MLFLOW_ARTIFACTS = f"s3://{DEFAULT_BUCKET}/mlflow"  # the MLflow server's artifacts when the S3 server runs too
 # `down` stops what depends on the API server first (the nodes delete their Node objects and pods on the way out),
 # the MLflow server once no pod uses it, the S3 server (where its artifacts go) after it, etcd last.
-STOP_ORDER = (OPERATOR, *versions.CONTROLLERS, NODES, MLFLOW, S3, "kube-scheduler", *CONTROL_PLANE_STOP_ORDER)
+STOP_ORDER = (OPERATOR, *versions.CONTROLLERS, NODES, MLFLOW, S3, KubeScheduler.name, *CONTROL_PLANE_STOP_ORDER)
 TOKEN_SECONDS = 7 * 24 * 3600  # the operator's token: a local cluster is not meant to live longer
 # The environment the operator process keeps from ours (the rest comes from the chart's Deployment).
 HOST_ENV = ("PATH", "HOME", "LANG", "TMPDIR", "PYTHONPATH", "ATLAS_CACHE_DIR", "VIRTUAL_ENV")
-
-
-class ClusterError(RuntimeError):
-    pass
 
 
 def atlas_command() -> list[str]:
     """``atlas`` of the Python running us (its venv's console script), else this Python with the CLI module."""
     atlas = Path(sys.executable).parent / "atlas"
     return [str(atlas)] if atlas.is_file() else [sys.executable, "-m", "atlas_cli.main"]
-
-
-def kubectl(config: Path, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [str(kubectl_binary()), f"--kubeconfig={config}", *args],
-        input=input,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if check and done.returncode != 0:
-        raise ClusterError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
-    return done
-
-
-def helm(config: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [str(helm_binary()), f"--kubeconfig={config}", *args], capture_output=True, text=True, check=False
-    )
-    if check and done.returncode != 0:
-        raise ClusterError(f"helm {' '.join(args)}: {done.stderr.strip()}")
-    return done
 
 
 def backend_crd_files(log=print) -> list[Path]:
@@ -110,7 +86,7 @@ class LocalCluster:
     # and before the chart; binaries from the cache unless given here (name → path).
     controllers: tuple[str, ...] = ()
     controller_binaries: dict[str, Path] = field(default_factory=dict)
-    # Process nodes (atlas_cluster/node.py) that run the pods the real kube-scheduler binds to them; 0: none, and
+    # Process nodes (atlas_cluster/node/) that run the pods the real kube-scheduler binds to them; 0: none, and
     # pods stay Pending. Each node offers gpus_per_node fake nvidia.com/gpu (scheduling only: pods run on CPU).
     nodes: int = 0
     gpus_per_node: int = 8
@@ -127,11 +103,19 @@ class LocalCluster:
         self.s3: S3Server | None = None
         self.mlflow_server: MLflowServer | None = None  # `mlflow` is the flag that asks for it
         self.control_plane = ControlPlane(self.directory, self.bin_dir, self.supervisor, self.apiserver_args)
+        self._admin: Api | None = None
 
     @property
     def kubeconfig(self) -> Path:
         """The user's kubeconfig: the cluster's admin (as kind's)."""
         return self.control_plane.admin_kubeconfig
+
+    @property
+    def admin(self) -> Api:
+        """The API as the cluster's admin (made once, after the control plane is up)."""
+        if self._admin is None:
+            self._admin = Api(self.kubeconfig)
+        return self._admin
 
     @property
     def operator_kubeconfig(self) -> Path:
@@ -171,12 +155,10 @@ class LocalCluster:
     def start_nodes(self) -> None:
         """The real kube-scheduler, then ``nodes`` process nodes in a process of their own (needs root: each pod
         gets network, mount and UTS namespaces); returns once every node is Ready."""
-        from atlas_cluster.node import Scheduler
-
-        binary = Scheduler.find(self.bin_dir)
+        binary = KubeScheduler.find(self.bin_dir)
         if binary is None:
             raise ClusterError(f"no kube-scheduler in {self.bin_dir} (make kube builds it)")
-        Scheduler(self.directory, binary, self.supervisor).start()
+        KubeScheduler(self.directory, binary, self.supervisor).start()
         # Bridge and network namespace names: short (interface names are 15 characters), one set per cluster.
         prefix = "a" + hashlib.sha1(str(self.directory).encode()).hexdigest()[:6]
         self.supervisor.start(
@@ -281,7 +263,7 @@ class LocalCluster:
         """Every CRD served (``Established``): the conditions appear a moment after the create."""
         deadline = time.monotonic() + timeout
         while True:
-            crds = json.loads(kubectl(self.kubeconfig, "get", "crd", "-o", "json").stdout)["items"]
+            crds = self.admin.ok("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions")["items"]
             waiting = [
                 crd["metadata"]["name"]
                 for crd in crds
@@ -314,17 +296,21 @@ class LocalCluster:
 
     def operator_deployment(self, release: str = RELEASE, namespace: str = RELEASE_NAMESPACE) -> dict:
         selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
-        found = json.loads(kubectl(self.kubeconfig, "get", "deployments", "-n", namespace, "-l", selector,
-                                   "-o", "json").stdout)["items"]  # fmt: skip
+        path = f"/apis/apps/v1/namespaces/{namespace}/deployments"
+        found = self.admin.ok("GET", path, query={"labelSelector": selector})["items"]
         if len(found) != 1:
             raise ClusterError(f"expected one operator Deployment of release {release} in {namespace}: {len(found)}")
         return found[0]
 
     def service_account_kubeconfig(self, path: Path, namespace: str, service_account: str) -> Path:
         """A kubeconfig with a TokenRequest token of ``service_account``: what its pod would be given."""
-        token = kubectl(
-            self.kubeconfig, "create", "token", service_account, "-n", namespace, f"--duration={TOKEN_SECONDS}s"
-        ).stdout.strip()
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"audiences": [], "expirationSeconds": TOKEN_SECONDS},
+        }
+        path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"
+        token = self.admin.ok("POST", path, request)["status"]["token"]
         config = kubeconfig(self.control_plane.server, self.control_plane.pki / "ca.crt", {"token": token})
         config["contexts"][0]["context"]["namespace"] = namespace
         return write_kubeconfig(path, config)
@@ -349,7 +335,7 @@ class LocalCluster:
 
     def operator_command(self, args: list[str]) -> list[str]:
         """``atlas <args>`` as the operator runs beside the cluster: resolving its Service names (the run's
-        ``<name>-metrics``, which it scrapes) once process nodes run pods (atlas_cluster/podnet.py)."""
+        ``<name>-metrics``, which it scrapes) once process nodes run pods (atlas_cluster/node/podnet.py)."""
         return with_cluster_names(self.directory, [*atlas_command(), *args])
 
     def start_operator_process(self, release: str = RELEASE, namespace: str = RELEASE_NAMESPACE):

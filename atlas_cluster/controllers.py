@@ -13,6 +13,7 @@ a controller under test:
   Secret) turned off — or, where it cannot be (the training-operator), given certificates it accepts as its own;
 - ready when its readiness endpoint answers 200 and its webhook server answers over TLS with that certificate.
 
+Each is an ``UpstreamController`` (atlas_cluster/component.py's supervised process), one class per upstream.
 ``start_controllers(cluster, names)`` starts them on a running LocalCluster (after its control plane);
 ``stop_controllers`` stops them and removes their webhook configurations, so the cluster works on without them.
 """
@@ -20,7 +21,6 @@ a controller under test:
 from __future__ import annotations
 
 import base64
-import contextlib
 import copy
 import json
 import os
@@ -31,17 +31,18 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import yaml
 
 from atlas_cluster import versions
+from atlas_cluster.api import Api
 from atlas_cluster.build import controller_binary, module_dir
-from atlas_cluster.controlplane import GO_GC_PERCENT, free_port
+from atlas_cluster.component import GO_GC_PERCENT, Component
+from atlas_cluster.controlplane import ControlPlane
 from atlas_cluster.pki import make_ca, sign_serving_cert
-
-if TYPE_CHECKING:
-    from atlas_cluster.cluster import LocalCluster
+from atlas_cluster.ports import free_port
+from atlas_cluster.processes import Supervisor
 
 READY_TIMEOUT = 120.0
 CLUSTER_SCOPED = {
@@ -66,6 +67,21 @@ TRAINING_OPERATOR_ROTATOR_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
 
 class ControllerError(RuntimeError):
     pass
+
+
+class Cluster(Protocol):
+    """What a controller needs of the running cluster (atlas_cluster/cluster.py ``LocalCluster``)."""
+
+    directory: Path
+    supervisor: Supervisor
+    control_plane: ControlPlane
+
+    @property
+    def admin(self) -> Api: ...
+
+    def apply_documents(self, docs: list[dict], path: Path) -> None: ...
+
+    def service_account_kubeconfig(self, path: Path, namespace: str, service_account: str) -> Path: ...
 
 
 # ---------------------------------------------------------------------- the module trees, as kustomize reads them
@@ -225,13 +241,18 @@ def controller_crd_files(names: tuple[str, ...]) -> list[Path]:
     return files
 
 
-class _Launch:
-    """Argv, environment and files of one controller: the parts that differ from one upstream to the next."""
+class UpstreamController(Component):
+    """One upstream controller as a supervised process: its flags, environment and files — the parts that differ
+    from one upstream to the next — and its readiness (its readyz, and its webhook server over TLS)."""
 
-    def __init__(self, cluster: LocalCluster, spec: versions.Controller, binary: Path):
+    ready_timeout = READY_TIMEOUT
+    poll_s = 0.5  # each failed probe is a line of its log
+
+    def __init__(self, cluster: Cluster, spec: versions.Controller, binary: Path):
+        super().__init__(cluster.supervisor, binary)
+        self.name = spec.name
         self.cluster = cluster
         self.spec = spec
-        self.binary = binary
         self.directory = cluster.directory / "controllers" / spec.name
         self.ports = Ports.pick()
         # controller-runtime's default webhook cert folder is $TMPDIR/k8s-webhook-server/serving-certs: each
@@ -239,31 +260,62 @@ class _Launch:
         self.tmp = self.directory / "tmp"
         self.certs = self.tmp / "k8s-webhook-server" / "serving-certs"
         self.ca = cluster.control_plane.pki / "ca.crt"
+        self.config_file = self.directory / "config.yaml"
+        self.kubeconfig: Path | None = None  # its ServiceAccount's, set before it starts
 
     def host(self, port: int) -> str:
         return f"127.0.0.1:{port}"
 
-    def write_config(self, config: dict) -> Path:
-        path = self.directory / "config.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        return path
+    def write_config(self, config: dict) -> None:
+        self.config_file.write_text(yaml.safe_dump(config, sort_keys=False))
 
     def prepare(self) -> None:
         """Write the serving certificate (signed by the cluster's CA)."""
         sign_serving_cert(self.certs, self.ca)
 
-    def argv(self) -> list[str]:
-        raise NotImplementedError
+    def flags(self) -> dict[str, str | None]:
+        """A Configuration file (written by ``prepare``) and info logs."""
+        return {"--config": str(self.config_file), "--zap-log-level": "info"}
 
-    def env(self) -> dict[str, str]:
+    def extra_env(self) -> dict[str, str]:
         return {}
 
+    def env(self) -> dict[str, str]:
+        env = {key: os.environ[key] for key in ("PATH", "HOME", "LANG") if key in os.environ}
+        env.update(GOGC=GO_GC_PERCENT, KUBECONFIG=str(self.kubeconfig), TMPDIR=str(self.tmp), **self.extra_env())
+        return env
 
-class _JobSet(_Launch):
+    def cwd(self) -> Path:
+        return self.directory
+
+    def ready(self) -> bool:
+        """Its readiness endpoint says 200, and its webhook server answers over TLS with a certificate the webhook
+        configuration's CA verifies for 127.0.0.1 (any HTTP status: ``/`` is no webhook's path)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.health}/readyz", timeout=2) as response:
+            if response.status != 200:
+                return False
+        context = ssl.create_default_context(cafile=str(self.ca))
+        try:
+            urllib.request.urlopen(f"https://127.0.0.1:{self.ports.webhook}/", context=context, timeout=2)
+        except urllib.error.HTTPError:
+            pass
+        return True
+
+    def not_ready(self) -> Exception:
+        """The log's last lines that are not probes."""
+        lines = [line for line in self.log.read_text(errors="replace").splitlines() if "healthz" not in line]
+        tail = "\n".join(lines[-25:])
+        return ControllerError(
+            f"{self.name}: not ready (readyz and its webhook) in {self.ready_timeout:.0f} s; {self.log}:\n{tail}"
+        )
+
+
+class JobSet(UpstreamController):
     """JobSet: its Configuration file; cert rotation off with ``internalCertManagement.enable: false``."""
 
-    def argv(self) -> list[str]:
-        config = self.write_config({
+    def prepare(self) -> None:
+        super().prepare()
+        self.write_config({
             "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
             "kind": "Configuration",
             "leaderElection": {"leaderElect": False},
@@ -273,10 +325,9 @@ class _JobSet(_Launch):
             "metrics": {"bindAddress": self.host(self.ports.metrics), "certDir": str(self.certs)},
             "webhook": {"port": self.ports.webhook, "host": "127.0.0.1", "certDir": str(self.certs)},
         })  # fmt: skip
-        return [f"--config={config}", "--zap-log-level=info"]
 
 
-class _Kueue(_Launch):
+class Kueue(UpstreamController):
     """Kueue: its Configuration file; cert rotation off with ``internalCertManagement.enable: false``; the
     visibility API server (an aggregated API whose certificate folder is fixed at /visibility) off with the
     VisibilityOnDemand feature gate."""
@@ -291,9 +342,10 @@ class _Kueue(_Launch):
                     f"kueue with internalCertManagement off reads its metrics certificate from the fixed folder "
                     f"{KUEUE_METRICS_CERTS}, which cannot be written here ({exc}): create it (tls.crt, tls.key)"
                 ) from exc
+        self.write_kueue_config()
 
-    def argv(self) -> list[str]:
-        config = self.write_config({
+    def write_kueue_config(self) -> None:
+        self.write_config({
             "apiVersion": "config.kueue.x-k8s.io/v1beta2",
             "kind": "Configuration",
             "namespace": self.spec.namespace,
@@ -305,15 +357,15 @@ class _Kueue(_Launch):
             "featureGates": {"VisibilityOnDemand": False},
             "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)},
         })  # fmt: skip
-        return [f"--config={config}", "--zap-log-level=info"]
 
 
-class _Trainer(_Launch):
+class Trainer(UpstreamController):
     """Kubeflow Trainer: its Configuration file; cert rotation off with ``certManagement.enable: false``; its
     webhook server has no cert-folder field and reads controller-runtime's default ($TMPDIR/k8s-webhook-server/...)."""
 
-    def argv(self) -> list[str]:
-        config = self.write_config({
+    def prepare(self) -> None:
+        super().prepare()
+        self.write_config({
             "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
             "kind": "Configuration",
             "leaderElection": {"leaderElect": False},
@@ -323,10 +375,9 @@ class _Trainer(_Launch):
             "metrics": {"bindAddress": self.host(self.ports.metrics), "secureServing": False},
             "webhook": {"port": self.ports.webhook, "host": "127.0.0.1"},
         })  # fmt: skip
-        return [f"--config={config}", "--zap-log-level=info"]
 
 
-class _TrainingOperator(_Launch):
+class TrainingOperator(UpstreamController):
     """training-operator v1: flags only. Its cert-controller rotator always runs (no flag turns it off): it is
     handed a Secret it accepts as its own — a CA of its own name and a serving cert for its Service's DNS name and
     127.0.0.1 — so it rotates nothing and injects that CA, which the webhook configuration already trusts."""
@@ -361,69 +412,38 @@ class _TrainingOperator(_Launch):
             TRAINING_OPERATOR_ROTATOR_DIR.mkdir(parents=True, exist_ok=True)
             (TRAINING_OPERATOR_ROTATOR_DIR / "tls.crt").write_bytes((self.certs / "tls.crt").read_bytes())
 
-    def argv(self) -> list[str]:
-        return [
-            f"--metrics-bind-address={self.host(self.ports.metrics)}",
-            f"--health-probe-bind-address={self.host(self.ports.health)}",
-            "--leader-elect=false",
-            "--enable-scheme=pytorchjob",
-            f"--webhook-server-port={self.ports.webhook}",  # no host flag: it listens on every address
-            f"--webhook-service-name={self.SERVICE}",
-            f"--webhook-secret-name={self.SECRET}",
-        ]
+    def flags(self) -> dict[str, str | None]:
+        """Flags only: it reads no Configuration file."""
+        return {
+            "--metrics-bind-address": self.host(self.ports.metrics),
+            "--health-probe-bind-address": self.host(self.ports.health),
+            "--leader-elect": "false",
+            "--enable-scheme": "pytorchjob",
+            "--webhook-server-port": str(self.ports.webhook),  # no host flag: it listens on every address
+            "--webhook-service-name": self.SERVICE,
+            "--webhook-secret-name": self.SECRET,
+        }
 
-    def env(self) -> dict[str, str]:
+    def extra_env(self) -> dict[str, str]:
         return {"MY_POD_NAMESPACE": self.spec.namespace}  # the rotator's Secret's namespace
 
 
-LAUNCHERS: dict[str, type[_Launch]] = {
-    "jobset": _JobSet,
-    "kueue": _Kueue,
-    "trainer": _Trainer,
-    "training-operator": _TrainingOperator,
+CONTROLLERS: dict[str, type[UpstreamController]] = {
+    "jobset": JobSet,
+    "kueue": Kueue,
+    "trainer": Trainer,
+    "training-operator": TrainingOperator,
 }
 
 
-def _ready(launch: _Launch) -> bool:
-    """Its readiness endpoint says 200, and its webhook server answers over TLS with a certificate the webhook
-    configuration's CA verifies for 127.0.0.1 (any HTTP status: ``/`` is no webhook's path)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{launch.ports.health}/readyz", timeout=2) as response:
-        if response.status != 200:
-            return False
-    context = ssl.create_default_context(cafile=str(launch.ca))
-    try:
-        urllib.request.urlopen(f"https://127.0.0.1:{launch.ports.webhook}/", context=context, timeout=2)
-    except urllib.error.HTTPError:
-        pass
-    return True
-
-
-def _wait_ready(cluster: LocalCluster, launch: _Launch, timeout: float = READY_TIMEOUT) -> None:
-    """Poll twice a second (each failed probe is a log line of its), failing with the log's last lines that are
-    not probes when it exits or is not ready in time."""
-    name = launch.spec.name
-    deadline = time.monotonic() + timeout
-    while True:
-        cluster.supervisor.check(name)
-        with contextlib.suppress(OSError):
-            if _ready(launch):
-                return
-        if time.monotonic() > deadline:
-            log = cluster.supervisor.log(name)
-            lines = [line for line in log.read_text(errors="replace").splitlines() if "healthz" not in line]
-            tail = "\n".join(lines[-25:])
-            raise ControllerError(f"{name}: not ready (readyz and its webhook) in {timeout:.0f} s; {log}:\n{tail}")
-        time.sleep(0.5)
-
-
-def start_controller(cluster: LocalCluster, name: str, binary: Path | None = None, log=print) -> Running:
+def start_controller(cluster: Cluster, name: str, binary: Path | None = None, log=print) -> Running:
     spec = versions.CONTROLLERS[name]
     binary = binary or controller_binary(name)
     if not os.access(binary, os.X_OK):
         raise FileNotFoundError(f"{binary} (build it: python -m atlas_cluster.build --controllers {name})")
     tree = module_dir(spec.module, spec.version)
     started = time.monotonic()
-    launch = LAUNCHERS[name](cluster, spec, binary)
+    launch = CONTROLLERS[name](cluster, spec, binary)
     launch.directory.mkdir(parents=True, exist_ok=True)
     launch.tmp.mkdir(parents=True, exist_ok=True)
 
@@ -435,13 +455,8 @@ def start_controller(cluster: LocalCluster, name: str, binary: Path | None = Non
         raise ControllerError(f"{name}: expected one ServiceAccount in its RBAC files, found {accounts}")
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": spec.namespace}}
     cluster.apply_documents([namespace, *rbac], launch.directory / "rbac.yaml")
-    kubeconfig = cluster.service_account_kubeconfig(launch.directory / "kubeconfig", spec.namespace, accounts[0])
-
-    launch.prepare()
-    env = {key: os.environ[key] for key in ("PATH", "HOME", "LANG") if key in os.environ}
-    env.update(GOGC=GO_GC_PERCENT, KUBECONFIG=str(kubeconfig), TMPDIR=str(launch.tmp), **launch.env())
-    cluster.supervisor.start(name, [str(binary), *launch.argv()], env=env, cwd=launch.directory)
-    _wait_ready(cluster, launch)
+    launch.kubeconfig = cluster.service_account_kubeconfig(launch.directory / "kubeconfig", spec.namespace, accounts[0])
+    launch.start()
 
     # Its webhooks, pointed at it, once it answers (a webhook configuration failing closed before would refuse
     # every request it covers meanwhile).
@@ -460,7 +475,7 @@ def start_controller(cluster: LocalCluster, name: str, binary: Path | None = Non
 
 
 def start_controllers(
-    cluster: LocalCluster, names: tuple[str, ...], binaries: dict[str, Path] | None = None, log=print
+    cluster: Cluster, names: tuple[str, ...], binaries: dict[str, Path] | None = None, log=print
 ) -> dict[str, Running]:
     """Start each named controller on the running ``cluster`` (its control plane up, its CRDs and the
     controllers' CRDs applied: ``controller_crd_files``), each ready before the next."""
@@ -470,14 +485,13 @@ def start_controllers(
     return running
 
 
-def stop_controllers(cluster: LocalCluster, names: tuple[str, ...]) -> None:
+def stop_controllers(cluster: Cluster, names: tuple[str, ...]) -> None:
     """Remove their webhook configurations (each fails closed: left behind, it would refuse what it covers) and
     stop their processes."""
-    from atlas_cluster.cluster import kubectl
-
     for name in names:
         record = cluster.directory / "controllers" / name / "running.json"
         if record.exists():
             for kind, config in json.loads(record.read_text())["webhook_configurations"]:
-                kubectl(cluster.kubeconfig, "delete", kind, config, "--ignore-not-found", "--wait=false", check=False)
+                # 404 (already gone) is fine, as kubectl's --ignore-not-found
+                cluster.admin.call("DELETE", f"/apis/admissionregistration.k8s.io/v1/{kind.lower()}s/{config}")
         cluster.supervisor.stop(name, grace=5.0)

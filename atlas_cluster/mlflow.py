@@ -6,8 +6,8 @@ extra), run by this Python, for ``atlas cluster up --mlflow`` and the tests.
   cluster with ``--s3``: the S3 server's credentials are handed to the process in its environment, never on its
   command line). ``--serve-artifacts``: clients upload and download artifacts through the server, so they need no
   storage credentials of their own.
-- Listens at one port on each of ``hosts``: 127.0.0.1, and on a cluster with process nodes the pod network's gateway
-  too (atlas_cluster/podnet.py), where pods reach it. ``mlflow server`` binds one address (uvicorn's ``--host``), so
+- Listens at one port on each of ``hosts``: 127.0.0.1, and on a cluster with process nodes the pod network's gateway too
+  (atlas_cluster/node/podnet.py), where pods reach it. ``mlflow server`` binds one address (uvicorn's ``--host``), so
   with more than one host it binds 0.0.0.0 — every interface of this machine, not only those asked. Its host-header
   check (``--allowed-hosts``) accepts exactly ``<host>:<port>`` of each of ``hosts`` (and ``localhost:<port>`` beside
   127.0.0.1), so a browser page on another name is refused (DNS rebinding); it authenticates no one, as the S3 server
@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from atlas_cluster.controlplane import free_port
+from atlas_cluster.ports import free_port
 from atlas_cluster.processes import Supervisor
 from atlas_cluster.s3 import _answers
 from atlas_cluster.s3 import export_line as export_line  # the one copy (atlas_cluster/s3.py), re-exported here

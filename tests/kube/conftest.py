@@ -28,7 +28,6 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from atlas_cluster import podnet
 from atlas_cluster.build import (
     REQUIRED,
     BuildError,
@@ -40,7 +39,8 @@ from atlas_cluster.build import (
 )
 from atlas_cluster.cluster import LocalCluster, backend_crd_files, helm, kubectl
 from atlas_cluster.controllers import Running, controller_crd_files, start_controllers, stop_controllers
-from atlas_cluster.node import ProcessNodes, Scheduler
+from atlas_cluster.controlplane import KubeScheduler
+from atlas_cluster.node import ProcessNodes, podnet
 from atlas_cluster.processes import log_tail
 from tests.support.env import REPO, free_port
 
@@ -127,16 +127,16 @@ def upstream_controllers(kube: Kube, names: tuple[str, ...] = CONTROLLERS) -> It
 
 @contextlib.contextmanager
 def process_nodes(kube: Kube, **options) -> Iterator[ProcessNodes]:
-    """The real kube-scheduler and process nodes (atlas_cluster/node.py: ``ProcessNodes(**options)``) that run the
+    """The real kube-scheduler and process nodes (atlas_cluster/node/: ``ProcessNodes(**options)``) that run the
     pods it binds; stopped after."""
-    binary = Scheduler.find(BIN_DIR)
+    binary = KubeScheduler.find(BIN_DIR)
     if binary is None:  # atlas_cluster/build.py builds it with the control plane (make kube)
         _unavailable(f"no kube-scheduler in {BIN_DIR} nor $ATLAS_KUBE_SCHEDULER")
     reason = podnet.available()
     if reason:
         _unavailable(f"process nodes: {reason}")
     cluster = kube.cluster
-    scheduler = Scheduler(cluster.directory, binary, cluster.supervisor).start()
+    scheduler = KubeScheduler(cluster.directory, binary, cluster.supervisor).start()
     nodes = ProcessNodes(cluster.directory, network_prefix=f"t{os.getpid()}", **options)
     try:
         nodes.start()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import boto3
 
-from atlas_cluster.tools import kubectl_binary
+from atlas_cluster.helm_kubectl import kubectl_binary
 from tests.kube.conftest import BIN_DIR
 from tests.support.env import REPO, python_env
 from tests.support.s3 import require_binary

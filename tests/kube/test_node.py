@@ -1,4 +1,4 @@
-"""The process node (atlas_cluster/node.py) on the real control plane: pods bound by the real kube-scheduler to two
+"""The process node (atlas_cluster/node/) on the real control plane: pods bound by the real kube-scheduler to two
 process nodes, run as local processes in pod network namespaces, reported as the kubelet reports them.
 
 Needs root (network namespaces) and a kube-scheduler binary (the tier's bin folder, or ``$ATLAS_KUBE_SCHEDULER``);
@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from atlas_cluster import podnet
-from atlas_cluster.node import Api, ProcessNodes
+from atlas_cluster.node import Api, ProcessNodes, podnet
 from tests.kube.conftest import Kube, eventually, process_nodes
 
 GPUS = 2  # per node

