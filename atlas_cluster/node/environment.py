@@ -50,10 +50,10 @@ class Environment(PodState):
                     declared[prefix + key] = value
         for var in c.spec.get("env") or []:
             if "valueFrom" in var:
-                value = self._env_source(c, var["valueFrom"])
-                if value is None:
+                source = self._env_source(c, var["valueFrom"])
+                if source is None:
                     continue
-                declared[var["name"]] = value
+                declared[var["name"]] = source
             else:
                 declared[var["name"]] = expand(str(var.get("value", "")), declared)
         gpus = self._gpus(c)

@@ -14,6 +14,7 @@ from typing import Any
 
 from atlas_cluster.node.container import Container, Probe
 from atlas_cluster.node.dns import Record, hosts_text
+from atlas_cluster.node.environment import ConfigError
 from atlas_cluster.node.lease import Node
 from atlas_cluster.node.probes import Probing
 from atlas_cluster.node.status import PodStatus
@@ -113,6 +114,17 @@ class PodWorker(Probing, Volumes, PodStatus, threading.Thread):
             self._report()
             time.sleep(TICK_S)
 
+    def _volumes_ready(self) -> bool:
+        try:
+            self.volumes = self._make_volumes()
+            return True
+        except Exception as exc:  # a missing ConfigMap, Secret, claim… (or the API away): tried again
+            message = str(exc) if isinstance(exc, ConfigError) else f"volumes: {exc!r}"
+            for c in self.init + self.main:
+                c.state = {"waiting": {"reason": "ContainerCreating", "message": message}}
+            self._report()
+            return False
+
     def _step(self) -> None:
         for c in self.init + self.main:
             self._watch(c)
@@ -176,6 +188,7 @@ class PodWorker(Probing, Volumes, PodStatus, threading.Thread):
 
     def _release_network(self) -> None:
         if self.netns:
+            assert self.ip is not None  # netns: it was allocated
             self.nodes.network.remove_pod(self.ip)
             self.netns = False
 
@@ -203,7 +216,7 @@ class PodWorker(Probing, Volumes, PodStatus, threading.Thread):
             self._stop_container(c, seconds)
         if running:
             self._wait_stopped(running)
-            codes = [c.exit_code for c in running]
+            codes = [c.exit_code for c in running if c.exit_code is not None]  # every one, once stopped
             self.nodes.terminations.append(
                 (f"{self.namespace}/{self.pod_name}", time.monotonic() - started, max(codes, key=abs))
             )

@@ -128,15 +128,21 @@ class PodNetwork:
 
     # ------------------------------------------------------------------ the bridge
 
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        """The pods' /16: given, or picked by ``start``."""
+        assert self.cidr is not None, "not started"
+        return self.cidr
+
     def node_ip(self, node: int) -> str:
-        return str(self.cidr.network_address + node + 1)
+        return str(self.network.network_address + node + 1)
 
     @property
     def gateway(self) -> str:
         return self.node_ip(0)
 
     def pod_cidr(self, node: int) -> str:
-        base = int(self.cidr.network_address) + ((node + 1) << 8)
+        base = int(self.network.network_address) + ((node + 1) << 8)
         return str(ipaddress.IPv4Network((base, 24)))
 
     def start(self) -> PodNetwork:
@@ -210,7 +216,7 @@ class PodNetwork:
         ip("link", "add", host_veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
         ip("link", "set", host_veth, "master", self.bridge)
         ip("link", "set", host_veth, "up")
-        ip("-n", ns, "addr", "add", f"{pod_ip}/{self.cidr.prefixlen}", "dev", "eth0")
+        ip("-n", ns, "addr", "add", f"{pod_ip}/{self.network.prefixlen}", "dev", "eth0")
         ip("-n", ns, "link", "set", "eth0", "up")
         ip("-n", ns, "link", "set", "lo", "up")
         ip("-n", ns, "route", "add", "default", "via", self.gateway)

@@ -58,6 +58,7 @@ class Probing(Runtime):
 
     def _probe(self, c: Container, spec: dict) -> bool:
         timeout = spec.get("timeoutSeconds", 1)
+        assert self.ip is not None and c.proc is not None, "a running container of a pod with its network"
         try:
             if "httpGet" in spec:
                 get = spec["httpGet"]

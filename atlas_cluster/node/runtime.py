@@ -53,22 +53,24 @@ class Runtime(Environment):
         lines.append(f"mkdir -p {shlex.quote(working)}; cd {shlex.quote(working)}" if working
                      else f"cd {shlex.quote(str(self.directory))}")  # fmt: skip
         lines.append('exec "$@"')
+        assert self.ip is not None, "the pod's network first"
         unshare = ["unshare", "--mount", "--propagation", "slave"] + ([] if self.host_network else ["--uts"])
         prefix = [] if self.host_network else self.nodes.network.exec_prefix(self.ip)
         argv = [*prefix, *unshare, "--", "/bin/sh", "-c", "\n".join(lines), c.name, *command]
         c.log.parent.mkdir(parents=True, exist_ok=True)
         with open(c.log, "ab") as log:
             c.log_offset = log.tell()
-            c.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+            c.proc = proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True, cwd=self.directory)  # fmt: skip
         if self.nodes.cgroups is not None:
             c.cgroup = self.nodes.cgroups / f"{self.uid[:13]}-{c.name}-{c.runs}"
             with contextlib.suppress(OSError):
                 c.cgroup.mkdir(exist_ok=True)
-                (c.cgroup / "cgroup.procs").write_text(str(c.proc.pid))
+                (c.cgroup / "cgroup.procs").write_text(str(proc.pid))
         with contextlib.suppress(OSError):
-            c.proc.stdin.write(b"\n")
-            c.proc.stdin.close()
+            assert proc.stdin is not None  # stdin=PIPE
+            proc.stdin.write(b"\n")
+            proc.stdin.close()
         if c.runs:
             c.restarts += 1
         c.runs += 1
@@ -99,6 +101,7 @@ class Runtime(Environment):
 
     def _exited(self, c: Container, code: int, final: bool = False) -> None:
         """Record the run's end; restart it later (per restartPolicy, after a backoff) unless ``final``."""
+        assert c.proc is not None, "a run to end"
         c.kill_all()  # what the container left behind goes with it
         c.reap()
         terminated = {

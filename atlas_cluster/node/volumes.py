@@ -31,17 +31,6 @@ def mounted_anywhere(path: Path, proc: Path = Path("/proc")) -> bool:
 class Volumes(Environment):
     """The worker's part that makes the pod's volumes (once, when it starts; retried until every source is there)."""
 
-    def _volumes_ready(self) -> bool:
-        try:
-            self.volumes = self._make_volumes()
-            return True
-        except Exception as exc:  # a missing ConfigMap, Secret, claim… (or the API away): tried again
-            message = str(exc) if isinstance(exc, ConfigError) else f"volumes: {exc!r}"
-            for c in self.init + self.main:
-                c.state = {"waiting": {"reason": "ContainerCreating", "message": message}}
-            self._report()
-            return False
-
     def _make_volumes(self) -> dict[str, Path]:
         volumes: dict[str, Path] = {}
         for volume in self.pod["spec"].get("volumes") or []:

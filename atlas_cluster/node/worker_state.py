@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from atlas_cluster.node.container import Container
 from atlas_cluster.node.lease import Node
@@ -33,6 +33,11 @@ class PodHost(Protocol):
     def mount_point(self, target: str, directory: bool) -> None: ...
 
     def claim_dir(self, namespace: str, claim: str) -> Path: ...
+
+    # ``worker``: the PodWorker (pod.py), which this module's PodState is the ground of
+    def forget(self, worker: Any) -> None: ...
+
+    def refresh_hosts(self, worker: Any) -> None: ...
 
 
 class PodState:
