@@ -21,7 +21,7 @@ from atlas_contract.errors import InvalidFields
 from atlas_contract.names import API_VERSION, GROUP, KINDS, VERSION
 from tests.support.cel_admission import admission_refusals
 from tests.support.manifests import teacher, training, with_spec
-from tests.test_cel_validation import CORPUS, EXAMPLES, cel_visible, schema_valid, variants
+from tests.unit.test_cel_validation import CORPUS, EXAMPLES, cel_visible, schema_valid, variants
 
 INVALID = "Invalid value: "
 OBJECT_NAME = "a lowercase RFC 1123 subdomain"

@@ -190,7 +190,7 @@ def test_upgraded_operator_writes_no_workload(kube, namespace, operator_release)
     """Release 0.1.0's runs and children (tests/fixtures/upgrade/, recorded in namespace default), loaded into the
     real server as an earlier renderer made them; the current operator, with other settings, started over them:
     no write to a job, a server Deployment or a ConfigMap, while each job's status still reaches its run."""
-    from tests.test_operator_ownership import rendered_by_an_earlier_release
+    from tests.emulator.test_operator_ownership import rendered_by_an_earlier_release
 
     version = sorted(p.name for p in upgrade_fixtures.FIXTURES.iterdir())[-1]
     api = kube.api()

@@ -15,6 +15,8 @@ import yaml
 from tests.support.env import REPO, free_port, python_env
 from tests.support.kube_emulator import wait_for
 
+pytestmark = pytest.mark.serial  # several trainer processes, timed: the serial lane (tests/conftest.py)
+
 # The PyTorchJob container's launch: the Kubeflow controller injects MASTER_ADDR, MASTER_PORT,
 # PET_NNODES and PET_NODE_RANK; --mixed_precision no because this machine has no GPU.
 POD_LAUNCH = (

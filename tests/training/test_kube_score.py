@@ -7,7 +7,7 @@ of one replica with the Recreate strategy, by design: GPUs).
 
 By hand, the counts of every input (``--all``: no check ignored):
 
-    python -m tests.test_kube_score [--all]
+    python -m tests.training.test_kube_score [--all]
 """
 
 from __future__ import annotations

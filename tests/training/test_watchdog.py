@@ -21,7 +21,7 @@ import pytest
 from atlas_contract.names import ENV_RESULT_FILE, WATCHDOG_EXIT_CODE
 from tests.support.env import free_port
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.serial, pytest.mark.timeout(300)]  # real stalls, timed: the serial lane (tests/conftest.py)
 
 STALLED_TRAINING = textwrap.dedent(
     """

@@ -18,7 +18,7 @@ from atlas_cluster.tools import ToolUnavailable, helm_binary
 from tests.support import label_selectors
 from tests.support.metric_names import expand, metric_names, operator_registries
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "atlas-operator"
 DASHBOARD = CHART / "dashboards" / "atlas.json"
 RELEASE, NAMESPACE = "atlas", "atlas-system"

@@ -22,7 +22,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TRAINER_DOCKERFILE = REPO / "trainer_image" / "Dockerfile"
 OPERATOR_DOCKERFILE = REPO / "operator" / "Dockerfile"
 ENTRYPOINT = REPO / "trainer_image" / "entrypoint.sh"

@@ -24,7 +24,7 @@ from atlas_contract.errors import InvalidFields
 from atlas_contract.names import RUN_CONFIG_FILE
 from tests.support.cel_admission import crd_schema
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SPEC_TYPES = {"AtlasTraining": AtlasTrainingSpec, "AtlasTeacher": AtlasTeacherSpec}
 
 # A minimal valid manifest of each kind (and algorithm): the base every field is varied on.

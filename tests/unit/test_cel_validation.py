@@ -28,7 +28,7 @@ from tests.support.cel_admission import admission_refusals, crd_schema, is_trans
 from tests.support.k8s_schemas import crd_jsonschema, openapi_validate
 from tests.support.manifests import teacher, tiny_training, training, with_spec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KINDS = ("AtlasTraining", "AtlasTeacher")
 
 

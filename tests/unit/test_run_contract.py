@@ -21,9 +21,9 @@ from atlas_contract.run_config import DatasetConfig, RewardConfig, RunConfig
 from atlas_contract.teaching import TEACHING_FIELDS, TeachingSettings
 from tests.support.env import REPO
 from tests.support.manifests import teacher, tiny_training, training, with_spec
-from tests.test_contract import BASE, manifest
-from tests.test_preflight import TEACHER
-from tests.test_render_jobset import JOBSET_RUNS
+from tests.unit.test_contract import BASE, manifest
+from tests.unit.test_preflight import TEACHER
+from tests.unit.test_render_jobset import JOBSET_RUNS
 
 
 def _examples() -> dict[str, dict]:

@@ -35,6 +35,7 @@ from tests.support.operator_cluster import own_cluster
 from tests.support.prometheus_server import MISSING, Prometheus, binaries, finite_points, grafana_expr, grafana_interval
 
 pytestmark = [
+    pytest.mark.serial,  # times a real trainer and Prometheus: the serial lane (tests/conftest.py)
     pytest.mark.slow,
     pytest.mark.timeout(900),
     pytest.mark.skipif(binaries() is None, reason=MISSING),

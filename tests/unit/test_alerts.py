@@ -17,7 +17,7 @@ from tests.support.metric_names import expand, metric_names, operator_registries
 from tests.support.prometheus_server import MISSING, binaries
 from tools.alert_rules import render_alert_rules
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "monitoring" / "atlas-alerts.rules.yaml"
 UNIT_TESTS = REPO / "monitoring" / "atlas-alerts.test.yaml"
 RUNBOOK = REPO / "docs" / "runbook.md"

@@ -12,7 +12,11 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
+
 from tests.support.env import PYTHON, free_port, python_env
+
+pytestmark = pytest.mark.serial  # the whole demo, timed: the serial lane (tests/conftest.py)
 
 #: The test's demo: small, with more GRPO steps than the endpoint check needs to see a reward. 100 warm-up steps are
 #: enough for GRPO rewards that vary (most steps score some answers; 200 took twice as long for the same checks).

@@ -184,7 +184,7 @@ def test_atlas_eval_logs_its_table_as_a_run_of_its_own(mlflow_server, tmp_path, 
     """``atlas eval`` with MLFLOW_TRACKING_URI: one MLflow run of its own per evaluation, the table as metrics (equal
     to eval.json's), the models and settings as params, eval.json and problems.jsonl as artifacts."""
     from atlas_cli.main import main as atlas
-    from tests.test_eval_cli import SMALL, eval_cmd
+    from tests.emulator.test_eval_cli import SMALL, eval_cmd
 
     experiment = "tracking-eval"
     monkeypatch.setenv(tracking.ENV_MLFLOW_URI, mlflow_server.uri)

@@ -22,7 +22,7 @@ from tests.support.env import PYTHON, REPO, python_env
 from tests.support.manifests import teacher
 from tests.support.vllm import require_cpu_vllm
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.serial, pytest.mark.slow]  # a real vLLM: 6 GB and both cores while it generates
 
 
 def _rendered_student_server(**rollout) -> list[str]:
