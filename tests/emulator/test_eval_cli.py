@@ -372,7 +372,7 @@ def test_bad_input_exits_2_naming_the_option(tmp_path, capsys, case, field):
 
 def test_a_file_without_a_split_column_is_the_evaluation_set_whole(tmp_path, capsys):
     """--dataset names the evaluation set: a file without a ``split`` column is evaluated whole, whatever --split
-    (no training source to hold out from; a run's own training file stays held out, tests/test_preflight.py)."""
+    (no training source to hold out from; a run's own training file stays held out, tests/unit/test_preflight.py)."""
     rows = [{"prompt": f"What is {i} + 2 + 3? {SYSTEM_HINT}", "ground_truth": str(i + 5)} for i in range(1, 4)]
     dataset = _jsonl(tmp_path / "heldout.jsonl", rows)
     output = tmp_path / "whole"

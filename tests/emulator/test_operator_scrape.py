@@ -1,6 +1,6 @@
 """The trainers' metrics scrapes through the operator process (`atlas operator` on kmock's API emulator): bounded in
 time and size, in a pool of their own, off the reconcile path (reconcile/scrape.py; fetch_text's own bounds:
-tests/test_operator_status.py)."""
+tests/unit/test_operator_status.py)."""
 
 from __future__ import annotations
 

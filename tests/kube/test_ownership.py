@@ -1,6 +1,6 @@
 """Ownership and garbage collection on a real API server, with the real garbage collector (tests/kube/conftest.py).
 
-What tests/test_operator_ownership.py shows on the API emulator, here against kube-apiserver and
+What tests/emulator/test_operator_ownership.py shows on the API emulator, here against kube-apiserver and
 kube-controller-manager: objects someone else made under a run's child names (none of their ownerReferences a
 controller reference to the run) stay as they were, resourceVersion and all, through the run's life and its deletion,
 background or foreground; the run says which (ChildrenReady=False, NameConflict); a deleted run's children are

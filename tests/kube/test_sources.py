@@ -614,7 +614,7 @@ def test_a_lora_teacher_resumes_once_and_exports_the_merged_model_and_its_adapte
     assert set(merged) <= set(expected_state)
     # PEFT's merge of the run's adapter, tensor by tensor. (Two teaching steps against the stand-in student, whose
     # answers never change, may leave lora_B at its zero start: merging non-zero adapters exactly is
-    # tests/test_export.py's.)
+    # tests/training/test_export.py's.)
     assert all(torch.allclose(merged[k], expected_state[k], atol=1e-6) for k in merged)
 
 

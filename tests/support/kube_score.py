@@ -1,5 +1,5 @@
 """kube-score (``github.com/zegl/kube-score``, atlas_cluster/versions.py pins it), an outside judge of the manifests the
-project writes: what it is given and how its verdict is counted. tests/test_kube_score.py holds the checks it
+project writes: what it is given and how its verdict is counted. tests/training/test_kube_score.py holds the checks it
 ignores, each with its reason, and asserts the verdict.
 
 The binary is built by ``make kube-score`` (``$ATLAS_KUBE_SCORE_BIN`` names another); when it is missing and Go is

@@ -9,8 +9,8 @@ The binary is built by ``make s3`` (``$ATLAS_S3_BIN`` names another); when it is
 built here (about 2 minutes cold), else the tests that use it skip saying ``make s3`` — unless
 ``ATLAS_REQUIRE_KUBE=1`` (.ci/run), which makes that a failure, as for the real-Kubernetes tier (tests/kube/).
 
-Error codes this server answers (versitygw v1.8.0, boto3 1.44), which tests/test_s3_server.py pins: a wrong secret
-``SignatureDoesNotMatch`` (403), an unknown access key ``InvalidAccessKeyId`` (403), a missing key ``NoSuchKey``
+Error codes this server answers (versitygw v1.8.0, boto3 1.44), which tests/training/test_s3_server.py pins: a wrong
+secret ``SignatureDoesNotMatch`` (403), an unknown access key ``InvalidAccessKeyId`` (403), a missing key ``NoSuchKey``
 (404; a HEAD: code ``404``), a missing bucket ``NoSuchBucket`` (404); nothing listening: botocore's
 ``EndpointConnectionError``.
 """

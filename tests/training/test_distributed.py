@@ -176,7 +176,7 @@ LORA = ["trainer.lora.r=4", "trainer.lora.alpha=8", "trainer.weight_decay=0.1", 
 def test_a_lora_adapter_trains_saves_and_resumes_under_each_zero_stage(preset, tmp_path, atlas_cache):
     """Two processes under each DeepSpeed preset: checkpoints and the final model hold the adapter (gathered whole
     under ZeRO-3), not the model's weights; under ZeRO-3 (where DeepSpeed loads the checkpoint) a restart resumes
-    the adapter and trains on from it. (The weights at a resume, compared exactly: tests/test_lora.py.)"""
+    the adapter and trains on from it. (The weights at a resume, compared exactly: tests/training/test_lora.py.)"""
     from safetensors.torch import load_file
 
     out = tmp_path / "run"
@@ -202,7 +202,7 @@ def test_a_lora_adapter_trains_saves_and_resumes_under_each_zero_stage(preset, t
 
 
 # The AtlasTeacher launch (teacher GRPO under ZeRO-3, two processes, each rank with its own frozen local student):
-# tests/test_reference_examples.py::test_deepspeed_launch_commands runs it, with and without CPU offloading.
+# tests/training/test_reference_examples.py::test_deepspeed_launch_commands runs it, with and without CPU offloading.
 
 
 # --------------------------------------------------------------------------- resume: one decision for all ranks

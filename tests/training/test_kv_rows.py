@@ -1,6 +1,6 @@
 """atlas_core/teaching/kv_rows.py on the tiny Llama: rows that join a running batch, leave it, share a prompt
 prefix and write each step in place decode as each row does alone (the real model's answers:
-tests/test_real_model.py)."""
+tests/training/test_real_model.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """LoRA runs on the tiny model, in one process: an adapter trained (the base frozen), saved in every checkpoint,
 applied exactly once on a resume (weights compared with the checkpoint's), a finished rerun a no-op; bad settings
-refused before any weight is loaded. (DeepSpeed's ZeRO stages: tests/test_distributed.py; the cluster:
+refused before any weight is loaded. (DeepSpeed's ZeRO stages: tests/training/test_distributed.py; the cluster:
 tests/kube/test_lora.py.)"""
 
 from __future__ import annotations

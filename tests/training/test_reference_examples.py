@@ -457,7 +457,8 @@ def test_multi_gpu_setup_with_an_accelerator(in_tmp, tiny_model_dir, train_data)
 def test_deepspeed_launch_commands(tmp_path, atlas_cache, warm_model_dir, preset):
     """`accelerate launch --config_file accelerate/<preset>.yaml -m atlas_core.cli.train recipe@_global_=teacher_rcl`
     on CPU: two processes, models and data swapped, a few steps. The AtlasTeacher's launch: teacher GRPO under
-    ZeRO-3, each rank with its own frozen local student (tests/test_distributed.py runs the pods' other launches)."""
+    ZeRO-3, each rank with its own frozen local student (tests/training/test_distributed.py runs the pods' other
+    launches)."""
     out = tmp_path / "run"
     command = [
         "accelerate", "launch", "--config_file", f"accelerate/{preset}.yaml",

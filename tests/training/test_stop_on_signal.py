@@ -1,6 +1,6 @@
 """A trainer process on SIGTERM, alone (atlas_core/training/preemption.py): the stop code, its report, the warning
 about a grace period too short for a save, and a stop that lands on the run's last step. (Two nodes and a kill in
-the middle of a save: tests/test_distributed.py.)"""
+the middle of a save: tests/training/test_distributed.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The alert rules: one template in the chart (PrometheusRule) and the same rules as a plain file, both checked by
 promtool; unit tests (`promtool test rules`) with series that must fire each alert and series that must not;
-thresholds are chart values. (The rules against a real Prometheus and real runs: tests/test_prometheus.py.)
+thresholds are chart values. (The rules against a real Prometheus and real runs: tests/training/test_prometheus.py.)
 """
 
 from __future__ import annotations

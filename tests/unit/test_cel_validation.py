@@ -412,7 +412,7 @@ FIXED_CHANGES = {
 TAKEN_CHANGES = {
     "training.maxSteps": 1000,
     "training.beta": 0.0,
-    "backend": "JobSet",  # the operator moves the run (tests/test_operator_jobset.py)
+    "backend": "JobSet",  # the operator moves the run (tests/emulator/test_operator_jobset.py)
     "suspend": True,
     "resources.nodes": 2,
     "checkpoint.saveSteps": 10,

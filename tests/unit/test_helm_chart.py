@@ -449,7 +449,7 @@ def test_pod_security_namespaces(helm, default_objs):
 
 def test_rendered_rbac_is_the_rules_file(default_objs):
     """The ClusterRole carries exactly files/rbac-rules.yaml (itself checked against the operator's real
-    calls in tests/test_operator.py)."""
+    calls in tests/emulator/test_operator.py)."""
     (role,) = by_kind(default_objs, "ClusterRole")
     expected = RULES["namespaced"] + RULES["cluster"] + RULES["allNamespaces"]
     assert sorted(map(str, role["rules"])) == sorted(map(str, expected))

@@ -38,7 +38,7 @@ def test_network_settings_of_the_operator():
 NETWORK = NetworkSettings(operator_namespace="atlas-system", monitoring_namespace="monitoring")
 
 
-# The operator pod as the chart labels it (tests/test_helm_chart.py checks the chart against OPERATOR_POD_LABELS).
+# The operator pod as the chart labels it (tests/unit/test_helm_chart.py checks the chart against OPERATOR_POD_LABELS).
 OPERATOR_POD = PodAt("atlas-system", {**OPERATOR_POD_LABELS, "app.kubernetes.io/name": "atlas-operator"})
 
 
