@@ -89,7 +89,7 @@ kube-controllers: kube
 	else echo "kube-controllers: no Go on PATH: tests/kube/test_controllers.py will skip (install Go 1.26+)"; fi
 
 # The S3-compatible server (Versity's S3 Gateway, versitygw, at the version in atlas_cluster/versions.py) for
-# `atlas cluster up --s3` and the tests' s3_server fixture (tests/support/s3.py), built once per machine into
+# `atlas cluster up --s3` and the tests' s3_server fixture (harness/s3.py), built once per machine into
 # $$ATLAS_CACHE_DIR/s3/versitygw-<version>/bin (~2 min cold on 2 cores; nothing when cached). Without Go its tests
 # skip, unless ATLAS_REQUIRE_KUBE=1.
 s3: $(STAMP)

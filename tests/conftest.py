@@ -1,7 +1,7 @@
 """Shared fixtures: the offline tiny model (built once per session), a warmed-up copy, the trainer metrics
-cleared, a real S3-compatible server (``s3_server``, tests/support/s3.py) and a real MLflow tracking server
-(``mlflow_server``, tests/support/mlflow.py). Helpers the tests import are in
-tests/support/ (env.py: REPO, PYTHON, free_port, python_env)."""
+cleared, a real S3-compatible server (``s3_server``, harness/s3.py) and a real MLflow tracking server
+(``mlflow_server``, tests/support/mlflow.py). Helpers the tests import are in tests/support/ and, those the
+benchmarks share, in harness/ (env.py: REPO, PYTHON, free_port, python_env; polling.py: wait_for)."""
 
 from __future__ import annotations
 
@@ -64,8 +64,8 @@ def warm_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real S3-compatible server (versitygw, make s3) on 127.0.0.1 for the session: ``endpoint``, ``access_key``,
-    ``secret_key``, ``region``, ``bucket(name)``, ``env()``, ``client()`` (tests/support/s3.py)."""
-    from tests.support.s3 import s3_server as start
+    ``secret_key``, ``region``, ``bucket(name)``, ``env()``, ``client()`` (harness/s3.py)."""
+    from harness.s3 import s3_server as start
 
     yield from start(tmp_path_factory)
 

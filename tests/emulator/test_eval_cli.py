@@ -1,5 +1,5 @@
 """``atlas eval``: the two-pass evaluation from the command line, against the tiny model and against real
-OpenAI-compatible servers on 127.0.0.1 (tests/support/judge_server.py): its files and figures, bad input, an endpoint
+OpenAI-compatible servers on 127.0.0.1 (harness/judge_server.py): its files and figures, bad input, an endpoint
 that dies mid-way and the resume, and the eval gauges on /metrics."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from atlas_core.answers import SYSTEM_HINT
 from atlas_core.evaluation_figures import TeachingEvaluation
 from atlas_core.tasks import multistep
 from atlas_core.teaching.prompts import GUIDANCE_INTRO, PROBE_INSTRUCTION, TEACHER_TEMPLATES
-from tests.support.env import free_port
-from tests.support.judge_server import Call, JudgeServer, Reply
+from harness.env import free_port
+from harness.judge_server import Call, JudgeServer, Reply
 
 #: The keys of a problems.jsonl line (docs/evaluation.md, "`atlas eval`").
 PROBLEM_KEYS = {

@@ -122,8 +122,8 @@ def test_a_failing_handler_is_logged_and_the_stream_goes_on(caplog):
 
 
 def test_one_label_selector_matcher_for_query_strings_and_label_selectors():
-    """tests/support/label_selectors.py: the query-string form a watch sends means what the same LabelSelector means."""
-    from tests.support import label_selectors
+    """harness/label_selectors.py: the query-string form a watch sends means what the same LabelSelector means."""
+    from harness import label_selectors
 
     labels = {"app.kubernetes.io/instance": "run", "tier": "web"}
     for text, selector, expected in (
@@ -229,7 +229,7 @@ def test_readyz_answers_503_until_ready_and_healthz_whatever_it_says():
 
     from atlas_operator import metrics
 
-    from tests.support.env import free_port
+    from harness.env import free_port
 
     state = {"ready": False}
     port = free_port()
@@ -264,7 +264,7 @@ def test_a_standby_is_alive_and_ready_while_it_waits():
 
     from atlas_operator.leader import _health_server
 
-    from tests.support.env import free_port
+    from harness.env import free_port
 
     port = free_port()
     server = _health_server("127.0.0.1", port)

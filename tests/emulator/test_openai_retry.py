@@ -15,7 +15,7 @@ from atlas_core import openai_calls
 from atlas_core.openai_calls import OpenAICallError, RetryPolicy, call_with_retries
 from atlas_core.reward.interpretation import RIMReward
 from atlas_core.teaching.student import EndpointStudent, StudentAnswer
-from tests.support.judge_server import JudgeServer, Reply, judgment
+from harness.judge_server import JudgeServer, Reply, judgment
 
 JUDGE, LARGE, STUDENT = "judge", "judge-large", "student"
 QUESTION = [{"role": "user", "content": "What is 3 + 4?"}]
@@ -199,7 +199,7 @@ def test_a_trickling_server_is_cut_at_the_timeout(waits):
 
 
 def test_refused_connection_is_retried_then_reported(waits):
-    from tests.support.env import free_port
+    from harness.env import free_port
 
     base_url = f"http://127.0.0.1:{free_port()}/v1"
     rim, result = judge_once(base_url, retries=1, backoff_s=0.01)

@@ -13,10 +13,11 @@ import pytest
 from atlas_operator.crd import custom_resource_definition
 from atlas_operator.ticker import TICK_DONE, tick_line
 
-from tests.support.env import REPO, free_port
+from harness.env import REPO, free_port
+from harness.kube_emulator import JOBSETS, PYTORCHJOBS, TEACHERS, TRAININGS
+from harness.manifests import NS, teacher, training
+from harness.polling import wait_for
 from tests.support.k8s_schemas import crd_jsonschema, openapi_validate, pruned_fields
-from tests.support.kube_emulator import JOBSETS, PYTORCHJOBS, TEACHERS, TRAININGS, wait_for
-from tests.support.manifests import NS, teacher, training
 from tests.support.operator_cluster import (
     NETWORK_POLICIES,
     TIMEOUT,
@@ -681,6 +682,7 @@ def trainjob_life(cluster) -> dict:
     of it followed (the jobsets watch), suspended and resumed (the TrainJob patched), its result read from the trainer
     pods the JobSet lists. Returns the run."""
     from atlas_contract.results import result_message
+    from harness.kube_emulator import TRAINJOBS
     from tests.support.jobset_world import (
         condition,
         create_trainer_jobset,
@@ -689,7 +691,6 @@ def trainjob_life(cluster) -> dict:
         set_trainjob_status,
         trainer_pod,
     )
-    from tests.support.kube_emulator import TRAINJOBS
 
     runtime = install_trainjob_runtime(cluster)
     manifest = teacher("rbac-trainjob", backend="TrainJob", checkpoint={"pvc": "ckpt"})
@@ -719,7 +720,7 @@ def names_and_backends_life(cluster) -> list[dict]:
     """What deletes a child now that a run's deletion is the garbage collector's: a name found taken (what the pass
     created taken back, every name looked at), a backend changed (the other job deleted), and a run an earlier
     operator gave its finalizer (kopf takes it off: the runs' patch). Returns the runs."""
-    from tests.support.kube_emulator import TRAINJOBS
+    from harness.kube_emulator import TRAINJOBS
 
     taken = []
     for backend, (group, version, plural) in {

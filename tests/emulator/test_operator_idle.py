@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from atlas_operator.ticker import tick_line
 
-from tests.support.env import free_port
-from tests.support.kube_emulator import wait_for
-from tests.support.manifests import NS, teacher, training
+from harness.env import free_port
+from harness.manifests import NS, teacher, training
+from harness.polling import wait_for
 from tests.support.operator_cluster import TIMEOUT, own_cluster, wait_children
 
 pytestmark = pytest.mark.timeout(120)

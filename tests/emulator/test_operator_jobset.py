@@ -12,6 +12,9 @@ import pytest
 from atlas_operator.ticker import tick_line
 
 from atlas_contract.results import parse_result_message, result_message
+from harness.kube_emulator import JOBSET_RESOURCES, JOBSETS, PYTORCHJOBS
+from harness.manifests import NS, teacher, training
+from harness.polling import wait_for
 from tests.support.jobset_world import (
     COMPLETION_INDEX,
     JOBSET_KEY,
@@ -23,8 +26,6 @@ from tests.support.jobset_world import (
     wait_jobset,
 )
 from tests.support.k8s_schemas import jobset_webhook_problems
-from tests.support.kube_emulator import JOBSET_RESOURCES, JOBSETS, PYTORCHJOBS, wait_for
-from tests.support.manifests import NS, teacher, training
 from tests.support.operator_cluster import (
     KUEUE_QUEUE_LABEL,
     TIMEOUT,

@@ -16,16 +16,10 @@ import kubernetes
 import pytest
 from atlas_operator.ticker import tick_line
 
+from harness.kube_emulator import PYTORCHJOBS, TEACHERS, TRAININGS, EmulatorThread, write_kubeconfig
+from harness.manifests import NS, teacher, training
+from harness.polling import wait_for
 from tests.support import upgrade_fixtures
-from tests.support.kube_emulator import (
-    PYTORCHJOBS,
-    TEACHERS,
-    TRAININGS,
-    EmulatorThread,
-    wait_for,
-    write_kubeconfig,
-)
-from tests.support.manifests import NS, teacher, training
 from tests.support.operator_cluster import (
     TIMEOUT,
     OperatorProcess,

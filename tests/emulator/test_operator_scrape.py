@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.kube_emulator import wait_for
-from tests.support.manifests import NS, training
+from harness.manifests import NS, training
+from harness.polling import wait_for
 from tests.support.operator_cluster import TIMEOUT, own_cluster, wait_children
 
 pytestmark = pytest.mark.timeout(300)

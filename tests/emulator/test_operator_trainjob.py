@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from harness.kube_emulator import JOBSETS, TRAINER_RESOURCES, TRAINJOBS
+from harness.manifests import NS, teacher, training
+from harness.polling import wait_for
 from tests.support.jobset_world import (
     condition,
     create_trainer_jobset,
@@ -19,8 +22,6 @@ from tests.support.jobset_world import (
     set_trainjob_status,
     trainer_pod,
 )
-from tests.support.kube_emulator import JOBSETS, TRAINER_RESOURCES, TRAINJOBS, wait_for
-from tests.support.manifests import NS, teacher, training
 from tests.support.operator_cluster import TIMEOUT, own_cluster, wait_children
 
 pytestmark = pytest.mark.timeout(300)

@@ -16,9 +16,9 @@ from atlas_operator.status_update import job_ran, status_update, stop_report
 
 from atlas_contract.names import STOP_EXIT_CODE, WATCHDOG_EXIT_CODE
 from atlas_contract.stops import StopReport
+from harness.kube_emulator import JOBSETS, PYTORCHJOBS
+from harness.manifests import NS, teacher, training
 from tests.support.k8s_schemas import crd_jsonschema
-from tests.support.kube_emulator import JOBSETS, PYTORCHJOBS
-from tests.support.manifests import NS, teacher, training
 from tests.support.reconciler import ReconcilerCluster, merge_patch
 
 AT = "2026-01-01T00:00:00Z"

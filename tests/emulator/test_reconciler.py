@@ -14,9 +14,8 @@ from atlas_operator.config import OperatorConfig
 from atlas_operator.crd import custom_resource_definition
 from atlas_operator.status_update import status_update
 
-from tests.support.kube_emulator import JOBSETS, PYTORCHJOBS
-from tests.support.manifests import NS, teacher, training
-from tests.support.operator_cluster import NETWORK_POLICIES
+from harness.kube_emulator import JOBSETS, NETWORK_POLICIES, PYTORCHJOBS
+from harness.manifests import NS, teacher, training
 from tests.support.reconciler import ReconcilerCluster, ResultCluster
 
 

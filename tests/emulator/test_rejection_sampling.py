@@ -11,7 +11,7 @@ from atlas_core.teaching import prompts
 from atlas_core.teaching.protocol import TeachingProtocol
 from atlas_core.teaching.student import EndpointStudent
 from atlas_core.training.rejection_sampling import rejection_sampled_demonstrations
-from tests.support.judge_server import Call, JudgeServer, Reply
+from harness.judge_server import Call, JudgeServer, Reply
 
 ROWS = [
     {"question": q, "kind": multistep.kind_of(q), "ground_truth": str(eval(q)), "prompt": multistep.prompt_of(q)}

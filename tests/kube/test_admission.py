@@ -19,8 +19,8 @@ from atlas_operator.validation import parse_run
 
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import API_VERSION, GROUP, KINDS, VERSION
+from harness.manifests import teacher, training, with_spec
 from tests.support.cel_admission import admission_refusals
-from tests.support.manifests import teacher, training, with_spec
 from tests.unit.test_cel_validation import CORPUS, EXAMPLES, cel_visible, schema_valid, variants
 
 INVALID = "Invalid value: "

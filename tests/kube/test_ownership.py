@@ -28,10 +28,10 @@ from atlas_operator import kube as k8s
 from atlas_operator.kube import Kube, Resource
 from atlas_operator.ticker import tick_line
 
+from harness.manifests import training
+from harness.polling import wait_for
 from tests.kube.conftest import Release, start_release, stop_release
 from tests.support import upgrade_fixtures
-from tests.support.kube_emulator import wait_for
-from tests.support.manifests import training
 
 pytestmark = pytest.mark.timeout(300)
 GROUP, VERSION = "atlas.arc.computer", "v1alpha1"

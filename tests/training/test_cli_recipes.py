@@ -7,7 +7,7 @@ import json
 
 import yaml
 
-from tests.support.env import PYTHON, run
+from harness.env import PYTHON, run
 
 TRAIN = [PYTHON, "-m", "atlas_core.cli.train"]
 

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from tests.support.env import PYTHON, free_port, python_env
+from harness.env import PYTHON, free_port, python_env
 
 pytestmark = pytest.mark.serial  # the whole demo, timed: the serial lane (tests/conftest.py)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.env import REPO, free_port, python_env
-from tests.support.kube_emulator import wait_for
+from harness.env import REPO, free_port, python_env
+from harness.polling import wait_for
 
 pytestmark = pytest.mark.serial  # several trainer processes, timed: the serial lane (tests/conftest.py)
 

@@ -11,7 +11,7 @@ import pytest
 
 from atlas_contract import results
 from atlas_core.tasks import multistep
-from tests.support.env import PYTHON, python_env
+from harness.env import PYTHON, python_env
 
 
 def test_teacher_run_evaluates_after_training_and_writes_its_result(tmp_path, atlas_cache, monkeypatch, capfd):

@@ -1,5 +1,5 @@
 """The trained model out (atlas_core/sources/export.py): the tiny model exported to a real S3 server
-(tests/support/s3.py) and to a claim's mount, the manifest the last object written and every file's sha256 in it,
+(harness/s3.py) and to a claim's mount, the manifest the last object written and every file's sha256 in it,
 a missing bucket named with the local model untouched, ``atlas eval --teacher s3://…`` on an export giving the
 local folder's figures, and a teacher run whose export fails, then succeeds on its re-run without training or
 evaluating again."""

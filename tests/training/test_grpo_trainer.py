@@ -15,7 +15,7 @@ from atlas_core.answers import exact_match_reward
 from atlas_core.tasks.arithmetic import make_arithmetic_dataset
 from atlas_core.training.algorithms.grpo import GRPOTrainer
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
-from tests.support.env import free_port
+from harness.env import free_port
 from tests.support.training import tiny_grpo_args
 
 

@@ -17,8 +17,8 @@ from atlas_operator.validation import parse_run
 
 from atlas_contract.results import result_message
 from atlas_contract.sources import SOURCES_EXIT_CODE
-from tests.support.manifests import teacher
-from tests.support.s3 import S3
+from harness.manifests import teacher
+from harness.s3 import S3
 
 STORAGE = {"secretRef": {"name": "atlas-s3"}}
 

@@ -28,9 +28,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.env import REPO, free_port, python_env
-from tests.support.kube_emulator import PYTORCHJOBS, wait_for
-from tests.support.manifests import NS, tiny_training
+from harness.env import REPO, free_port, python_env
+from harness.kube_emulator import PYTORCHJOBS
+from harness.manifests import NS, tiny_training
+from harness.polling import wait_for
 from tests.support.operator_cluster import own_cluster
 from tests.support.prometheus_server import MISSING, Prometheus, binaries, finite_points, grafana_expr, grafana_interval
 
@@ -207,7 +208,7 @@ class Observed:
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory, tiny_model_dir):
-    from tests.support.judge_server import JudgeServer, Reply, judgment
+    from harness.judge_server import JudgeServer, Reply, judgment
 
     tmp = tmp_path_factory.mktemp("prometheus")
     metrics_port = free_port()  # rank 0's metrics port, served on this host port (Trainer)

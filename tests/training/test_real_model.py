@@ -15,7 +15,7 @@ import torch
 
 from atlas_contract.checks import SMOLLM2_MODEL_URI
 from atlas_core.models import smollm2
-from tests.support.env import PYTHON, REPO, python_env
+from harness.env import PYTHON, REPO, python_env
 from tests.support.training import tiny_grpo_args
 
 PROMPTS = [

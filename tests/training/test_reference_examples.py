@@ -19,8 +19,8 @@ from datasets import Dataset
 
 from atlas_core.answers import exact_match_reward, extract_answer
 from atlas_core.tasks.arithmetic import make_arithmetic_dataset
-from tests.support.env import REPO, free_port, python_env
-from tests.support.judge_server import JudgeServer, Reply, judgment
+from harness.env import REPO, free_port, python_env
+from harness.judge_server import JudgeServer, Reply, judgment
 
 # Budget knobs added to the printed configs so that a step takes well under a second on a CPU.
 CPU_BUDGET = dict(max_completion_length=16, report_to=[], disable_tqdm=True, gradient_checkpointing=False)

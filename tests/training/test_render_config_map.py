@@ -11,8 +11,8 @@ from atlas_operator.render import render_children, run_config
 from atlas_operator.spec import TrainingSpec
 from atlas_operator.validation import parse_run
 
-from tests.support.env import PYTHON, REPO, python_env
-from tests.support.manifests import teacher, training
+from harness.env import PYTHON, REPO, python_env
+from harness.manifests import teacher, training
 
 
 def test_every_training_field_is_a_trainer_field():

@@ -8,7 +8,7 @@ import subprocess
 import time
 
 from atlas_core.training.resume import RankView, decide, rank_view
-from tests.support.env import PYTHON, python_env
+from harness.env import PYTHON, python_env
 
 
 def command(out, max_steps):

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from atlas_core.reward.config import RIMConfigError, load_rim_config, parse_rim_config
 from atlas_core.reward.interpretation import RIMReward, apply_consistency, combine
 from atlas_core.telemetry.metrics import TRAINER_REGISTRY
-from tests.support.judge_server import JudgeServer, Reply, judgment
+from harness.judge_server import JudgeServer, Reply, judgment
 
 SMALL, LARGE = "judge-small", "judge-large"
 
@@ -218,7 +218,7 @@ def test_timeouts_and_total_failure_fall_back(rim_factory):
 
 
 def test_refused_connection_never_raises(rim_factory):
-    from tests.support.env import free_port
+    from harness.env import free_port
 
     rim = rim_factory(config=config(f"http://127.0.0.1:{free_port()}/v1", retries=1))
     scores = rim(prompts=["a", "b"], completions=["x", "y"])
@@ -373,7 +373,7 @@ def test_rim_from_the_run_configuration(tmp_path, atlas_cache, capfd):
 
     import yaml
 
-    from tests.support.env import PYTHON, python_env
+    from harness.env import PYTHON, python_env
 
     with JudgeServer(lambda call: Reply(judgment(0.5, 0.1))) as server:
         rim_file = tmp_path / "judges.yaml"

@@ -11,7 +11,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from tests.support.env import free_port, python_env
+from harness.env import free_port, python_env
 
 NO_RETRIES = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=2, read_timeout=10)
 

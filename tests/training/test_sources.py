@@ -1,4 +1,4 @@
-"""Models and data in from S3 (atlas_core/sources): fetched once from a real S3 server (tests/support/s3.py, the
+"""Models and data in from S3 (atlas_core/sources): fetched once from a real S3 server (harness/s3.py, the
 ``s3_server`` fixture) with boto3, a manifest written last, a fetch cut short resumed with a Range GET, a whole
 copy skipped without a request, each failure named (AccessDenied, NotFound, Unreachable) without a credential, two
 processes on one folder, the initializer's exit status and termination message, and a model loaded from S3."""
@@ -24,7 +24,7 @@ from atlas_contract.sources import (
     UNREACHABLE,
     local_path,
 )
-from tests.support.env import PYTHON, free_port, python_env
+from harness.env import PYTHON, free_port, python_env
 
 boto3 = pytest.importorskip("boto3")
 

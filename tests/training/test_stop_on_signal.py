@@ -14,7 +14,7 @@ import pytest
 
 from atlas_contract.names import STOP_EXIT_CODE
 from atlas_contract.stops import parse_stop_report
-from tests.support.env import REPO, python_env
+from harness.env import REPO, python_env
 
 pytestmark = pytest.mark.serial  # a SIGTERM's save, timed: the serial lane (tests/conftest.py)
 

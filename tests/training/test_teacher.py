@@ -15,7 +15,7 @@ from atlas_core.teaching.student import EndpointStudent
 from atlas_core.telemetry.metrics import TRAINER_REGISTRY
 from atlas_core.training.algorithms.grpo_config import GRPOConfig
 from atlas_core.training.algorithms.teacher_trainers import DiagnosticResult, TeacherGRPOTrainer
-from tests.support.judge_server import JudgeServer, Reply
+from harness.judge_server import JudgeServer, Reply
 from tests.support.training import tiny_grpo_args
 
 
@@ -291,7 +291,7 @@ class RecordingTeacher(TeacherGRPOTrainer):
 def test_train_logs_teaching_metrics_and_keeps_the_student_frozen(
     tmp_path, tiny_model_dir, warm_model_dir, fresh_trainer_metrics
 ):
-    from tests.support.env import free_port
+    from harness.env import free_port
 
     RecordingTeacher.seen_inputs.clear()
     port = free_port()
@@ -341,7 +341,7 @@ def test_train_logs_teaching_metrics_and_keeps_the_student_frozen(
 def test_capability_from_the_rim_diagnostic_judge(tmp_path, tiny_model_dir):
     """With a RIM diagnostic judge among the scorers, capability is that judge's reading of the probe."""
     from atlas_core.reward.interpretation import RIMReward
-    from tests.support.judge_server import judgment
+    from harness.judge_server import judgment
 
     def script(call):
         if call.model == "judge":

@@ -1,7 +1,7 @@
 import os
 import subprocess
 
-from tests.support.env import PYTHON, python_env
+from harness.env import PYTHON, python_env
 
 
 def test_builds_offline_and_loads_through_from_pretrained(tiny_model_dir):

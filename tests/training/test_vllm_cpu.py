@@ -18,8 +18,8 @@ from atlas_operator.validation import parse_run
 
 from atlas_contract.checks import SMOLLM2_MODEL_URI
 from atlas_contract.vllm import CPU_ENV, GPU_ONLY_FLAGS, OPENAI_API_SERVER, cpu_command_for
-from tests.support.env import PYTHON, REPO, python_env
-from tests.support.manifests import teacher
+from harness.env import PYTHON, REPO, python_env
+from harness.manifests import teacher
 from tests.support.vllm import require_cpu_vllm
 
 pytestmark = [pytest.mark.serial, pytest.mark.slow]  # a real vLLM: 6 GB and both cores while it generates

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from atlas_contract.names import ENV_RESULT_FILE, WATCHDOG_EXIT_CODE
-from tests.support.env import free_port
+from harness.env import free_port
 
 pytestmark = [pytest.mark.serial, pytest.mark.timeout(300)]  # real stalls, timed: the serial lane (tests/conftest.py)
 

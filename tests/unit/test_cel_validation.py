@@ -24,9 +24,9 @@ from cel_expr_python import cel
 
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import max_jobset_run_name, max_trainjob_run_name
+from harness.manifests import teacher, tiny_training, training, with_spec
 from tests.support.cel_admission import admission_refusals, crd_schema, is_transition
 from tests.support.k8s_schemas import crd_jsonschema, openapi_validate
-from tests.support.manifests import teacher, tiny_training, training, with_spec
 
 REPO = Path(__file__).resolve().parents[2]
 KINDS = ("AtlasTraining", "AtlasTeacher")

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.support.env import PYTHON, REPO, python_env, run
+from harness.env import PYTHON, REPO, python_env, run
 
 QUICK = ["trainer.max_steps=2", "trainer.metrics_port=0", "trainer.save_steps=2"]
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from atlas_cluster.tools import ToolUnavailable, helm_binary
-from tests.support import label_selectors
+from harness import label_selectors
 from tests.support.metric_names import expand, metric_names, operator_registries
 
 REPO = Path(__file__).resolve().parents[2]

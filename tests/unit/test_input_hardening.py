@@ -12,7 +12,7 @@ from atlas_operator.spec import TrainingSpec
 from atlas_contract.defaults import LIMITS, TEACHING
 from atlas_core.training.data import DatasetSourceError, load_run_dataset
 from atlas_core.training.load_config import load_run_config, validate_run_config
-from tests.support.env import PYTHON, python_env
+from harness.env import PYTHON, python_env
 
 # The documented trainer settings: every spec.training field, the teaching protocol's, TRL's batch knobs.
 DOCUMENTED = sorted(

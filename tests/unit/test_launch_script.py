@@ -17,7 +17,7 @@ from atlas_operator.validation import parse_run
 from atlas_contract.names import STOP_EXIT_CODE, WATCHDOG_EXIT_CODE
 from atlas_contract.results import result_message
 from atlas_contract.stops import StopReport, parse_stop_report
-from tests.support.manifests import training
+from harness.manifests import training
 
 # The stand-in for `accelerate launch`: what torch elastic's launcher does, in each case, seen from outside: it exits 1
 # whatever its workers' codes were; on SIGTERM it passes the signal on and exits once they are done.

@@ -14,9 +14,9 @@ from atlas_operator.render import child_names, render_children
 from atlas_operator.status_update import Outcome, status_update
 from atlas_operator.validation import parse_run
 
-from tests.support.env import PYTHON, REPO, python_env
+from harness.env import PYTHON, REPO, python_env
+from harness.manifests import teacher, training
 from tests.support.k8s_schemas import KUBE_VERSION, crd_jsonschema, openapi_validate, pruned_fields
-from tests.support.manifests import teacher, training
 from tests.support.render import EXAMPLES
 
 

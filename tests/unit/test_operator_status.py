@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from atlas_operator.status_update import Outcome, job_phase, merge_conditions, parse_progress, status_update
 
-from tests.support.kube_emulator import wait_for
+from harness.polling import wait_for
 
 
 def test_queued_phase_until_kueue_unsuspends_the_job():

@@ -15,7 +15,7 @@ from atlas_operator.validation import parse_run
 
 from atlas_contract import results, tracking
 from atlas_contract.run_config import RunConfig
-from tests.support.manifests import teacher, training
+from harness.manifests import teacher, training
 from tests.support.render import config_map_of, pod_templates
 
 SERVER = "http://mlflow.monitoring:5000"

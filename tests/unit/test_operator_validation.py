@@ -12,8 +12,8 @@ from atlas_operator.render import render_children
 from atlas_operator.validation import parse_run
 
 from atlas_contract.errors import InvalidFields
+from harness.manifests import teacher, training, with_spec
 from tests.support.k8s_schemas import crd_jsonschema, openapi_validate
-from tests.support.manifests import teacher, training, with_spec
 from tests.support.render import POLICIES, problem_fields
 
 

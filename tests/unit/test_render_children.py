@@ -12,9 +12,9 @@ import yaml
 from atlas_operator.render import has_student_server, render_children
 from atlas_operator.validation import parse_run
 
-from tests.support.env import PYTHON, python_env
+from harness.env import PYTHON, python_env
+from harness.manifests import manifest_file, teacher, training, with_spec
 from tests.support.k8s_schemas import KUBE_VERSION, openapi_validate, pytorchjob_schema, pytorchjob_webhook_problems
-from tests.support.manifests import manifest_file, teacher, training, with_spec
 from tests.support.pod_policies import restricted_profile_problems
 from tests.support.render import BOTH_KINDS_AND_BACKENDS, EXAMPLES, POLICIES, pod_templates
 

@@ -14,8 +14,9 @@ from atlas_operator.validation import parse_run
 
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import JOBSET_REPLICATED_JOBS, max_jobset_run_name
-from tests.support import label_selectors
-from tests.support.env import PYTHON, REPO, python_env
+from harness import label_selectors
+from harness.env import PYTHON, REPO, python_env
+from harness.manifests import manifest_file, teacher, training, with_spec
 from tests.support.k8s_schemas import (
     KUBE_VERSION,
     jobset_openapi_schema,
@@ -25,7 +26,6 @@ from tests.support.k8s_schemas import (
     pruned_fields,
     pytorchjob_schema,
 )
-from tests.support.manifests import manifest_file, teacher, training, with_spec
 from tests.support.render import EXAMPLES, POLICIES, children, config_map_of, problem_fields
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"

@@ -11,9 +11,9 @@ from atlas_operator.render import Images, NetworkSettings, child_names, render_c
 from atlas_operator.validation import parse_run
 
 from atlas_contract.names import OPERATOR_POD_LABELS, RENDEZVOUS_PORT, TRAINER_METRICS_PORT, VLLM_PORT, WEIGHT_SYNC_PORT
-from tests.support import label_selectors
+from harness import label_selectors
+from harness.manifests import teacher, training
 from tests.support.k8s_schemas import KUBE_VERSION
-from tests.support.manifests import teacher, training
 from tests.support.pod_policies import PodAt, ingress_allowed
 from tests.support.render import BOTH_KINDS_AND_BACKENDS, pod_templates
 

@@ -7,8 +7,8 @@ import pytest
 from atlas_operator.render import render_children
 from atlas_operator.validation import parse_run
 
+from harness.manifests import teacher, training
 from tests.support.k8s_schemas import openapi_validate, pytorchjob_schema
-from tests.support.manifests import teacher, training
 from tests.support.render import children
 
 

@@ -11,9 +11,9 @@ from atlas_operator.validation import parse_run
 
 from atlas_contract import sources
 from atlas_contract.errors import InvalidFields
-from tests.support.env import REPO
+from harness.env import REPO
+from harness.manifests import teacher, training
 from tests.support.k8s_schemas import jobset_schema, jobset_webhook_problems, openapi_validate, pytorchjob_schema
-from tests.support.manifests import teacher, training
 from tests.support.render import EXAMPLES, children, config_map_of, problem_fields
 
 
@@ -368,8 +368,8 @@ def test_a_server_that_would_be_best_effort_is_said_by_atlas_render(backend, tmp
 
     from atlas_operator.render import best_effort_warning
 
-    from tests.support.env import PYTHON, python_env
-    from tests.support.manifests import manifest_file
+    from harness.env import PYTHON, python_env
+    from harness.manifests import manifest_file
 
     zero = {"model": "/models/student", "rollout": {"replicas": 1, "cpu": "0", "memory": "0"}}
     manifest = teacher(backend=backend, student=zero)

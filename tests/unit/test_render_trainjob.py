@@ -15,6 +15,7 @@ from atlas_operator.render.trainjob import training_runtime
 from atlas_operator.validation import parse_run
 
 from atlas_contract.names import QUEUE_NAME_LABEL, STOP_EXIT_CODE, TRAINJOB_RUNTIME, WATCHDOG_EXIT_CODE
+from harness.manifests import teacher, training
 from tests.support.cel_admission import admission_refusals
 from tests.support.k8s_schemas import (
     KUBE_VERSION,
@@ -27,7 +28,6 @@ from tests.support.k8s_schemas import (
     openapi_validate,
     pruned_fields,
 )
-from tests.support.manifests import teacher, training
 from tests.support.render import EXAMPLES, POLICIES
 from tests.support.trainer_jobset import (
     build_jobset,

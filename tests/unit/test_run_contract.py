@@ -19,8 +19,8 @@ from atlas_contract.errors import InvalidFields
 from atlas_contract.names import RUN_CONFIG_FILE
 from atlas_contract.run_config import DatasetConfig, RewardConfig, RunConfig
 from atlas_contract.teaching import TEACHING_FIELDS, TeachingSettings
-from tests.support.env import REPO
-from tests.support.manifests import teacher, tiny_training, training, with_spec
+from harness.env import REPO
+from harness.manifests import teacher, tiny_training, training, with_spec
 from tests.unit.test_contract import BASE, manifest
 from tests.unit.test_preflight import TEACHER
 from tests.unit.test_render_jobset import JOBSET_RUNS
@@ -36,7 +36,7 @@ def _examples() -> dict[str, dict]:
 
 
 def _builders() -> dict[str, dict]:
-    """The manifests the operator tests build (tests/support/manifests.py, test_contract.BASE, the JobSet runs of
+    """The manifests the operator tests build (harness/manifests.py, test_contract.BASE, the JobSet runs of
     test_render_jobset, test_preflight's teacher), and the teaching and evaluation variants."""
     runs = {
         "training": training(),

@@ -28,7 +28,7 @@ validation.
 Usage (synchronous test; the emulator runs in its own thread with its own event loop, so the
 synchronous ``kubernetes`` client, kopf's ``KopfRunner`` thread and subprocesses can all reach it)::
 
-    from tests.support.kube_emulator import kube_emulator, kubeconfig  # noqa: F401  (fixtures)
+    from harness.kube_emulator import kube_emulator, kubeconfig  # noqa: F401  (fixtures)
 
     def test_x(kube_emulator, kubeconfig):          # kubeconfig also sets $KUBECONFIG
         kubernetes.config.load_kube_config(config_file=str(kubeconfig))
@@ -56,7 +56,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
@@ -69,7 +68,7 @@ import pytest
 from kmock._internal import dicts as _kdicts
 from kmock._internal import parsing as _kparsing
 
-from tests.support import label_selectors
+from harness import label_selectors
 
 # ------------------------------------------------------------------------------------------------
 # Resources.
@@ -89,6 +88,7 @@ CORE_RESOURCES: dict[str, dict[str, Any]] = {
     ),
 }
 PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
+NETWORK_POLICIES = "networking.k8s.io/v1/networkpolicies"
 PODS = "v1/pods"
 TRAININGS = "atlas.arc.computer/v1alpha1/atlastrainings"
 TEACHERS = "atlas.arc.computer/v1alpha1/atlasteachers"
@@ -776,18 +776,6 @@ def write_kubeconfig(path: str | os.PathLike[str], url: str, namespace: str = "d
     return path
 
 
-def wait_for(fn: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, what: str = "condition") -> Any:
-    """Poll ``fn`` until it returns a truthy value (returned) or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 # ------------------------------------------------------------------------------------------------
 # kopf.
 
@@ -893,6 +881,7 @@ __all__ = [
     "CLUSTER_TRAINING_RUNTIMES",
     "KopfProcess",
     "PODS",
+    "NETWORK_POLICIES",
     "PYTORCHJOBS",
     "TEACHERS",
     "TRAININGS",
@@ -903,6 +892,5 @@ __all__ = [
     "kube_emulator_options",
     "kubeconfig",
     "running_emulator",
-    "wait_for",
     "write_kubeconfig",
 ]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from atlas_cluster.controlplane import free_port  # noqa: F401  (one source: re-exported for the tests)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 

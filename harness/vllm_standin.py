@@ -74,7 +74,7 @@ def serve(host: str, port: int, model: str, path: str | None = None) -> None:
             self.send(404, {"error": {"message": "not served by the vLLM stand-in"}})
 
     source = f" (model {path})" if path else ""
-    print(f"vLLM stand-in (tests/support/vllm_standin.py): serving {model}{source} on {host}:{port}", flush=True)
+    print(f"vLLM stand-in (harness/vllm_standin.py): serving {model}{source} on {host}:{port}", flush=True)
     ThreadingHTTPServer((host, port), Handler).serve_forever()
 
 
