@@ -5,7 +5,7 @@ nodes (atlas_cluster/node.py, the one stand-in left: kubelet and container runti
 processes, each in a network namespace of its own.
 
 Each scenario runs once, on the backend it belongs to (what differs per backend is checked at the render and status
-level: tests/test_render_*.py, tests/test_operator_*.py):
+level: tests/unit/test_render_*.py, tests/emulator/test_operator_*.py):
 
 - PyTorchJob, the default backend: a 2-node teacher trains, reports progress (the operator scrapes rank 0's metrics
   through the run's Service name) and its evaluated result (the Master's termination message); a teacher's
