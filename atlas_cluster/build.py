@@ -9,7 +9,7 @@ python -m atlas_cluster.build --controllers jobset,kueue,trainer,training-operat
 python -m atlas_cluster.build --s3       # only the S3-compatible server (Versity's S3 Gateway, for
                                          # atlas cluster up --s3) into $ATLAS_CACHE_DIR/s3/versitygw-<version>/bin
 python -m atlas_cluster.build --kube-score
-                                         # only kube-score (tests/test_kube_score.py's judge) into
+                                         # only kube-score (tests/training/test_kube_score.py's judge) into
                                          # $ATLAS_CACHE_DIR/kube-score/kube-score-<version>/bin
 
 The control plane does not install with a plain ``go install``, so each binary is built in a wrapper module:
@@ -25,7 +25,7 @@ The control plane does not install with a plain ``go install``, so each binary i
   folder of ours (``go install`` writes to GOBIN), and the dependency versions its go.mod asks for, as a user's
   ``go get`` resolves them.
 - the S3 server (``versitygw``, atlas_cluster/s3.py runs it) the same way as a controller: its go.mod has no
-  replace, but one way for every binary; kube-score (tests/test_kube_score.py) likewise.
+  replace, but one way for every binary; kube-score (tests/training/test_kube_score.py) likewise.
 
 Each binary is linked to a temporary name and renamed into place: a build interrupted or run twice at once never
 leaves a half-written binary. The Go module and build caches (``go env GOMODCACHE``, ``GOCACHE``) make a rebuild

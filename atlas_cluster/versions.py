@@ -28,8 +28,8 @@ VERSITYGW = "v1.8.0"  # github.com/versity/versitygw (go 1.25)
 VERSITYGW_MODULE = "github.com/versity/versitygw"
 VERSITYGW_PACKAGE = "github.com/versity/versitygw/cmd/versitygw"
 
-# The outside judge of the manifests the project writes (tests/test_kube_score.py): kube-score over `helm template`
-# of the chart and `atlas render` of every example, built from its module like the S3 server.
+# The outside judge of the manifests the project writes (tests/training/test_kube_score.py): kube-score over
+# `helm template` of the chart and `atlas render` of every example, built from its module like the S3 server.
 KUBE_SCORE = "v1.20.0"  # github.com/zegl/kube-score
 KUBE_SCORE_MODULE = "github.com/zegl/kube-score"
 KUBE_SCORE_PACKAGE = "github.com/zegl/kube-score/cmd/kube-score"

@@ -4,7 +4,7 @@
   modules: atlas_cluster/), the CRDs and the chart installed, the operator cluster-wide under the chart's
   ServiceAccount token, as on a cluster; what it did is read from the API server's audit log (every request of a
   ServiceAccount, atlas_cluster/controlplane.py), its CPU and the API server's and etcd's from /proc;
-* ``emulator``: the Kubernetes API emulator of the tests (kmock, tests/support/kube_emulator.py) in this process;
+* ``emulator``: the Kubernetes API emulator of the tests (kmock, harness/kube_emulator.py) in this process;
 * ``floor`` (not in the default): the real control plane with bench/ideal_operator.py in the operator's place, under
   the same token: each new run's children rendered and created, nothing else (no read, finalizer, status or Event).
   Its create -> children is what the control plane alone takes for the children's writes on this machine: the
@@ -91,10 +91,9 @@ from atlas_cluster.build import default_bin_dir, ensure_built, ensure_controller
 from atlas_cluster.cluster import RELEASE_NAMESPACE, LocalCluster
 from atlas_cluster.versions import CONTROLLERS as CONTROLLER_VERSIONS
 from atlas_contract.names import ChildNames
-from tests.support.env import REPO, free_port, python_env
-from tests.support.kube_emulator import PYTORCHJOBS, EmulatorThread, write_kubeconfig
-from tests.support.manifests import training
-from tests.support.operator_cluster import NETWORK_POLICIES
+from harness.env import REPO, free_port, python_env
+from harness.kube_emulator import NETWORK_POLICIES, PYTORCHJOBS, EmulatorThread, write_kubeconfig
+from harness.manifests import training
 
 NS = "team-a"
 RUNS = "atlas.arc.computer/v1alpha1/atlastrainings"

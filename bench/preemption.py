@@ -26,8 +26,8 @@ from pathlib import Path
 from atlas_cluster.node import descendants
 from atlas_contract.names import CHECKPOINT_PREFIX, CHECKPOINT_STAGING_DIR
 from atlas_contract.stops import parse_stop_report
-from tests.support.env import free_port
-from tests.support.kube_emulator import wait_for
+from harness.env import free_port
+from harness.polling import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH = (

@@ -13,7 +13,7 @@ import argparse
 import time
 
 from atlas_core.reward.interpretation import RIMReward
-from tests.support.judge_server import JudgeServer, Reply, judgment
+from harness.judge_server import JudgeServer, Reply, judgment
 
 
 def timed_batch(base_url: str, samples: int, concurrency: int) -> tuple[float, list[float]]:

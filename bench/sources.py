@@ -3,7 +3,7 @@
 On a local cluster as ``atlas cluster up --s3 --controllers training-operator --nodes 2`` makes it (atlas_cluster:
 the real control plane, the training-operator, two process nodes, versitygw with its access log on), one AtlasTeacher
 per model and volume: the model is the teacher and the student (one ``s3://`` URI), the data a multistep file in the
-bucket, 2 trainer nodes and a student server (the nodes' ``vllm`` is tests/support/vllm_standin.py: the server's
+bucket, 2 trainer nodes and a student server (the nodes' ``vllm`` is harness/vllm_standin.py: the server's
 init container fetches and the server gets the local copy's path, but nothing is loaded), one training step, an
 evaluation of two problems, the export to ``s3://atlas/exports/<run>``. For each model (``builtin://tiny-llama``;
 ``builtin://smollm2-135m-instruct``, skipped with a message without ``make real-model``) it runs once with a shared
@@ -169,7 +169,7 @@ class Bench:
         return round(total), gets, clients
 
     def run(self, label: str, model_prefix: str, model_bytes: int, pvc: bool) -> Measured:
-        from tests.support.s3 import read_access_log
+        from harness.s3 import read_access_log
 
         name = f"{label}-{'pvc' if pvc else 'nopvc'}"
         claim = f"ckpt-{name}" if pvc else None
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     from atlas_cluster.cluster import LocalCluster
     from atlas_cluster.controlplane import free_port
     from atlas_core.sources.fetch import PART_BYTES
-    from tests.support import vllm_standin
+    from harness import vllm_standin
 
     if os.geteuid() != 0:
         print("bench.sources: the process nodes need root", file=sys.stderr)

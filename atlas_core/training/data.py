@@ -123,7 +123,7 @@ def _teacher_multistep(r: BuiltinRequest) -> list[dict[str, Any]]:
 
 
 #: Every builtin dataset → the rows of a request. Which algorithms and splits each has is the contract's
-#: (atlas_contract.datasets.BUILTINS), checked before a loader runs; tests/test_preflight.py keeps the two in step.
+#: (atlas_contract.datasets.BUILTINS), checked before a loader runs; tests/unit/test_preflight.py keeps the two in step.
 BUILTIN_DATASETS: dict[str, Callable[[BuiltinRequest], list[dict[str, Any]]]] = {
     BUILTIN_ARITHMETIC: _arithmetic,
     BUILTIN_TEACHER_ARITHMETIC: _teacher_arithmetic,

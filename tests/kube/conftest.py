@@ -20,7 +20,6 @@ import json
 import os
 import re
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,8 @@ from atlas_cluster.controllers import Running, controller_crd_files, start_contr
 from atlas_cluster.controlplane import KubeScheduler
 from atlas_cluster.node import ProcessNodes, podnet
 from atlas_cluster.processes import log_tail
-from tests.support.env import REPO, free_port
+from harness.env import REPO, free_port
+from harness.polling import wait_for
 
 # Read before any fixture moves ATLAS_CACHE_DIR to a temporary folder (tests/conftest.py's atlas_cache).
 BIN_DIR = Path(os.environ.get("ATLAS_KUBE_BIN") or default_bin_dir())
@@ -147,14 +147,9 @@ def process_nodes(kube: Kube, **options) -> Iterator[ProcessNodes]:
 
 
 def eventually(what: str, probe: Callable[[], object], timeout: float = 60.0, every: float = 0.3):
-    """``probe()``'s first truthy value, polled every ``every`` s; fails naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"{what}: not in {timeout:.0f} s"
-        time.sleep(every)
+    """``probe()``'s first truthy value, polled every ``every`` s; fails naming ``what`` after ``timeout`` s: the
+    harness's ``wait_for`` at the tier's pace, ``what`` first."""
+    return wait_for(probe, timeout, every, what)
 
 
 def _dns_name(text: str) -> str:

@@ -19,9 +19,9 @@ from atlas_operator.validation import parse_run
 
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import API_VERSION, GROUP, KINDS, VERSION
+from harness.manifests import teacher, training, with_spec
 from tests.support.cel_admission import admission_refusals
-from tests.support.manifests import teacher, training, with_spec
-from tests.test_cel_validation import CORPUS, EXAMPLES, cel_visible, schema_valid, variants
+from tests.unit.test_cel_validation import CORPUS, EXAMPLES, cel_visible, schema_valid, variants
 
 INVALID = "Invalid value: "
 OBJECT_NAME = "a lowercase RFC 1123 subdomain"
@@ -69,7 +69,7 @@ def disagreement(objects, namespace: str, manifest: dict[str, Any]) -> str | Non
 
 
 def test_the_api_server_and_the_operator_refuse_alike(kube, namespace, objects):
-    """Examples, the parity corpus's builders and 150 seeded random runs (tests/test_cel_validation.py variants, a
+    """Examples, the parity corpus's builders and 150 seeded random runs (tests/unit/test_cel_validation.py variants, a
     seed of their own): accepted by both, or refused by both with the same fields and messages."""
     corpus = [m for m in [*CORPUS[: len(CORPUS) - 700], *variants(150, seed=2026)] if schema_valid(m)]
     assert len(corpus) > 100

@@ -17,9 +17,9 @@ from pathlib import Path
 import boto3
 
 from atlas_cluster.helm_kubectl import kubectl_binary
+from harness.env import REPO, python_env
+from harness.s3 import require_binary
 from tests.kube.conftest import BIN_DIR
-from tests.support.env import REPO, python_env
-from tests.support.s3 import require_binary
 
 
 def _atlas(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -24,9 +24,9 @@ import yaml
 
 from atlas_cluster.cluster import kubectl
 from atlas_cluster.controllers import Running
+from harness.env import python_env
 from tests.kube.conftest import BIN_DIR, CONTROLLER_BINARIES, CONTROLLERS, Kube, eventually, upstream_controllers
 from tests.kube.test_cluster_cli import process_alive
-from tests.support.env import python_env
 
 NAMES = CONTROLLERS
 BINARIES = CONTROLLER_BINARIES

@@ -26,8 +26,8 @@ from collections import Counter
 
 import kubernetes
 
+from harness.manifests import tiny_training
 from tests.kube.conftest import Kube, eventually, start_operator
-from tests.support.manifests import tiny_training
 
 RUNS = 20
 DELETED = ("r0", "r1")

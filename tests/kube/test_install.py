@@ -14,8 +14,8 @@ import yaml
 from atlas_operator.schema import to_object
 from atlas_operator.validation import parse_run
 
-from tests.support.env import REPO
-from tests.support.manifests import teacher, training
+from harness.env import REPO
+from harness.manifests import teacher, training
 
 KINDS = {"AtlasTraining": "atlastrainings", "AtlasTeacher": "atlasteachers"}
 DEADLINE = 30.0

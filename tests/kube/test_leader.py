@@ -11,8 +11,8 @@ import time
 
 import kubernetes
 
+from harness.manifests import tiny_training
 from tests.kube.conftest import Kube, eventually, start_operator
-from tests.support.manifests import tiny_training
 
 TAKEOVER_LIMIT_S = 15.0
 

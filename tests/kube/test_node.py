@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,11 +30,6 @@ def nodes(kube: Kube) -> Iterator[ProcessNodes]:
 @pytest.fixture(scope="module")
 def admin(kube: Kube) -> Api:
     return Api(kube.kubeconfig)
-
-
-def wait_for(what: str, check: Callable[[], object], timeout: float = 30.0):
-    """The tier's ``eventually``, at this module's pace."""
-    return eventually(what, check, timeout, every=0.2)
 
 
 def apply(kube: Kube, namespace: str, *objects: dict) -> None:
@@ -65,7 +60,7 @@ def pod(name: str, command: list[str], restart: str = "Never", **spec) -> dict:
 @pytest.fixture
 def ns(kube: Kube, namespace: str, admin: Api) -> str:
     """The test's namespace once its default ServiceAccount exists (pods are refused before)."""
-    wait_for("the default ServiceAccount", lambda: admin.call(
+    eventually("the default ServiceAccount", lambda: admin.call(
         "GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0] == 200)  # fmt: skip
     return namespace
 
@@ -125,7 +120,7 @@ def test_pod_runs_with_configmap_env_and_termination_message(nodes: ProcessNodes
         container={"terminationMessagePolicy": "FallbackToLogsOnError"},
     )
     apply(kube, ns, config, ok, failing)
-    done = wait_for("writer Succeeded", lambda: phase_of(admin, ns, "writer", ("Succeeded", "Failed")), 60)
+    done = eventually("writer Succeeded", lambda: phase_of(admin, ns, "writer", ("Succeeded", "Failed")), 60)
     log = nodes.logs(ns, "writer", "main")
     assert done["status"]["phase"] == "Succeeded", log
     terminated = done["status"]["containerStatuses"][0]["state"]["terminated"]
@@ -135,7 +130,7 @@ def test_pod_runs_with_configmap_env_and_termination_message(nodes: ProcessNodes
     assert done["status"]["podIP"].startswith("10.") and done["status"]["hostIP"].startswith("10.")
     assert done["spec"]["nodeName"].startswith("atlas-node-")
 
-    failed = wait_for("failing Failed", lambda: phase_of(admin, ns, "failing", ("Succeeded", "Failed")), 60)
+    failed = eventually("failing Failed", lambda: phase_of(admin, ns, "failing", ("Succeeded", "Failed")), 60)
     assert failed["status"]["phase"] == "Failed"
     terminated = failed["status"]["containerStatuses"][0]["state"]["terminated"]
     assert terminated["exitCode"] == 3 and terminated["reason"] == "Error"
@@ -207,12 +202,12 @@ def test_pods_reach_each_other_by_hostname_on_the_same_port(nodes: ProcessNodes,
         },  # fmt: skip
     )
     apply(kube, ns, service, server, client)
-    done = wait_for("client finished", lambda: phase_of(admin, ns, "client", ("Succeeded", "Failed")), 60)
+    done = eventually("client finished", lambda: phase_of(admin, ns, "client", ("Succeeded", "Failed")), 60)
     assert done["status"]["phase"] == "Succeeded", nodes.logs(ns, "client", "main")
     assert done["status"]["containerStatuses"][0]["state"]["terminated"]["message"] == "from-server from-server"
     assert "Name:\tserver.peers\nAddress: 10." in nodes.logs(ns, "client", "wait")
     # The server (on the other node, same port) is reachable from the host at its pod IP.
-    running = wait_for("server Running", lambda: phase_of(admin, ns, "server", ("Running",)))
+    running = eventually("server Running", lambda: phase_of(admin, ns, "server", ("Running",)))
     assert running["spec"]["nodeName"] == "atlas-node-0" and done["spec"]["nodeName"] == "atlas-node-1"
     ip = running["status"]["podIP"]
     body = urllib.request.urlopen(f"http://{ip}:8000/", timeout=5).read().decode().strip()
@@ -256,7 +251,7 @@ def test_deployment_pod_passes_readiness_probe(nodes: ProcessNodes, kube: Kube, 
         status = admin.call("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/web")[1].get("status") or {}
         return status.get("readyReplicas") == 1
 
-    wait_for("the Deployment's pod Ready", ready, 60)
+    eventually("the Deployment's pod Ready", ready, 60)
     (web,) = admin.ok("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
     conditions = {c["type"]: c["status"] for c in web["status"]["conditions"]}
     assert conditions["Ready"] == "True" and conditions["PodScheduled"] == "True"
@@ -282,10 +277,10 @@ def test_delete_sends_sigterm_and_honours_the_grace_period(nodes: ProcessNodes, 
     )  # fmt: skip
     apply(kube, ns, graceful, stubborn)
     for name in ("graceful", "stubborn"):
-        wait_for(f"{name} started", lambda name=name: "started" in nodes.logs(ns, name, "main"), 60)
+        eventually(f"{name} started", lambda name=name: "started" in nodes.logs(ns, name, "main"), 60)
     kube.kubectl("delete", "pod", "graceful", "stubborn", "-n", ns, "--wait=false")
     for name in ("graceful", "stubborn"):
-        wait_for(f"{name} gone", lambda name=name: pod_of(admin, ns, name) is None, 30)
+        eventually(f"{name} gone", lambda name=name: pod_of(admin, ns, name) is None, 30)
     took = {pod: (seconds, code) for pod, seconds, code in nodes.terminations}
     seconds, code = took[f"{ns}/graceful"]
     assert "got SIGTERM" in nodes.logs(ns, "graceful", "main")
@@ -299,7 +294,7 @@ def test_pod_asking_more_gpus_than_a_node_has_stays_pending(nodes: ProcessNodes,
     fits = pod("fits", show, container={"resources": {"limits": {"nvidia.com/gpu": GPUS}}})
     greedy = pod("greedy", show, container={"resources": {"limits": {"nvidia.com/gpu": GPUS + 1}}})
     apply(kube, ns, fits, greedy)
-    done = wait_for("fits Succeeded", lambda: phase_of(admin, ns, "fits", ("Succeeded", "Failed")), 60)
+    done = eventually("fits Succeeded", lambda: phase_of(admin, ns, "fits", ("Succeeded", "Failed")), 60)
     assert done["status"]["containerStatuses"][0]["state"]["terminated"]["message"] == "gpus=0,1"
 
     def unschedulable() -> dict | None:
@@ -308,7 +303,7 @@ def test_pod_asking_more_gpus_than_a_node_has_stays_pending(nodes: ProcessNodes,
         scheduled = conditions.get("PodScheduled")
         return scheduled if scheduled and scheduled.get("reason") == "Unschedulable" else None
 
-    scheduled = wait_for("greedy marked Unschedulable by the scheduler", unschedulable, 30)
+    scheduled = eventually("greedy marked Unschedulable by the scheduler", unschedulable, 30)
     assert "nvidia.com/gpu" in scheduled["message"]
     greedy_now = pod_of(admin, ns, "greedy")
     assert greedy_now["status"]["phase"] == "Pending" and not greedy_now["spec"].get("nodeName")
@@ -336,7 +331,7 @@ def test_init_container_restart_policy_and_liveness(nodes: ProcessNodes, kube: K
         volumes=[{"name": "work", "emptyDir": {}}],
     )  # fmt: skip
     apply(kube, ns, restarts)
-    done = wait_for("restarts finished", lambda: phase_of(admin, ns, "restarts", ("Succeeded", "Failed")), 60)
+    done = eventually("restarts finished", lambda: phase_of(admin, ns, "restarts", ("Succeeded", "Failed")), 60)
     log = nodes.logs(ns, "restarts", "main")
     assert done["status"]["phase"] == "Succeeded", log
     (main,) = done["status"]["containerStatuses"]
@@ -358,12 +353,12 @@ def test_claim_gets_a_volume_shared_by_pods(nodes: ProcessNodes, kube: Kube, ns:
     volumes = [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "ckpt"}}]
     writer = pod("save", ["bash", "-c", "echo step-7 > /checkpoints/latest"], container=mount, volumes=volumes)
     apply(kube, ns, claim, writer)
-    done = wait_for("save finished", lambda: phase_of(admin, ns, "save", ("Succeeded", "Failed")), 60)
+    done = eventually("save finished", lambda: phase_of(admin, ns, "save", ("Succeeded", "Failed")), 60)
     assert done["status"]["phase"] == "Succeeded", nodes.logs(ns, "save", "main")
     reader = pod("load", ["bash", "-c", "cat /checkpoints/latest > /dev/termination-log"], container=mount,
                  volumes=volumes)  # fmt: skip
     apply(kube, ns, reader)
-    done = wait_for("load finished", lambda: phase_of(admin, ns, "load", ("Succeeded", "Failed")), 60)
+    done = eventually("load finished", lambda: phase_of(admin, ns, "load", ("Succeeded", "Failed")), 60)
     assert done["status"]["containerStatuses"][0]["state"]["terminated"]["message"] == "step-7\n"
     assert (nodes.claim_dir(ns, "ckpt") / "latest").read_text() == "step-7\n"
     bound = admin.ok("GET", f"/api/v1/namespaces/{ns}/persistentvolumeclaims/ckpt")

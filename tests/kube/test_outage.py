@@ -18,8 +18,8 @@ from pathlib import Path
 import kubernetes
 import pytest
 
+from harness.manifests import tiny_training
 from tests.kube.conftest import Kube, eventually, process_nodes, upstream_controllers
-from tests.support.manifests import tiny_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

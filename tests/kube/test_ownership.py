@@ -1,6 +1,6 @@
 """Ownership and garbage collection on a real API server, with the real garbage collector (tests/kube/conftest.py).
 
-What tests/test_operator_ownership.py shows on the API emulator, here against kube-apiserver and
+What tests/emulator/test_operator_ownership.py shows on the API emulator, here against kube-apiserver and
 kube-controller-manager: objects someone else made under a run's child names (none of their ownerReferences a
 controller reference to the run) stay as they were, resourceVersion and all, through the run's life and its deletion,
 background or foreground; the run says which (ChildrenReady=False, NameConflict); a deleted run's children are
@@ -28,10 +28,10 @@ from atlas_operator import kube as k8s
 from atlas_operator.kube import Kube, Resource
 from atlas_operator.ticker import tick_line
 
+from harness.manifests import training
+from harness.polling import wait_for
 from tests.kube.conftest import Release, start_release, stop_release
 from tests.support import upgrade_fixtures
-from tests.support.kube_emulator import wait_for
-from tests.support.manifests import training
 
 pytestmark = pytest.mark.timeout(300)
 GROUP, VERSION = "atlas.arc.computer", "v1alpha1"
@@ -190,7 +190,7 @@ def test_upgraded_operator_writes_no_workload(kube, namespace, operator_release)
     """Release 0.1.0's runs and children (tests/fixtures/upgrade/, recorded in namespace default), loaded into the
     real server as an earlier renderer made them; the current operator, with other settings, started over them:
     no write to a job, a server Deployment or a ConfigMap, while each job's status still reaches its run."""
-    from tests.test_operator_ownership import rendered_by_an_earlier_release
+    from tests.emulator.test_operator_ownership import rendered_by_an_earlier_release
 
     version = sorted(p.name for p in upgrade_fixtures.FIXTURES.iterdir())[-1]
     api = kube.api()

@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from atlas_contract.results import result_message
+from harness.manifests import GROUP, VERSION, training
+from harness.polling import wait_for
 from tests.support.jobset_world import COMPLETION_INDEX, JOBSET_KEY, condition
-from tests.support.kube_emulator import wait_for
-from tests.support.manifests import GROUP, VERSION, training
 
 TIMEOUT = 30
 FIRST_RUN_S = 10.0  # a first run's children, from its create (the operator just started); the namespace-list 403s

@@ -5,7 +5,7 @@ nodes (atlas_cluster/node/, the one stand-in left: kubelet and container runtime
 processes, each in a network namespace of its own.
 
 Each scenario runs once, on the backend it belongs to (what differs per backend is checked at the render and status
-level: tests/test_render_*.py, tests/test_operator_*.py):
+level: tests/unit/test_render_*.py, tests/emulator/test_operator_*.py):
 
 - PyTorchJob, the default backend: a 2-node teacher trains, reports progress (the operator scrapes rank 0's metrics
   through the run's Service name) and its evaluated result (the Master's termination message); a teacher's
@@ -17,7 +17,7 @@ level: tests/test_render_*.py, tests/test_operator_*.py):
   one step and its pods are recreated; real Kueue queues a run, admits it, preempts it for a higher-priority
   workload and readmits it, and training resumes from the preemption's checkpoint with no restart counted.
 
-The student's ``vllm serve`` is tests/support/vllm_standin.py (a process the gang test kills; it answers without
+The student's ``vllm serve`` is harness/vllm_standin.py (a process the gang test kills; it answers without
 generating), put first on the nodes' PATH; for the real-vLLM scenario, the CPU launcher (atlas_core/vllm_cpu.py) is
 put before it.
 """
@@ -39,11 +39,11 @@ import yaml
 
 from atlas_cluster.node import ProcessNodes
 from atlas_contract import names, results
+from harness import vllm_standin
+from harness.env import REPO
+from harness.manifests import tiny_training
 from tests.kube.conftest import Kube, process_nodes, upstream_controllers
 from tests.kube.conftest import eventually as _eventually
-from tests.support import vllm_standin
-from tests.support.env import REPO
-from tests.support.manifests import tiny_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -389,7 +389,7 @@ def test_a_stalled_trainer_is_ended_by_its_watchdog_and_the_gang_resumes(world: 
     answering; the step watchdog names it and exits with its code; the chart's ClusterTrainingRuntime's failure
     policy restarts the JobSet the Trainer made, the operator reports the restart, and once the endpoint answers
     again training resumes from the checkpoint."""
-    from tests.support.judge_server import JudgeServer, Reply
+    from harness.judge_server import JudgeServer, Reply
 
     stalled = threading.Event()
 

@@ -15,8 +15,8 @@ import boto3
 
 from atlas_cluster.cluster import S3_SECRET, S3_SECRET_NAMESPACE
 from atlas_cluster.node import Api
+from harness.s3 import require_binary
 from tests.kube.conftest import Kube, eventually, process_nodes
-from tests.support.s3 import require_binary
 
 POD = "s3-reader"
 SCRIPT = """

@@ -5,7 +5,7 @@ atlas_cluster/s3.py) that the pods reach at the nodes' gateway, as ``atlas clust
 
 - One AtlasTeacher whose model, student and datasets are ``s3://`` URIs (the tiny model uploaded once: teacher and
   student are the same URI; a multistep file with a ``split`` column, train and test), a checkpoint PVC, two trainer
-  nodes and a student server (the nodes' ``vllm`` is tests/support/vllm_standin.py, which checks that its model
+  nodes and a student server (the nodes' ``vllm`` is harness/vllm_standin.py, which checks that its model
   path is a model folder): it succeeds; the server's init container and the trainer pods together fetched each
   source object once (the server's access log: one GET per object, from the pods); the export in the bucket is whole
   (every file of its manifest, size and sha256), its manifest written last (the server's data folder), its model
@@ -61,11 +61,11 @@ from atlas_contract.sources import (
     local_path,
 )
 from atlas_core.sources.manifest import is_complete
+from harness import vllm_standin
+from harness.env import PYTHON, REPO, free_port, python_env
+from harness.s3 import read_access_log, require_binary
 from tests.kube.conftest import Kube, eventually, process_nodes, start_release, stop_release, upstream_controllers
 from tests.kube.test_runs import World, local_teacher
-from tests.support import vllm_standin
-from tests.support.env import PYTHON, REPO, free_port, python_env
-from tests.support.s3 import read_access_log, require_binary
 
 boto3 = pytest.importorskip("boto3")
 
@@ -374,7 +374,7 @@ def assert_atlas_eval_gives_the_runs_table(
     seed = int(run["trainer"].get("seed", 42))
     port = free_port()
     standin = subprocess.Popen(
-        [PYTHON, str(REPO / "tests/support/vllm_standin.py"), "serve", "student", "--host", "127.0.0.1",
+        [PYTHON, str(REPO / "harness/vllm_standin.py"), "serve", "student", "--host", "127.0.0.1",
          "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -614,7 +614,7 @@ def test_a_lora_teacher_resumes_once_and_exports_the_merged_model_and_its_adapte
     assert set(merged) <= set(expected_state)
     # PEFT's merge of the run's adapter, tensor by tensor. (Two teaching steps against the stand-in student, whose
     # answers never change, may leave lora_B at its zero start: merging non-zero adapters exactly is
-    # tests/test_export.py's.)
+    # tests/training/test_export.py's.)
     assert all(torch.allclose(merged[k], expected_state[k], atol=1e-6) for k in merged)
 
 
@@ -623,7 +623,7 @@ def test_a_lora_trainings_killed_worker_resumes_the_adapter_once_and_exports_it(
     once (kill_the_worker_and_check_the_resumed_adapter), and the adapter alone exported (no merge)."""
     from safetensors.torch import load as load_tensors
 
-    from tests.support.manifests import tiny_training
+    from harness.manifests import tiny_training
 
     world, store = sources.world, sources.store
     bucket, name, steps, every = "lora-training", "lora-training", 12, 4

@@ -12,9 +12,9 @@ import pytest
 from atlas_operator import kube as k8s
 from atlas_operator.kube import ApiError
 
+from harness.manifests import GROUP, VERSION, training
+from harness.polling import wait_for
 from tests.kube.test_ownership import TIMEOUT, Cluster, deployment_settled, shared_namespace
-from tests.support.kube_emulator import wait_for
-from tests.support.manifests import GROUP, VERSION, training
 
 pytestmark = pytest.mark.timeout(300)
 MANAGED_BY = "app.kubernetes.io/managed-by"

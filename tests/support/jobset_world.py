@@ -11,8 +11,9 @@ from typing import Any
 
 import kubernetes
 
-from tests.support.kube_emulator import JOBSETS, wait_for
-from tests.support.manifests import NS
+from harness.kube_emulator import JOBSETS
+from harness.manifests import NS
+from harness.polling import wait_for
 from tests.support.operator_cluster import TIMEOUT
 
 JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"

@@ -1,14 +1,14 @@
 """kube-score (``github.com/zegl/kube-score``, atlas_cluster/versions.py pins it), an outside judge of the manifests the
-project writes: what it is given and how its verdict is counted. tests/test_kube_score.py holds the checks it
+project writes: what it is given and how its verdict is counted. tests/training/test_kube_score.py holds the checks it
 ignores, each with its reason, and asserts the verdict.
 
 The binary is built by ``make kube-score`` (``$ATLAS_KUBE_SCORE_BIN`` names another); when it is missing and Go is
 there it is built here (under a minute cold), else the tests that use it skip saying ``make kube-score`` — unless
-``ATLAS_REQUIRE_KUBE=1`` (.ci/run), which makes that a failure, as for the S3 server (tests/support/s3.py).
+``ATLAS_REQUIRE_KUBE=1`` (.ci/run), which makes that a failure, as for the S3 server (harness/s3.py).
 
 What is judged (:func:`inputs`): ``helm template`` of the chart in both RBAC scopes, ``atlas render`` of every
 ``examples/*.yaml`` (the children of each run in it, as ``atlas render`` prints them), and the children of the
-runs tests/support/manifests.py builds (each kind on each backend). kube-score scores only Kubernetes' own kinds:
+runs harness/manifests.py builds (each kind on each backend). kube-score scores only Kubernetes' own kinds:
 the PyTorchJob, JobSet and TrainJob (and the pods their controllers make of them) are invisible to it.
 """
 
@@ -28,7 +28,7 @@ import yaml
 
 from atlas_cluster.build import BuildError, ensure_kube_score, kube_score_binary
 from atlas_cluster.versions import KUBE_SCORE
-from tests.support.env import REPO
+from harness.env import REPO
 
 __all__ = ["KUBE_SCORE", "Finding", "inputs", "require_binary", "score"]
 
@@ -148,8 +148,8 @@ def example_runs(path: Path) -> list[dict[str, Any]]:
 
 
 def builder_runs() -> dict[str, dict[str, Any]]:
-    """The runs the tests build (tests/support/manifests.py), each kind on each backend."""
-    from tests.support.manifests import teacher, tiny_training, training
+    """The runs the tests build (harness/manifests.py), each kind on each backend."""
+    from harness.manifests import teacher, tiny_training, training
 
     return {
         "training": training(),

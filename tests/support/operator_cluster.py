@@ -14,11 +14,11 @@ import kubernetes
 import pytest
 
 from atlas_contract.names import ChildNames
-from tests.support.env import free_port, python_env
-from tests.support.kube_emulator import PYTORCHJOBS, TEACHERS, TRAININGS, EmulatorThread, wait_for, write_kubeconfig
-from tests.support.manifests import GROUP, NS, VERSION
+from harness.env import free_port, python_env
+from harness.kube_emulator import NETWORK_POLICIES, PYTORCHJOBS, TEACHERS, TRAININGS, EmulatorThread, write_kubeconfig
+from harness.manifests import GROUP, NS, VERSION
+from harness.polling import wait_for
 
-NETWORK_POLICIES = "networking.k8s.io/v1/networkpolicies"
 TIMEOUT = 30
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tests.support import label_selectors
+from harness import label_selectors
 
 # https://kubernetes.io/docs/concepts/security/pod-security-standards/ (the restricted profile includes baseline).
 RESTRICTED_VOLUME_TYPES = {

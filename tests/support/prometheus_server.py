@@ -39,7 +39,7 @@ class Prometheus:
     re-reads when it changes."""
 
     def __init__(self, workdir: Path, scrape_configs: list[dict[str, Any]], rule_files: list[Path] = ()):
-        from tests.support.env import free_port
+        from harness.env import free_port
 
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)

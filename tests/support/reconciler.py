@@ -15,8 +15,8 @@ from typing import Any
 
 import kubernetes
 
-from tests.support.kube_emulator import PYTORCHJOBS, Call, EmulatorThread
-from tests.support.manifests import NS, teacher
+from harness.kube_emulator import PYTORCHJOBS, Call, EmulatorThread
+from harness.manifests import NS, teacher
 
 OPERATOR = "atlas-operator/"  # the User-Agent of the operator's client (atlas_operator.kube.USER_AGENT)
 

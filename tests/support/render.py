@@ -10,8 +10,8 @@ from atlas_operator.render import Images, render_children
 from atlas_operator.validation import parse_run
 
 from atlas_contract.errors import InvalidFields
-from tests.support.env import REPO
-from tests.support.manifests import teacher, training
+from harness.env import REPO
+from harness.manifests import teacher, training
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 POLICIES = ["NetworkPolicy", "NetworkPolicy"]  # <name>-network, <name>-network-trainer: applied first

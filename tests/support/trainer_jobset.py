@@ -1,5 +1,5 @@
 """The JobSet the Kubeflow Trainer v2.3.0 builds from a TrainJob and its ClusterTrainingRuntime, and what its admission
-webhooks refuse, as pure functions: the render-level tests (tests/test_render_trainjob.py, tests/support/render.py)
+webhooks refuse, as pure functions: the render-level tests (tests/unit/test_render_trainjob.py, tests/support/render.py)
 compare the TrainJob backend's pods with the other backends' without a cluster. No controller: the real Trainer
 runs in tests/kube/ (its webhooks judge the chart's runtime at ``helm install`` and each run's TrainJob), and
 tests/kube/test_runs.py checks :func:`build_jobset` against the JobSet the real Trainer makes of a run.

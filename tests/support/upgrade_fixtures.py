@@ -18,7 +18,8 @@ from typing import Any
 import kubernetes
 import yaml
 
-from tests.support.kube_emulator import JOBSETS, PYTORCHJOBS, TEACHERS, TRAININGS, wait_for
+from harness.kube_emulator import JOBSETS, PYTORCHJOBS, TEACHERS, TRAININGS
+from harness.polling import wait_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "upgrade"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
