@@ -34,7 +34,9 @@ demo: $(STAMP)
 # tests/test_docs.py fails when docs/reference/ is stale: make reference.
 test: $(STAMP) prometheus kube-controllers s3 kube-score vllm
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=15 -n 2
 
 # Debian's Prometheus server and promtool (2.42) for tests/test_prometheus.py and tests/test_alerts.py: installed
@@ -112,6 +114,9 @@ cluster-down: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/grpo_overhead.py
