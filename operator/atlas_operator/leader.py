@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from atlas_operator.kube import LEASE, ApiError, Kube
 
@@ -86,7 +87,7 @@ class Elector:
         patch = {"metadata": {"resourceVersion": version}, "spec": spec}
         return self._write(lambda: self.kube.patch(LEASE, self.namespace, self.name, patch))
 
-    def _write(self, call: Callable[[], dict]) -> bool:
+    def _write(self, call: Callable[[], dict[str, Any]]) -> bool:
         try:
             written = call()
         except ApiError as exc:
@@ -166,7 +167,7 @@ def _health_server(host: str, port: int) -> ThreadingHTTPServer:
     is ready to take over: a Deployment of two replicas rolls out)."""
 
     class Health(BaseHTTPRequestHandler):
-        def do_GET(self):
+        def do_GET(self) -> None:
             # a standby's /metrics: no samples (the leader's count)
             known = self.path in ("/healthz", "/readyz", "/metrics")
             body = b"ok (standby)" if self.path in ("/healthz", "/readyz") else b""
@@ -175,7 +176,7 @@ def _health_server(host: str, port: int) -> ThreadingHTTPServer:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *args):
+        def log_message(self, *args: Any) -> None:
             pass
 
     server = ThreadingHTTPServer((host, port), Health)
