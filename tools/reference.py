@@ -21,6 +21,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from tools.package_map import with_package_map
 
@@ -244,24 +245,23 @@ def _parser_built_in(function) -> argparse.ArgumentParser:
     def stop(self, *args, **kwargs):
         raise _Parsed(self)
 
-    original = argparse.ArgumentParser.parse_args
-    argparse.ArgumentParser.parse_args = stop
-    try:
-        function([])
-    except _Parsed as parsed:
-        return parsed.parser
-    finally:
-        argparse.ArgumentParser.parse_args = original
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", stop):
+        try:
+            function([])
+        except _Parsed as parsed:
+            return parsed.parser
     raise RuntimeError(f"{function.__qualname__} built no parser")
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> tuple[dict[str, argparse.ArgumentParser], dict[str, str]]:
+def _subcommands(
+    parser: argparse.ArgumentParser,
+) -> tuple[dict[str, argparse.ArgumentParser], dict[str, str | None]]:
     """A parser's subcommands and their one-line help."""
     (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     return dict(action.choices), {a.dest: a.help for a in action._choices_actions}
 
 
-def _parsers() -> list[tuple[str, argparse.ArgumentParser, str]]:
+def _parsers() -> list[tuple[str, argparse.ArgumentParser, str | None]]:
     """(command, parser, summary) of every command, in the order the page gives them."""
     import atlas_operator.cli
 

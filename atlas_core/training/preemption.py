@@ -96,8 +96,11 @@ class StopOnSignal(TrainerCallback):
                 "terminationGracePeriodSeconds (%g s) is shorter than a step and a save take (%.0f s + %.0f s at step "
                 "%d): a stop on SIGTERM would be killed before its checkpoint is complete and fall back to the "
                 "previous one. Raise spec.terminationGracePeriodSeconds.",
-                self.grace_s, self._step_s, save_s, state.global_step,
-            )  # fmt: skip
+                self.grace_s,
+                self._step_s,
+                save_s,
+                state.global_step,
+            )
         if self.stopping_at is not None and self.stopping_at == state.global_step:
             signalled = self.received[1] if self.received else now  # a rank told by the others, not the kubelet
             self.report = StopReport(step=int(state.global_step), seconds=now - signalled, signal=self.signal_name)

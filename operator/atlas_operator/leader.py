@@ -68,9 +68,12 @@ class Elector:
         now = time.monotonic()
         spec = {"holderIdentity": self.holder, "leaseDurationSeconds": self.lease_s, "renewTime": _micro_time()}
         if lease is None:
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
-                    "spec": {**spec, "acquireTime": spec["renewTime"], "leaseTransitions": 0}}  # fmt: skip
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": {**spec, "acquireTime": spec["renewTime"], "leaseTransitions": 0},
+            }
             return self._write(lambda: self.kube.create(body, LEASE))
         current = lease.get("spec") or {}
         version = lease["metadata"]["resourceVersion"]
@@ -139,8 +142,12 @@ class Elector:
                 except (ApiError, OSError) as exc:
                     log.warning("leader election: renewal failed: %s", exc)
                 if time.monotonic() - self._renewed_at > self.renew_deadline_s:
-                    log.error("leader election lost: no renewal of Lease %s/%s for %.0f s; exiting",
-                              self.namespace, self.name, self.renew_deadline_s)  # fmt: skip
+                    log.error(
+                        "leader election lost: no renewal of Lease %s/%s for %.0f s; exiting",
+                        self.namespace,
+                        self.name,
+                        self.renew_deadline_s,
+                    )
                     on_lost()
                     return
 
@@ -154,8 +161,10 @@ class Elector:
         try:
             lease = self.kube.get_fresh(LEASE, self.namespace, self.name)
             if lease and (lease.get("spec") or {}).get("holderIdentity") == self.holder:
-                patch = {"metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
-                         "spec": {"holderIdentity": None, "leaseDurationSeconds": 1}}  # fmt: skip
+                patch = {
+                    "metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
+                    "spec": {"holderIdentity": None, "leaseDurationSeconds": 1},
+                }
                 self.kube.patch(LEASE, self.namespace, self.name, patch)
                 log.info("leader election: released Lease %s/%s", self.namespace, self.name)
         except (ApiError, OSError) as exc:
