@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{m.model}, {m.volume}: {ratio:.2f}x the model's bytes read by {m.readers} pod(s){target}; "
             f"today {TRAINER_PODS + SERVERS}.00x (every rank and server downloads it)"
         )
-    by_model = {}
+    by_model: dict[str, dict[str, Measured]] = {}
     for m in rows:
         by_model.setdefault(m.model, {})[m.volume] = m
     for model, runs in by_model.items():

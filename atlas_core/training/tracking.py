@@ -385,7 +385,8 @@ class MLflowLogger:
             self._open(client)
         while True:
             with self._condition:
-                batch, size = [], 0
+                batch: list[tuple[int, int, dict[str, float]]] = []
+                size = 0
                 for item in self._steps:
                     if batch and size + len(item[2]) > MAX_METRICS_PER_REQUEST:
                         break
