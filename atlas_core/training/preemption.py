@@ -22,7 +22,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from transformers import TrainerCallback
 
@@ -41,7 +44,7 @@ class StopOnSignal(TrainerCallback):
         self.received: tuple[str, float] | None = None  # (signal name, time.monotonic()) of the first signal
         self.stopping_at: int | None = None  # the step every rank agreed to stop after
         self.report: StopReport | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
         self._step_began = self._step_ended = None
         self._step_s = 0.0
         self._warned_s = 0.0

@@ -346,7 +346,9 @@ class MLflowLogger:
     def thread_cpu_s(self) -> float:
         """CPU seconds the logging thread has used so far (bench/tracking.py reports it): what tracking takes from
         training's cores."""
-        return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident))
+        ident = self._thread.ident
+        assert ident is not None  # started in __init__
+        return time.clock_gettime(time.pthread_getcpuclockid(ident))
 
     def reference(self) -> dict[str, str] | None:
         if self.run_id is None:
