@@ -60,19 +60,19 @@ def _entry(path: Path, depth: int, root: Path, missing: list[str]) -> list[str]:
     return lines + (_entries(path, depth + 1, root, missing) if path.is_dir() else [])
 
 
-def package_map(root: Path) -> str:
+def package_map(root: Path, packages: tuple[str, ...] = PACKAGES) -> str:
     """The map's Markdown list; :class:`MissingDocstring` naming every module without a docstring."""
     missing: list[str] = []
-    lines = [line for package in PACKAGES for line in _entry(root / package, 0, root, missing)]
+    lines = [line for package in packages for line in _entry(root / package, 0, root, missing)]
     if missing:
         raise MissingDocstring(f"modules without a docstring (say what each is): {', '.join(missing)}")
     return "\n".join(lines)
 
 
-def with_package_map(page: str, root: Path) -> str:
+def with_package_map(page: str, root: Path, packages: tuple[str, ...] = PACKAGES) -> str:
     """``page`` with the map written between its markers (which it must have, in order)."""
     head, start, rest = page.partition(START)
     _, end, tail = rest.partition(END)
     if not start or not end:
         raise ValueError(f"the page has no {START} ... {END} markers")
-    return f"{head}{START}\n{GENERATED}\n\n{package_map(root)}\n{END}{tail}"
+    return f"{head}{START}\n{GENERATED}\n\n{package_map(root, packages)}\n{END}{tail}"
