@@ -31,7 +31,7 @@ demo: $(STAMP)
 # Two pytest-xdist workers: the tests that time real trainers or wait on the control plane run one after another on
 # one of them (tests/conftest.py: SERIAL_MODULES and tests/kube/), every other module beside them on the other; a
 # worker per core, since the serial ones leave a core idle most of their time. The slowest 15 tests are printed.
-# tests/test_docs.py fails when docs/reference/ is stale: make reference.
+# tests/test_docs.py fails when docs/reference/ or the package map of docs/architecture.md is stale: make reference.
 test: $(STAMP) prometheus kube-controllers s3 kube-score vllm
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -55,7 +55,8 @@ prometheus:
 alert-rules: $(STAMP)
 	$(BIN)/python -m tools.alert_rules
 
-# docs/reference/ (the CRDs' fields and CEL rules, the metrics, the command line), generated from the code
+# docs/reference/ (the CRDs' fields and CEL rules, the metrics, the command line) and the package map of
+# docs/architecture.md (the modules' docstrings), generated from the code
 # (tools/reference.py; --check names a stale page).
 reference: $(STAMP)
 	$(BIN)/python -m tools.reference
