@@ -32,10 +32,12 @@ demo: $(STAMP)
 # pytest-xdist workers: the tests that time real trainers or wait on the control plane run one after another on one of
 # them (tests/conftest.py: tests/kube/ and the modules marked serial), every other module beside them on the other; a
 # worker per core, since the serial ones leave a core idle most of their time. The slowest 15 tests are printed.
-# tests/unit/test_docs.py fails when docs/reference/ is stale: make reference.
+# tests/unit/test_docs.py fails when docs/reference/ or the package map of docs/architecture.md is stale: make reference.
 test: $(STAMP) prometheus kube-controllers s3 kube-score vllm
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=15 -n 2
 
 # The fast lane: the unit tiers alone (tests/unit: no server, no trainer, no network; tests/cluster: atlas_cluster's
@@ -60,7 +62,8 @@ prometheus:
 alert-rules: $(STAMP)
 	$(BIN)/python -m tools.alert_rules
 
-# docs/reference/ (the CRDs' fields and CEL rules, the metrics, the command line), generated from the code
+# docs/reference/ (the CRDs' fields and CEL rules, the metrics, the command line) and the package map of
+# docs/architecture.md (the modules' docstrings), generated from the code
 # (tools/reference.py; --check names a stale page).
 reference: $(STAMP)
 	$(BIN)/python -m tools.reference
@@ -119,6 +122,9 @@ cluster-down: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/grpo_overhead.py

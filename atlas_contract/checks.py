@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from atlas_contract.names import ENV_REWARD_SYSTEM_DIR, REWARD_SYSTEM_DIR
 from atlas_contract.text import bounded_repr
@@ -105,7 +106,7 @@ def bundled_reward_configs() -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in bundled_reward_dir().glob("*.yaml")))
 
 
-def find_reward_config(config: str | os.PathLike) -> Path | None:
+def find_reward_config(config: str | os.PathLike[str]) -> Path | None:
     """A YAML path, or a name looked up in :func:`reward_config_dirs`; None when there is none."""
     path = Path(config)
     if path.is_file():
@@ -206,7 +207,7 @@ def model_problems(ref: str, field: str = "model", builtins: tuple[str, ...] = (
 # ------------------------------------------------------------------ trainer settings
 
 
-def setting_problem(name: str, value, accepted: tuple) -> str | None:
+def setting_problem(name: str, value: Any, accepted: tuple[Any, ...]) -> str | None:
     """What is wrong with ``value`` for setting ``name`` (None: nothing), as ``expected …, got …``: none of
     the ``accepted`` kinds (bool, int, float, str, list, dict, an Enum class, ``type(None)``), a number that
     is not finite, or outside :data:`atlas_contract.defaults.LIMITS`."""

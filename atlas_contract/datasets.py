@@ -19,7 +19,7 @@ own ``evaluation.dataset.source`` other than its training one) is the evaluation
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,7 +126,7 @@ def _path_problems(source: str, name: Callable[[str], str]) -> list[str]:
     return []
 
 
-def splits_text(splits) -> str:
+def splits_text(splits: Iterable[str]) -> str:
     """How a message names ``splits`` ("split train", "splits train, test", "splits none"); the CRD's rules too."""
     splits = list(splits)
     return f"split{'s' if len(splits) != 1 else ''} {', '.join(splits) or 'none'}"

@@ -59,11 +59,12 @@ class LoraSettings:
         return {"r": self.r, "alpha": self.alpha, "dropout": self.dropout, "target_modules": targets}
 
 
-def _number(raw: Mapping, key: str, path: str, problems: list[str], whole: bool = False) -> float:
-    value = raw.get(key, LORA[key])
+def _number(raw: Mapping[str, Any], key: str, path: str, problems: list[str], whole: bool = False) -> float:
+    default: float = LORA[key]
+    value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not float(value).is_integer()):
         problems.append(f"{path}.{key}: expected a {'whole ' if whole else ''}number, got {bounded_repr(value)}")
-        return LORA[key]
+        return default
     limit = LIMITS[f"lora_{key}"].problem(value)
     if limit:
         problems.append(f"{path}.{key}: {limit}, got {bounded_repr(value)}")

@@ -8,7 +8,7 @@ lists all of them, each as ``"<path>: expected …, got …"`` (the form the ope
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, overload
 
 from atlas_contract import checks
 from atlas_contract.text import bounded_repr
@@ -30,7 +30,7 @@ class FieldReader:
     def path(self, key: str) -> str:
         return join(self.prefix, key)
 
-    def setting(self, key: str, default: Any, kinds: tuple, limit: str | None = None) -> Any:
+    def setting(self, key: str, default: Any, kinds: tuple[Any, ...], limit: str | None = None) -> Any:
         """A value of one of ``kinds`` within ``LIMITS[limit or key]`` (None: ``default``); the default when wrong."""
         value = self.raw.get(key)
         if value is None:
@@ -41,6 +41,10 @@ class FieldReader:
             return default
         return value
 
+    @overload
+    def text(self, key: str, default: str, required: str | None = None) -> str: ...
+    @overload
+    def text(self, key: str, default: None = None, required: str | None = None) -> str | None: ...
     def text(self, key: str, default: str | None = None, required: str | None = None) -> str | None:
         """A non-empty string (None: ``default``, or the ``required`` problem when one is given)."""
         value = self.raw.get(key)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 #: Kubernetes truncates a termination message to 4096 bytes; ours always fits.
 MAX_MESSAGE_BYTES = 4096
@@ -182,7 +182,7 @@ def _out_of_range(values: dict[str, Any], keys: Any, where: str) -> list[str]:
     return problems
 
 
-def _number(value: Any, integer: bool = False) -> bool:
+def _number(value: Any, integer: bool = False) -> TypeGuard[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     if integer:

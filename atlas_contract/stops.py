@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from atlas_contract.names import CHECKPOINT_PREFIX, STOP_MARK
 
 _REPORT = re.compile(
-    re.escape(STOP_MARK) + r" (?P<signal>[A-Z0-9]+): saved " + re.escape(CHECKPOINT_PREFIX)
+    re.escape(STOP_MARK)
+    + r" (?P<signal>[A-Z0-9]+): saved "
+    + re.escape(CHECKPOINT_PREFIX)
     + r"(?P<step>\d+) \(step \d+\) in (?P<seconds>\d+(?:\.\d+)?) s"
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)

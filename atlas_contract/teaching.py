@@ -95,6 +95,6 @@ class TeachingSettings:
 TEACHING_FIELDS = tuple(f.name for f in fields(TeachingSettings))
 
 
-def _kinds(name: str) -> tuple:
+def _kinds(name: str) -> tuple[type, ...]:
     """The kinds of value a field takes: a whole number where its default is one, else any number."""
     return (int,) if isinstance(TEACHING[name], int) else (float,)

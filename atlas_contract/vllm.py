@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from atlas_contract.cache import cache_root
 
@@ -95,7 +96,7 @@ def server_flags(
 
 
 def server_command(
-    model: str, *, port: int, host: str = "127.0.0.1", cpu: bool = False, python: str = "python", **flags
+    model: str, *, port: int, host: str = "127.0.0.1", cpu: bool = False, python: str = "python", **flags: Any
 ) -> list[str]:
     """The whole command for ``model`` (a folder or a hub name): ``vllm serve MODEL ...`` on GPU;
     ``PYTHON -m vllm.entrypoints.openai.api_server --model MODEL ...`` on CPU (``python``: the venv's, which
@@ -112,25 +113,32 @@ def cpu_command_for(serve_args: list[str], *, python: str, model: str | None = N
     the CPU flags added. ``model``: the folder to load in place of MODEL (a ``builtin://`` name resolved)."""
     if len(serve_args) < 2 or serve_args[0] != "serve" or serve_args[1].startswith("-"):
         raise ValueError(f"expected `vllm serve MODEL [FLAGS...]`, got {serve_args}")
-    named = {"--host": "0.0.0.0", "--port": "8000", "--served-model-name": None, "--max-model-len": None}
+    named: dict[str, str | None] = {
+        "--host": "0.0.0.0",
+        "--port": "8000",
+        "--served-model-name": None,
+        "--max-model-len": None,
+    }
     rest: list[str] = []
     words = iter(serve_args[2:])
     for word in words:
         flag, equals, value = word.partition("=")
         if flag in named or flag in GPU_ONLY_FLAGS:
-            value = value if equals else next(words, None)
-            if value is None:
+            given = value if equals else next(words, None)
+            if given is None:
                 raise ValueError(f"{flag}: no value")
             if flag in named:
-                named[flag] = value
+                named[flag] = given
         else:
             rest.append(word)
     max_model_len = named["--max-model-len"]
+    host, port = named["--host"], named["--port"]
+    assert host is not None and port is not None  # their defaults above, only ever replaced by a value
     return (
         server_command(
             model or serve_args[1],
-            port=int(named["--port"]),
-            host=named["--host"],
+            port=int(port),
+            host=host,
             cpu=True,
             python=python,
             served_model_name=named["--served-model-name"],

@@ -285,7 +285,8 @@ def resumable_records(path: Path | None, rows: list[dict[str, Any]], key: str) -
     another evaluation (the user chooses: another output folder, or remove it)."""
     if path is None or not path.exists():
         return []
-    records, cut = [], False
+    records: list[dict[str, Any]] = []
+    cut = False
     lines = path.read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():

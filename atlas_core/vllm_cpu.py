@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from atlas_contract.vllm import CPU_ENV, PYTHON_SETTING, cpu_command_for, cpu_python, server_command
 
@@ -163,7 +164,7 @@ def serve(
     folder = model_folder(model)
     port = port or _free_port()
     log_path = Path(log) if log else Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-cpu-{port}.log"
-    flags = {"served_model_name": served_model_name, "max_model_len": max_model_len, "dtype": dtype}
+    flags: dict[str, Any] = {"served_model_name": served_model_name, "max_model_len": max_model_len, "dtype": dtype}
     command = server_command(str(folder), port=port, cpu=True, python=str(python), **flags)
     start = time.monotonic()
     with open(log_path, "wb") as sink:

@@ -637,8 +637,14 @@ def bench_jobset(runs: int, interval: float, settle: float, window: float, pace:
     bin_dir = default_bin_dir()
     ensure_built(bin_dir)
     workdir = Path(tempfile.mkdtemp(prefix="atlas-bench-"))
-    cluster = LocalCluster(workdir, bin_dir, start_operator=False, log=lambda line: None, controllers=("jobset",),
-                           controller_binaries=ensure_controllers(("jobset",)))  # fmt: skip
+    cluster = LocalCluster(
+        workdir,
+        bin_dir,
+        start_operator=False,
+        log=lambda line: None,
+        controllers=("jobset",),
+        controller_binaries=ensure_controllers(("jobset",)),
+    )
     figures: dict = {"runs": runs, "api": "jobset", "pace": pace}
     try:
         cluster.up()
@@ -932,12 +938,24 @@ def main() -> int:
         floor = next((g for g in results if g["api"] == "floor" and g["runs"] == n), None)
         if floor is not None:
             ratio = f["p95"] / floor["p95"]
-            checks.append((f"{n} runs: p95 {f['p95']:.2f} s <= 1.25 x the floor's {floor['p95']:.2f} s ({ratio:.2f}x)",
-                           ratio <= 1.25 and f["present"] == n))  # fmt: skip
-        checks.append((f"{n} runs: requests per new run <= {children} creates + 1 status",
-                       max(f["writes"]) + max(f["reads"]) <= children + 1))  # fmt: skip
-        checks.append((f"{n} runs: no read on a new run's way (shared objects: {f['other_reads']} in all)",
-                       max(f["reads"]) == 0 and f["other_reads"] <= 2))  # fmt: skip
+            checks.append(
+                (
+                    f"{n} runs: p95 {f['p95']:.2f} s <= 1.25 x the floor's {floor['p95']:.2f} s ({ratio:.2f}x)",
+                    ratio <= 1.25 and f["present"] == n,
+                )
+            )
+        checks.append(
+            (
+                f"{n} runs: requests per new run <= {children} creates + 1 status",
+                max(f["writes"]) + max(f["reads"]) <= children + 1,
+            )
+        )
+        checks.append(
+            (
+                f"{n} runs: no read on a new run's way (shared objects: {f['other_reads']} in all)",
+                max(f["reads"]) == 0 and f["other_reads"] <= 2,
+            )
+        )
         checks.append((f"{n} runs: operator CPU {cpu_ms(f):.1f} ms per run <= 15", cpu_ms(f) <= 15))
     for peer in (g for g in results if g["api"] == "jobset"):
         n = peer["runs"]
@@ -945,13 +963,22 @@ def main() -> int:
         if paced is None:
             continue
         latency, cpu = paced["first"]["p95"] / peer["first"]["p95"], cpu_ms(paced) / cpu_ms(peer)
-        checks.append((f"{n} at {peer['pace']:g}/s: first child p95 <= 2 x the JobSet controller's ({latency:.2f}x)",
-                       latency <= 2))  # fmt: skip
-        checks.append((f"{n} at {peer['pace']:g}/s: CPU per object <= 1.5 x the JobSet controller's ({cpu:.2f}x)",
-                       cpu <= 1.5))  # fmt: skip
+        checks.append(
+            (
+                f"{n} at {peer['pace']:g}/s: first child p95 <= 2 x the JobSet controller's ({latency:.2f}x)",
+                latency <= 2,
+            )
+        )
+        checks.append(
+            (f"{n} at {peer['pace']:g}/s: CPU per object <= 1.5 x the JobSet controller's ({cpu:.2f}x)", cpu <= 1.5)
+        )
         admitted = peer["admission"]["atlastrainings"] / peer["admission"]["jobsets"]
-        checks.append((f"{n} created by one client: AtlasTrainings in <= 1.5 x the JobSets' time ({admitted:.2f}x)",
-                       admitted <= 1.5))  # fmt: skip
+        checks.append(
+            (
+                f"{n} created by one client: AtlasTrainings in <= 1.5 x the JobSets' time ({admitted:.2f}x)",
+                admitted <= 1.5,
+            )
+        )
     big = max(judged, key=lambda f: f["runs"])
     n = big["runs"]
     checks += [

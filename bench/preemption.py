@@ -44,8 +44,16 @@ def start(out: Path, steps: int, save_steps: int, results: Path) -> list[subproc
         env = dict(os.environ, HF_HUB_OFFLINE="1", ATLAS_RESULT_FILE=str(results / f"node{node}"))
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         command = LAUNCH.format(node=node, port=port, out=out, steps=steps, save_steps=save_steps)
-        procs.append(subprocess.Popen(["bash", "-c", command], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, start_new_session=True))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                ["bash", "-c", command],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
     return procs
 
 
@@ -126,8 +134,13 @@ def kill_round(steps: int, save_steps: int) -> dict:
     before = trained(out)
     codes = finish(start(out, steps, save_steps, root))
     after = trained(out)[len(before) :]
-    return {"killed_save": killed, "published": published, "resumed_from": max(published), "codes": codes,
-            "after_ok": after == list(range(max(published) + 1, steps + 1))}  # fmt: skip
+    return {
+        "killed_save": killed,
+        "published": published,
+        "resumed_from": max(published),
+        "codes": codes,
+        "after_ok": after == list(range(max(published) + 1, steps + 1)),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,19 +150,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-steps", type=int, default=50, help="scheduled checkpoints (none before the signal)")
     parser.add_argument("--signal-after", type=int, default=4, help="trained steps before SIGTERM")
     args = parser.parse_args(argv)
-    print("round | step in flight | saved | lost before #32 | lost now | SIGTERM->exit | SIGTERM->saved | "
-          "remaining steps each once")  # fmt: skip
+    print(
+        "round | step in flight | saved | lost before #32 | lost now | SIGTERM->exit | SIGTERM->saved | "
+        "remaining steps each once"
+    )
     ok = True
     for round_ in range(args.rounds):
         r = stop_round(args.steps, args.save_steps, args.signal_after)
         ok &= r["after_ok"] and r["saved"] is not None and r["reports_agree"]
-        print(f"{round_ + 1} | {r['in_flight']} | {r['saved']} | {r['lost_before']} | {r['lost_now']} | "
-              f"{r['exit_s']:.1f} s | {r['save_s']:.1f} s | {r['after_ok']} ({r['trained_before']} + "
-              f"{r['trained_after']} steps)", flush=True)  # fmt: skip
+        print(
+            f"{round_ + 1} | {r['in_flight']} | {r['saved']} | {r['lost_before']} | {r['lost_now']} | "
+            f"{r['exit_s']:.1f} s | {r['save_s']:.1f} s | {r['after_ok']} ({r['trained_before']} + "
+            f"{r['trained_after']} steps)",
+            flush=True,
+        )
     k = kill_round(args.steps, 3)
     ok &= k["after_ok"] and k["killed_save"] not in k["published"]
-    print(f"SIGKILL in the save of checkpoint-{k['killed_save']}: published {k['published']}, resumed from "
-          f"checkpoint-{k['resumed_from']}, remaining steps each once: {k['after_ok']}")  # fmt: skip
+    print(
+        f"SIGKILL in the save of checkpoint-{k['killed_save']}: published {k['published']}, resumed from "
+        f"checkpoint-{k['resumed_from']}, remaining steps each once: {k['after_ok']}"
+    )
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

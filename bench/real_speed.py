@@ -62,6 +62,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 VLLM = "vLLM student"
@@ -106,7 +107,7 @@ def main() -> int:
         max_probe_tokens=32,
     )
 
-    def run(batch_size: int, decoding: str, student=model) -> tuple[float, list]:
+    def run(batch_size: int, decoding: str, student=model) -> tuple[float, Any, list[dict[str, Any]]]:
         for local in (model, teacher):
             local.decoding = decoding
         settings = EvaluationRunSettings(
@@ -166,7 +167,7 @@ def main() -> int:
             f"  {verdict}  {label}: same probe, guidance and answers as today's "
             f"batches on {same} of {len(reference)} problems"
         )
-    fastest_label = min(agreeing, key=agreeing.get)
+    fastest_label = min(agreeing, key=lambda label: agreeing[label])
     fastest = agreeing[fastest_label]
     print(f"\nfastest with today's records: {fastest_label}")
     if "one problem at a time" in agreeing:

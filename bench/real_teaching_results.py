@@ -26,8 +26,15 @@ DEFAULT_FILE = Path(__file__).resolve().parent / "results" / "real_teaching.json
 MIN_SEEDS = 3
 TARGET_DELTA_POINTS = 15.7  # ATLAS's headline: 62.3% -> 78.0%
 TARGET_NON_DEGRADATION = 0.97
-FIGURES = ("student_accuracy", "guided_accuracy", "accuracy_delta", "accuracy_delta_low", "accuracy_delta_high")
-FIGURES += ("non_degradation_rate", "guidance_tokens_mean")
+FIGURES = (
+    "student_accuracy",
+    "guided_accuracy",
+    "accuracy_delta",
+    "accuracy_delta_low",
+    "accuracy_delta_high",
+    "non_degradation_rate",
+    "guidance_tokens_mean",
+)
 TEACHERS = ("untrained teacher", "trained teacher")
 
 

@@ -235,8 +235,9 @@ class Bench:
     def _wait_pods_gone(self, name: str, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            listed = self.kubectl("get", "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={name}", "-o",
-                                  "name", check=False).stdout.strip()  # fmt: skip
+            listed = self.kubectl(
+                "get", "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={name}", "-o", "name", check=False
+            ).stdout.strip()
             if not listed:
                 return
             time.sleep(1)
@@ -258,7 +259,8 @@ def seconds(value: float | None) -> str:
 
 def print_table(rows: list[Measured]) -> None:
     header = ("model", "volume", "model size", "model bytes read", "x model", "today", "pods read it", "data read",
-              "→ sources ready s", "→ training start s", "export s", "export size", "total s", "phase")  # fmt: skip
+              "→ sources ready s", "→ training start s", "export s", "export size", "total s",
+              "phase")  # fmt: skip  # a table's header: its columns in a few lines, not one a line
     lines = [header]
     for m in rows:
         ratio = m.read_model / m.model_bytes if m.model_bytes else float("nan")
@@ -267,7 +269,7 @@ def print_table(rows: list[Measured]) -> None:
             f"{TRAINER_PODS + SERVERS:.1f}x", str(m.readers), size(m.read_data), seconds(m.sources_ready_s),
             seconds(m.training_start_s), seconds(m.export_s),
             f"{size(m.export_bytes)} ({m.export_files} files)" if m.export_bytes else "-", seconds(m.total_s), m.phase,
-        ))  # fmt: skip
+        ))  # fmt: skip  # a table's row: its cells in the header's order, in a few lines
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for n, line in enumerate(lines):
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
@@ -327,9 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     # The operator's metrics and health port: a free one (the chart's 8080 may be another local operator's).
     operator_env = {"ATLAS_OPERATOR_METRICS_PORT": str(free_port()), "ATLAS_PROGRESS_INTERVAL": "1"}
     cluster = Cluster(
-        directory / "cluster", bin_dir, controllers=("training-operator",), nodes=TRAINER_PODS, gpus_per_node=2,
-        operator_env=operator_env, log=lambda line: print(line, file=sys.stderr),
-    )  # fmt: skip
+        directory / "cluster",
+        bin_dir,
+        controllers=("training-operator",),
+        nodes=TRAINER_PODS,
+        gpus_per_node=2,
+        operator_env=operator_env,
+        log=lambda line: print(line, file=sys.stderr),
+    )
     rows: list[Measured] = []
     try:
         t = time.monotonic()
@@ -349,16 +356,20 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cluster.down()
 
-    print(f"\nbench.sources at {commit()} on {os.cpu_count()} cores: {TRAINER_PODS} trainer pods and {SERVERS} "
-          f"student server per run; ranged GETs of {PART_BYTES >> 20} MiB")  # fmt: skip
+    print(
+        f"\nbench.sources at {commit()} on {os.cpu_count()} cores: {TRAINER_PODS} trainer pods and {SERVERS} "
+        f"student server per run; ranged GETs of {PART_BYTES >> 20} MiB"
+    )
     print_table(rows)
     print()
     for m in rows:
         ratio = m.read_model / m.model_bytes if m.model_bytes else float("nan")
         target = " (target ≤ 1.05x)" if m.volume == "shared PVC" else " (once per pod)"
-        print(f"{m.model}, {m.volume}: {ratio:.2f}x the model's bytes read by {m.readers} pod(s){target}; "
-              f"today {TRAINER_PODS + SERVERS}.00x (every rank and server downloads it)")  # fmt: skip
-    by_model = {}
+        print(
+            f"{m.model}, {m.volume}: {ratio:.2f}x the model's bytes read by {m.readers} pod(s){target}; "
+            f"today {TRAINER_PODS + SERVERS}.00x (every rank and server downloads it)"
+        )
+    by_model: dict[str, dict[str, Measured]] = {}
     for m in rows:
         by_model.setdefault(m.model, {})[m.volume] = m
     for model, runs in by_model.items():

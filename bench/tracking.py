@@ -168,8 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         cpu_s = statistics.median(m["cpu_s"] for m in measured[setting])
         thread_s = statistics.median(m["thread_cpu_s"] for m in measured[setting])
         finish_s = statistics.median(m["finish_s"] for m in measured[setting])
-        print(f"{setting:<9} {train_s:>10.2f} {train_s / base:>7.3f} {paired:>9.3f} {cpu_s:>7.2f} {thread_s:>14.3f} "
-              f"{thread_s / cpu_s:>6.1%} {finish_s:>12.2f}")  # fmt: skip
+        print(
+            f"{setting:<9} {train_s:>10.2f} {train_s / base:>7.3f} {paired:>9.3f} {cpu_s:>7.2f} {thread_s:>14.3f} "
+            f"{thread_s / cpu_s:>6.1%} {finish_s:>12.2f}"
+        )
     return 0
 
 

@@ -1,0 +1,1 @@
+"""The training library's commands: ``atlas demo``, ``atlas eval`` and what trainer pods run (train, export)."""

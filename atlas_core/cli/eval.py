@@ -36,6 +36,7 @@ def run_args(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
+    assert plan is not None  # check() gives a plan when it finds no problem
     return run(plan, notes)
 
 

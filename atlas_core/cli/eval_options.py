@@ -66,9 +66,11 @@ def _setting_docs() -> dict[str, str]:
 
     docs = {f.name: f.metadata["help"].rstrip(".") for f in fields(TeachingSettings)}
     try:
-        body = ast.parse(inspect.getsource(EvaluationRunSettings)).body[0].body
+        definition = ast.parse(inspect.getsource(EvaluationRunSettings)).body[0]
     except (OSError, TypeError, SyntaxError):  # no source (a frozen build): help without the sentences
         return docs
+    assert isinstance(definition, ast.ClassDef)  # the source of a class
+    body = definition.body
     for node, after in zip(body, body[1:], strict=False):
         if (
             isinstance(node, ast.AnnAssign)

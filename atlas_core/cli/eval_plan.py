@@ -55,8 +55,9 @@ class Plan:
         }
 
 
-def _number(option: str, raw: Any, kind: type, problems: list[str], minimum: float | None = None):
+def _number(option: str, raw: Any, kind: type[float], problems: list[str], minimum: float | None = None) -> Any:
     """``raw`` as an int or float; None (and a problem) when it is not one."""
+    value: float | None
     if raw is None or isinstance(raw, kind) and not isinstance(raw, bool):
         value = raw
     else:
@@ -286,6 +287,7 @@ def check(args: argparse.Namespace) -> tuple[Plan | None, list[str], list[str]]:
         return None, problems, notes
     from atlas_core.answers import REWARD_FUNCTIONS
 
+    assert rows is not None  # no --dataset, or one that does not load, is a problem above
     plan = Plan(
         settings=settings,
         teacher=args.teacher,

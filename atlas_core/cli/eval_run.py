@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -134,7 +135,7 @@ def report_table(report: Any, title: str):
     return table
 
 
-def run(plan: Plan, notes: list[str] = ()) -> int:
+def run(plan: Plan, notes: Sequence[str] = ()) -> int:
     from atlas_core.evaluation import EvaluationError
 
     err, out = display.console(stderr=True), display.console()

@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         note_pending_export(run, pending, False)
         print(f"exported: {output['uri']} ({output['files']} files, {output['bytes']} bytes)", file=sys.stderr)
     else:
+        assert error is not None  # export_trained_model gives the output or why there is none
         print(
             f"error: export to {run.output.uri} failed again ({error['reason']}): {error['message']}", file=sys.stderr
         )

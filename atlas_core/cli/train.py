@@ -120,6 +120,7 @@ def finish_run(run, result) -> int:
         if output is not None:
             print(f"exported: {output['uri']} ({output['files']} files, {output['bytes']} bytes)", file=sys.stderr)
         else:
+            assert export_error is not None  # export_trained_model gives the output or why there is none
             print(
                 f"error: export to {run.output.uri} failed ({export_error['reason']}): {export_error['message']}; "
                 f"the model stays in {run.output_dir}, and a re-run retries the export alone",

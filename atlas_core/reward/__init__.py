@@ -1,0 +1,1 @@
+"""RIM rewards: LLM judges, their backends and their configuration."""

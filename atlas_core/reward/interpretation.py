@@ -127,6 +127,7 @@ class RIMReward:
         if (config_path is None) == (config is None):
             raise ValueError("config_path: pass either config_path or config")
         if config is None:
+            assert config_path is not None  # one of the two, checked above
             self.config = load_rim_config(config_path)
         elif isinstance(config, RIMConfig):
             self.config = config
@@ -288,10 +289,12 @@ class RIMReward:
         """One judgment, retried under the shared :class:`RetryPolicy` (``retries + 1`` attempts in all);
         raises _SampleFailed when all attempts fail."""
         backend = self._backend(tier)
+        semaphore = self._semaphore
+        assert semaphore is not None  # made by _evaluate_all, which every judgment runs under
 
         async def attempt() -> Judgment:
             try:
-                async with self._semaphore:  # held for the request only, not while waiting to retry
+                async with semaphore:  # held for the request only, not while waiting to retry
                     text = await backend.complete(messages, temperature)
                 judged = parse_judgment(text, temperature=temperature, tier=tier)
             except OpenAICallError:

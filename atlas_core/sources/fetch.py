@@ -122,7 +122,7 @@ def _skipped(uri: str, dest: Path, started: float) -> FetchReport:
     return report
 
 
-def _size(count: int) -> str:
+def _size(count: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if count < 1024 or unit == "GiB":
             return f"{count} {unit}" if unit == "B" else f"{count:.1f} {unit}"

@@ -143,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         print("sources: nothing to fetch", file=sys.stderr)
         return 0
     for role, uri in sources:
+        folder = local_path(uri, root)
+        assert folder is not None  # a fetched source has its folder under root
         try:
-            fetch(uri, local_path(uri, root), unreachable_wait_s=args.unreachable_wait_s, lock_wait_s=args.lock_wait_s)
+            fetch(uri, folder, unreachable_wait_s=args.unreachable_wait_s, lock_wait_s=args.lock_wait_s)
         except SourceError as exc:
             print(f"error: {_field(role) if args.config else '--uri'}: {exc.reason}: {exc.message}", file=sys.stderr)
             write_message(args.message_file, exc.to_dict())

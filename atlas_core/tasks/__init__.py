@@ -1,0 +1,1 @@
+"""The bundled tasks: synthetic arithmetic (verifiable) and multistep problems (teaching)."""

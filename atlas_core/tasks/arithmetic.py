@@ -44,7 +44,7 @@ def make_arithmetic_dataset(
     if split is not None and not _split_has_problems(split, max_operand, operations):
         raise ValueError(f"split: no problem with operands up to {max_operand} falls in the {split} split")
     rng = random.Random(seed)
-    rows = []
+    rows: list[dict[str, Any]] = []
     while len(rows) < n:
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
         op = rng.choice(operations)

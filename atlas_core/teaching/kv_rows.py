@@ -170,7 +170,8 @@ class Prefix:
     def of(cls, model: Any, tokens) -> Prefix:
         cache = DynamicCache(config=model.config)
         model(input_ids=tokens[None, :], cache=cache, use_cache=True, logits_to_keep=1)
-        return cls(len(tokens), [(layer.keys, layer.values) for layer in cache.layers])
+        # A causal LM's DynamicCache holds attention layers, each with its keys and values (no linear-attention one).
+        return cls(len(tokens), [(layer.keys, layer.values) for layer in cache.layers])  # type: ignore[union-attr]
 
 
 def prefill(

@@ -18,7 +18,7 @@ import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from atlas_contract.teaching import TeachingSettings
 from atlas_core.answers import extract_answer, normalize_answer
@@ -186,7 +186,7 @@ class TeachingProtocol:
         if any(score is None for score in flat):
             raise ValueError("ground_truth: needed to score the student's answers (or pass reward_funcs)")
         return [
-            GuidedAnswers(shown[i], list(answers[i]), list(flat[i * samples : (i + 1) * samples]))
+            GuidedAnswers(shown[i], list(answers[i]), list(cast(list[float], flat)[i * samples : (i + 1) * samples]))
             for i in range(len(tasks))
         ]
 

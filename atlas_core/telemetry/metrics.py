@@ -8,8 +8,12 @@ process/platform collectors mixed in) and the dashboard check enumerates what th
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 from atlas_contract import metrics as contract
 
@@ -53,10 +57,12 @@ if set(_built) != set(_SPECS):  # the contract is the list: a metric declared th
     raise ImportError(f"atlas_core.telemetry.metrics does not build {sorted(set(_SPECS) - set(_built))}")
 
 #: Log key written by the trainers → the gauge mirrored from it (the contract's ``log_key``).
-LOG_KEY_GAUGES: dict[str, Gauge] = {spec.log_key: _built[spec.name] for spec in contract.TRAINER if spec.log_key}
+LOG_KEY_GAUGES: dict[str, Gauge] = {
+    spec.log_key: cast(Gauge, _built[spec.name]) for spec in contract.TRAINER if spec.log_key
+}
 
 _server_lock = threading.Lock()
-_servers: dict[tuple[str, int], object] = {}
+_servers: dict[tuple[str, int], WSGIServer] = {}
 
 
 def exported_metric_names() -> set[str]:

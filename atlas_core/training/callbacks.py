@@ -46,8 +46,12 @@ class PrometheusMetricsCallback(TrainerCallback):
             try:
                 self.bound_port = metrics.serve_metrics(self.port, self.host)
             except OSError as exc:  # telemetry must not stop training
-                logger.warning("metrics_port: cannot serve /metrics on %s:%s (%s); training continues without it",
-                               self.host, self.port, exc.strerror or exc)  # fmt: skip
+                logger.warning(
+                    "metrics_port: cannot serve /metrics on %s:%s (%s); training continues without it",
+                    self.host,
+                    self.port,
+                    exc.strerror or exc,
+                )
             self._tokens_seen = int(getattr(state, "num_input_tokens_seen", 0) or 0)
 
     def on_step_end(self, args, state, control, **kwargs):

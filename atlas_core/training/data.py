@@ -269,6 +269,7 @@ def _check_rows(dataset, algorithm: str, source: str, name) -> None:
             if problem:
                 bad.setdefault(problem, []).append(index)
             else:
+                assert kind is not None  # _text_kind gives a kind or a problem
                 kinds.setdefault(kind, index)
         for problem, rows in bad.items():
             shown = ", ".join(map(str, rows[:_SHOWN_ROWS])) + (

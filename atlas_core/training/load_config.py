@@ -14,7 +14,7 @@ import os
 import tempfile
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -53,7 +53,7 @@ def _trainer_field_names() -> set[str]:
     return names
 
 
-def _prepare_overrides(overrides: list[str]) -> list[str]:
+def _prepare_overrides(overrides: list[str]) -> tuple[list[str], list[str], list[Path]]:
     """Let ``trainer.<field>=v`` name any trainer field (Hydra's struct mode would reject keys the
     YAML does not list), accept ``recipe=<name>`` for ``recipe@_global_=<name>`` and a recipe given as
     a YAML file path; reject malformed or unknown keys with the field named.
@@ -142,7 +142,7 @@ def _explain_hydra_error(exc: Exception) -> str:
 
 
 def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg.trainer, resolve=True) or {}
+    return cast(dict[str, Any], OmegaConf.to_container(cfg.trainer, resolve=True)) or {}  # a mapping: trainer.*
 
 
 def world_size() -> int:

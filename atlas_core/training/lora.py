@@ -37,7 +37,7 @@ def peft_config(settings: LoraSettings):
     targets = settings.target_modules
     return LoraConfig(
         r=settings.r,
-        lora_alpha=settings.alpha,
+        lora_alpha=settings.alpha,  # type: ignore[arg-type]  # annotated int in PEFT, which divides it by r
         lora_dropout=settings.dropout,
         target_modules=targets if targets == ALL_LINEAR else list(targets),
         task_type="CAUSAL_LM",

@@ -22,7 +22,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from transformers import TrainerCallback
 
@@ -41,7 +44,7 @@ class StopOnSignal(TrainerCallback):
         self.received: tuple[str, float] | None = None  # (signal name, time.monotonic()) of the first signal
         self.stopping_at: int | None = None  # the step every rank agreed to stop after
         self.report: StopReport | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
         self._step_began = self._step_ended = None
         self._step_s = 0.0
         self._warned_s = 0.0
@@ -96,8 +99,11 @@ class StopOnSignal(TrainerCallback):
                 "terminationGracePeriodSeconds (%g s) is shorter than a step and a save take (%.0f s + %.0f s at step "
                 "%d): a stop on SIGTERM would be killed before its checkpoint is complete and fall back to the "
                 "previous one. Raise spec.terminationGracePeriodSeconds.",
-                self.grace_s, self._step_s, save_s, state.global_step,
-            )  # fmt: skip
+                self.grace_s,
+                self._step_s,
+                save_s,
+                state.global_step,
+            )
         if self.stopping_at is not None and self.stopping_at == state.global_step:
             signalled = self.received[1] if self.received else now  # a rank told by the others, not the kubelet
             self.report = StopReport(step=int(state.global_step), seconds=now - signalled, signal=self.signal_name)

@@ -23,6 +23,7 @@ import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import CHECKPOINT_PREFIX, ENV_RUN_UID, RUN_IDENTITY_FILE, RUN_LOCK_FILE
@@ -278,7 +279,7 @@ class OutputLock:
 
     def __init__(self, output_dir: str | os.PathLike):
         self.path = Path(output_dir) / RUN_LOCK_FILE
-        self._file = None
+        self._file: IO[str] | None = None
 
     def acquire(self) -> str | None:
         """None when this process now holds the folder; else why not (who holds it)."""

@@ -301,8 +301,10 @@ class MLflowLogger:
             if self._steps or self._tasks:
                 logger.warning(
                     "tracking: %s has not taken %d steps and %d tasks; training does not wait for them",
-                    self.uri, len(self._steps), len(self._tasks),
-                )  # fmt: skip
+                    self.uri,
+                    len(self._steps),
+                    len(self._tasks),
+                )
                 return False
         return True
 
@@ -344,7 +346,9 @@ class MLflowLogger:
     def thread_cpu_s(self) -> float:
         """CPU seconds the logging thread has used so far (bench/tracking.py reports it): what tracking takes from
         training's cores."""
-        return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident))
+        ident = self._thread.ident
+        assert ident is not None  # started in __init__
+        return time.clock_gettime(time.pthread_getcpuclockid(ident))
 
     def reference(self) -> dict[str, str] | None:
         if self.run_id is None:
@@ -383,7 +387,8 @@ class MLflowLogger:
             self._open(client)
         while True:
             with self._condition:
-                batch, size = [], 0
+                batch: list[tuple[int, int, dict[str, float]]] = []
+                size = 0
                 for item in self._steps:
                     if batch and size + len(item[2]) > MAX_METRICS_PER_REQUEST:
                         break
@@ -427,9 +432,11 @@ class MLflowLogger:
         experiment = client.get_experiment_by_name(self.experiment)
         experiment_id = experiment.experiment_id if experiment else _create_experiment(client, self.experiment)
         found = client.search_runs(
-            [experiment_id], filter_string=f"tags.`{tracking.TAG_UID}` = '{self.uid}'", max_results=1,
+            [experiment_id],
+            filter_string=f"tags.`{tracking.TAG_UID}` = '{self.uid}'",
+            max_results=1,
             order_by=["attributes.start_time ASC"],
-        )  # fmt: skip
+        )
         if found:
             run_id = found[0].info.run_id
             history = client.get_metric_history(run_id, tracking.STEP_METRIC)
@@ -445,9 +452,11 @@ class MLflowLogger:
             client.log_batch(run_id, params=new[start : start + 100])
         self.experiment_id, self.run_id = experiment_id, run_id
         logger.info(
-            "tracking: MLflow run %s at %s%s", run_id, self.uri,
+            "tracking: MLflow run %s at %s%s",
+            run_id,
+            self.uri,
             f" (resumed after step {self.logged_through})" if self.logged_through >= 0 else "",
-        )  # fmt: skip
+        )
 
     def _mark(self, up: bool, error: str | None = None) -> None:
         from atlas_core.telemetry import metrics
@@ -458,8 +467,10 @@ class MLflowLogger:
             else:
                 logger.warning(
                     "tracking: MLflow at %s does not answer (%s); training goes on, its steps are logged when it is "
-                    "back", self.uri, error,
-                )  # fmt: skip
+                    "back",
+                    self.uri,
+                    error,
+                )
         self.up, self.error = up, error
         metrics.tracking_up.labels(**self.labels, backend=tracking.MLFLOW).set(1 if up else 0)
         reference = self.reference()

@@ -35,7 +35,10 @@ import threading
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 from atlas_contract import checks, datasets, defaults, sources, tracking
 from atlas_contract.checks import REWARD_FUNCTIONS
@@ -146,7 +149,7 @@ def _literal(v: Any) -> str:
     return repr(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def _default(cls: type, name: str) -> Any:
+def _default(cls: type[DataclassInstance], name: str) -> Any:
     return cls.__dataclass_fields__[name].default
 
 
@@ -756,7 +759,7 @@ def crd_validations(kind: str) -> dict[str, list[dict[str, str]]]:
 _compiling = threading.Lock()
 
 
-def _compiled(kind: str) -> tuple[tuple[Rule, Any], ...]:
+def _compiled(kind: str) -> tuple[tuple[Rule, Any, Any], ...]:
     # One compilation per kind, under a lock: the operator's handler threads all validate their first runs at once,
     # and each compiling the rules itself (25 ms with the runtime's imports) stalled a burst of new runs.
     with _compiling:

@@ -6,15 +6,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import BACKENDS, TRAINJOB_RUNTIME
 from atlas_contract.text import decode_text, read_text
-from atlas_operator.spec import Run
+from atlas_operator.spec import AtlasTeacherSpec, Run
 from atlas_operator.validation import parse_run
+
+if TYPE_CHECKING:
+    from atlas_operator.config import OperatorConfig
 
 
 def load_manifests(path: str) -> list[dict[str, Any]]:
@@ -97,11 +100,11 @@ class _PlainDumper(yaml.SafeDumper):
     anchors or aliases (``&id001``/``*id001``) where two objects share a value: kubectl and every
     other tool read each document on its own."""
 
-    def ignore_aliases(self, data) -> bool:
+    def ignore_aliases(self, data: Any) -> bool:
         return True
 
 
-def _str(dumper: yaml.SafeDumper, value: str):
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
     style = "|" if "\n" in value and not any(line != line.rstrip() for line in value.splitlines()) else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
@@ -130,11 +133,10 @@ def local_run_config(run: Run) -> tuple[dict[str, Any], list[str]]:
         for key in [k for k in trainer if k.startswith("vllm_")]:
             trainer.pop(key)
         notes.append("generating inside the trainer (spec.rollout applies on the cluster)")
-    if run.kind == "AtlasTeacher" and run.spec.student and run.spec.student.rollout.replicas:
-        config["student"] = run.spec.student.model
-        notes.append(
-            f"student {run.spec.student.model} loaded in this process (spec.student.rollout applies on the cluster)"
-        )
+    student = run.spec.student if isinstance(run.spec, AtlasTeacherSpec) else None
+    if run.kind == "AtlasTeacher" and student and student.rollout.replicas:
+        config["student"] = student.model
+        notes.append(f"student {student.model} loaded in this process (spec.student.rollout applies on the cluster)")
     if run.spec.reward.config:
         config["reward"]["config"] = run.spec.reward.config
     if run.spec.reward.config_map_ref:
@@ -181,10 +183,11 @@ def operator_main(argv: list[str] | None = None) -> int:
         _lead(settings)
     from kopf.cli import main as kopf_main
 
-    return kopf_main(args=command, prog_name="atlas operator")
+    code: int = kopf_main(args=command, prog_name="atlas operator")
+    return code
 
 
-def _lead(settings) -> None:
+def _lead(settings: OperatorConfig) -> None:
     """Stand by until this replica leads (atlas_operator/leader.py); then renew in the background, exit when
     leadership is lost, and give the Lease up when the process ends."""
     import atexit
@@ -269,7 +272,7 @@ def operator_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def operator_command(argv: list[str] | None = None):
+def operator_command(argv: list[str] | None = None) -> tuple[OperatorConfig, list[str]]:
     """The operator's settings (``OperatorConfig``: flags over ATLAS_* variables) and the ``kopf run`` command line
     for ``argv``: the namespaces kopf watches runs in are the ones the operator watches children in."""
     args, kopf_args = operator_parser().parse_known_args(argv)

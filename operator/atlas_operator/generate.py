@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -22,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 CRD_DIRS = ("crds", "charts/atlas-operator/crds")
 
 
-def _dump(document: dict) -> str:
+def _dump(document: dict[str, Any]) -> str:
     return yaml.safe_dump(document, sort_keys=False, width=120)
 
 

@@ -56,7 +56,7 @@ class Informer:
         self._listed: set[tuple[str, str | None]] = set()  # (plural, namespace) whose first listing is over
         self._refused: set[tuple[str, str | None]] = set()  # (plural, namespace) the RBAC does not let it list
         self._listing: dict[tuple[str, str | None], dict[Key, dict[str, Any]]] = {}  # listings in progress
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
         """The held object, or None when the watch does not show it (absent, or not listed yet: see ``synced``)."""
@@ -96,7 +96,13 @@ class Informer:
         stream = kopf.Resource(resource.group, resource.version, resource.plural, kind=resource.kind, namespaced=True)
         while True:
             try:
-                async for event in kopf_compat.infinite_watch(settings=settings, resource=stream, namespace=namespace):
+                # kopf's NamespaceName is a NewType of str (private: kopf._cogs.structs.references), a str at run time.
+                watch = kopf_compat.infinite_watch(
+                    settings=settings,
+                    resource=stream,
+                    namespace=namespace,  # type: ignore[arg-type]  # a str is kopf's NamespaceName
+                )
+                async for event in watch:
                     self.handle(resource, namespace, event)
             except asyncio.CancelledError:
                 raise
@@ -143,7 +149,7 @@ class Informer:
                     return
         self._notify(event["type"], resource, obj)
 
-    def _relisted(self, resource: Resource, namespace: str | None, listing: dict[Key, dict]) -> None:
+    def _relisted(self, resource: Resource, namespace: str | None, listing: dict[Key, dict[str, Any]]) -> None:
         """A listing is over. The first one fills the store; a later one (after a 410) also reports what changed
         while the watch was away: objects gone, added or changed."""
         first = (resource.plural, namespace) not in self._listed

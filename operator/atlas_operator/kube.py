@@ -12,11 +12,14 @@ import random
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import urllib3
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 from atlas_operator import __version__
 
@@ -118,11 +121,11 @@ class Kube:
 
     def __init__(
         self,
-        api_client=None,
+        api_client: ApiClient | None = None,
         timeout: float = 30.0,
         watched: Lookup | None = None,
         synced: Callable[[str], bool] | None = None,
-    ):
+    ) -> None:
         if api_client is None:
             api_client = default_api_client()
         api_client.user_agent = USER_AGENT  # tells the operator's calls apart in audit logs
@@ -145,7 +148,7 @@ class Kube:
             )
 
     @contextlib.contextmanager
-    def _writing(self, resource: Resource, namespace: str, name: str):
+    def _writing(self, resource: Resource, namespace: str, name: str) -> Iterator[None]:
         """While a write is in flight its watch event may come before its answer: it is ours (PENDING)."""
         key = (resource.plural, namespace, name)
         with self._lock:
@@ -167,7 +170,7 @@ class Kube:
         is gone (``deleted``), whether this client deleted it."""
         meta = obj.get("metadata") or {}
         with self._lock:
-            written = self._written.get((resource.plural, meta.get("namespace", ""), meta.get("name")))
+            written = self._written.get((resource.plural, meta.get("namespace", ""), meta.get("name", "")))
         if deleted:
             return written == ""
         return written == PENDING or (written is not None and written == str(meta.get("resourceVersion", "")))
@@ -250,7 +253,8 @@ class Kube:
         moments may not show — for a look whose answer a later write checks anyway (a create's 409)."""
         path = resource.path(namespace, name) + ("?resourceVersion=0" if cached else "")
         try:
-            return self.request("GET", path)
+            found: dict[str, Any] = self.request("GET", path)
+            return found
         except ApiError as exc:
             if exc.not_found:
                 return None
@@ -258,14 +262,15 @@ class Kube:
 
     def list(self, resource: Resource, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         query = urllib.parse.urlencode({"labelSelector": label_selector})
-        return self.request("GET", f"{resource.path(namespace)}?{query}").get("items") or []
+        items: list[dict[str, Any]] = self.request("GET", f"{resource.path(namespace)}?{query}").get("items") or []
+        return items
 
     def create(self, obj: dict[str, Any], resource: Resource | None = None) -> dict[str, Any]:
         """Create ``obj`` (a child of a run, or an object of ``resource``)."""
         resource = resource or resource_of(obj)
         meta = obj["metadata"]
         with self._writing(resource, meta["namespace"], meta["name"]):
-            created = self.request("POST", resource.path(meta["namespace"]), obj)
+            created: dict[str, Any] = self.request("POST", resource.path(meta["namespace"]), obj)
         self._remember(resource, created)
         return created
 
@@ -273,7 +278,7 @@ class Kube:
         self, resource: Resource, namespace: str, name: str, patch: dict[str, Any], subresource: str | None = None
     ) -> dict[str, Any]:
         with self._writing(resource, namespace, name):
-            patched = self.request(
+            patched: dict[str, Any] = self.request(
                 "PATCH", resource.path(namespace, name, subresource), patch, content_type="application/merge-patch+json"
             )
         self._remember(resource, patched)
@@ -353,7 +358,7 @@ def jittered(wait: float, draw: Callable[[], float] = random.random) -> float:
     return wait * (1.0 + RETRY_AFTER_JITTER * draw())
 
 
-def _retry_after(response) -> float | None:
+def _retry_after(response: Any) -> float | None:
     """The seconds an answer asks to wait before the request is sent again (client-go's ``checkWait``: a 429 or a
     5xx with a Retry-After in seconds), else None."""
     if response.status != 429 and not 500 <= response.status < 600:
@@ -371,7 +376,7 @@ def _json(data: bytes) -> Any:
         return {}
 
 
-def default_api_client():
+def default_api_client() -> ApiClient:
     """In-cluster service account, else $KUBECONFIG / ~/.kube/config (what kopf logs in with too)."""
     from kubernetes import client, config
 

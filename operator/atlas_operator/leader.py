@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from atlas_operator.kube import LEASE, ApiError, Kube
 
@@ -67,9 +68,12 @@ class Elector:
         now = time.monotonic()
         spec = {"holderIdentity": self.holder, "leaseDurationSeconds": self.lease_s, "renewTime": _micro_time()}
         if lease is None:
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
-                    "spec": {**spec, "acquireTime": spec["renewTime"], "leaseTransitions": 0}}  # fmt: skip
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": {**spec, "acquireTime": spec["renewTime"], "leaseTransitions": 0},
+            }
             return self._write(lambda: self.kube.create(body, LEASE))
         current = lease.get("spec") or {}
         version = lease["metadata"]["resourceVersion"]
@@ -86,7 +90,7 @@ class Elector:
         patch = {"metadata": {"resourceVersion": version}, "spec": spec}
         return self._write(lambda: self.kube.patch(LEASE, self.namespace, self.name, patch))
 
-    def _write(self, call: Callable[[], dict]) -> bool:
+    def _write(self, call: Callable[[], dict[str, Any]]) -> bool:
         try:
             written = call()
         except ApiError as exc:
@@ -138,8 +142,12 @@ class Elector:
                 except (ApiError, OSError) as exc:
                     log.warning("leader election: renewal failed: %s", exc)
                 if time.monotonic() - self._renewed_at > self.renew_deadline_s:
-                    log.error("leader election lost: no renewal of Lease %s/%s for %.0f s; exiting",
-                              self.namespace, self.name, self.renew_deadline_s)  # fmt: skip
+                    log.error(
+                        "leader election lost: no renewal of Lease %s/%s for %.0f s; exiting",
+                        self.namespace,
+                        self.name,
+                        self.renew_deadline_s,
+                    )
                     on_lost()
                     return
 
@@ -153,8 +161,10 @@ class Elector:
         try:
             lease = self.kube.get_fresh(LEASE, self.namespace, self.name)
             if lease and (lease.get("spec") or {}).get("holderIdentity") == self.holder:
-                patch = {"metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
-                         "spec": {"holderIdentity": None, "leaseDurationSeconds": 1}}  # fmt: skip
+                patch = {
+                    "metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
+                    "spec": {"holderIdentity": None, "leaseDurationSeconds": 1},
+                }
                 self.kube.patch(LEASE, self.namespace, self.name, patch)
                 log.info("leader election: released Lease %s/%s", self.namespace, self.name)
         except (ApiError, OSError) as exc:
@@ -166,7 +176,7 @@ def _health_server(host: str, port: int) -> ThreadingHTTPServer:
     is ready to take over: a Deployment of two replicas rolls out)."""
 
     class Health(BaseHTTPRequestHandler):
-        def do_GET(self):
+        def do_GET(self) -> None:
             # a standby's /metrics: no samples (the leader's count)
             known = self.path in ("/healthz", "/readyz", "/metrics")
             body = b"ok (standby)" if self.path in ("/healthz", "/readyz") else b""
@@ -175,7 +185,7 @@ def _health_server(host: str, port: int) -> ThreadingHTTPServer:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *args):
+        def log_message(self, *args: Any) -> None:
             pass
 
     server = ThreadingHTTPServer((host, port), Health)

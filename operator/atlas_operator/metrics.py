@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 from atlas_contract import metrics as contract
 from atlas_contract.names import KINDS, PHASES
@@ -15,7 +20,10 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 _SPECS = contract.by_name(contract.OPERATOR)
 
 
-def _metric(cls, name: str, **kwargs):
+Metric = TypeVar("Metric", bound=MetricWrapperBase)
+
+
+def _metric(cls: type[Metric], name: str, **kwargs: Any) -> Metric:
     spec = _SPECS[name]
     return cls(spec.name, spec.help, list(spec.labels), registry=REGISTRY, **kwargs)
 
@@ -77,20 +85,20 @@ def exported_metric_names() -> set[str]:
     return names
 
 
-async def serve(host: str, port: int, ready: Callable[[], bool] | None = None):
+async def serve(host: str, port: int, ready: Callable[[], bool] | None = None) -> web.AppRunner:
     """Start ``/metrics``, ``/healthz`` (liveness: the event loop answers) and ``/readyz`` (readiness: ``ready()``,
     200 once it holds, else 503); returns the aiohttp runner (``await runner.cleanup()``)."""
     from aiohttp import web
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    async def metrics(_request):
+    async def metrics(_request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def healthz(_request):
+    async def healthz(_request: web.Request) -> web.Response:
         # Answering at all proves the event loop (which runs every watch and handler) is not stuck.
         return web.json_response({"status": "ok"})
 
-    async def readyz(_request):
+    async def readyz(_request: web.Request) -> web.Response:
         # Ready once its watches have listed what they follow: a liveness that failed meanwhile would restart an
         # operator that is only starting (a cluster with many runs lists for a while).
         if ready is None or ready():

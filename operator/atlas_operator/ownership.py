@@ -31,7 +31,7 @@ def is_controlled_by(obj: dict[str, Any], owner: dict[str, Any]) -> bool:
         return False
     meta = owner.get("metadata") or {}
     if meta.get("uid"):
-        return ref.get("uid") == meta["uid"]
+        return bool(ref.get("uid") == meta["uid"])
     return ref.get("kind") == owner.get("kind") and ref.get("name") == meta.get("name")
 
 

@@ -140,7 +140,7 @@ class Children:
     )
 
 
-def _result_range(key: str) -> dict[str, float]:
+def _result_range(key: str) -> dict[str, Any]:
     """A result value's bounds (atlas_contract.results.RESULT_RANGES) as schema keywords."""
     low, high = RESULT_RANGES[key]
     return {k: v for k, v in (("minimum", low), ("maximum", high)) if v is not None}

@@ -13,6 +13,7 @@ import functools
 import re
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any, Union
 
 from atlas_contract.text import bounded_repr
@@ -29,7 +30,7 @@ def spec_field(
     required: bool = False,
     trainer_default: bool = False,
     unset: str | None = None,
-    enum: tuple | None = None,
+    enum: tuple[Any, ...] | None = None,
     minimum: float | None = None,
     maximum: float | None = None,
     exclusive_minimum: bool = False,
@@ -76,14 +77,14 @@ def spec_field(
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def description(f: dataclasses.Field) -> str:
+def description(f: dataclasses.Field[Any]) -> str:
     """The field's documentation with the default that applies and its size bound (what ``kubectl explain``
     shows)."""
     bound = _bound_doc(f.metadata)
     return f"{_description(f)}{' ' + bound if bound else ''}"
 
 
-def _bound_doc(meta: dict) -> str:
+def _bound_doc(meta: Mapping[str, Any]) -> str:
     parts = [
         f"{what} {meta[key]} {unit}"
         for key, what, unit in (
@@ -97,10 +98,11 @@ def _bound_doc(meta: dict) -> str:
     return f"Bound: {', '.join(parts)}." if parts else ""
 
 
-def _description(f: dataclasses.Field) -> str:
+def _description(f: dataclasses.Field[Any]) -> str:
     from atlas_contract.defaults import describe_training_default
 
-    meta, text = f.metadata, f.metadata["doc"]
+    meta = f.metadata
+    text: str = meta["doc"]
     default = default_of(f)
     if meta.get("trainer_default"):
         return f"{text}. {describe_training_default(f.name)}"
@@ -113,7 +115,7 @@ def _description(f: dataclasses.Field) -> str:
     return text
 
 
-def _is_empty_factory(f: dataclasses.Field) -> bool:
+def _is_empty_factory(f: dataclasses.Field[Any]) -> bool:
     if f.default_factory is dataclasses.MISSING:
         return False
     value = f.default_factory()
@@ -150,7 +152,7 @@ def _type_hints(cls: type) -> dict[str, Any]:
 
 
 @functools.cache
-def _fields(cls: type) -> tuple[dataclasses.Field, ...]:
+def _fields(cls: type) -> tuple[dataclasses.Field[Any], ...]:
     return dataclasses.fields(cls)
 
 
@@ -201,7 +203,7 @@ def openapi_schema(cls: type) -> dict[str, Any]:
     return schema
 
 
-def default_of(f: dataclasses.Field) -> Any:
+def default_of(f: dataclasses.Field[Any]) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:
@@ -210,8 +212,13 @@ def default_of(f: dataclasses.Field) -> Any:
     return None
 
 
+def _is_dataclass_type(annotation: Any) -> typing.TypeGuard[type[Any]]:
+    """A field's type that is a dataclass (an annotation is a class, never an instance)."""
+    return dataclasses.is_dataclass(annotation)
+
+
 def _type_schema(annotation: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(annotation):
+    if _is_dataclass_type(annotation):
         schema = openapi_schema(annotation)
         schema.pop("description", None)
         return schema
@@ -241,12 +248,13 @@ def to_object(value: Any, hide_unknown: bool = False) -> Any:
     """A parsed spec (dataclasses) → the camelCase object the API server would store: unset fields left out.
     ``hide_unknown``: a field that preserves unknown fields is ``{}``, which is all a CEL rule sees of it."""
     if dataclasses.is_dataclass(value):
-        hints = _type_hints(type(value))
+        cls: type = type(value)
+        hints = _type_hints(cls)
         return {
             camel(f.name): {}
             if hide_unknown and _preserves_unknown(unwrap_optional(hints[f.name]))
             else to_object(getattr(value, f.name), hide_unknown)
-            for f in _fields(type(value))
+            for f in _fields(cls)
             if getattr(value, f.name) is not None
         }
     if isinstance(value, list):
@@ -297,7 +305,7 @@ _INVALID = object()
 
 
 def _parse_value(annotation: Any, value: Any, where: str, problems: list[str]) -> Any:
-    if dataclasses.is_dataclass(annotation):
+    if _is_dataclass_type(annotation):
         return parse(annotation, value, where, problems)
     origin = typing.get_origin(annotation)
     expected = None
@@ -323,15 +331,15 @@ def _parse_value(annotation: Any, value: Any, where: str, problems: list[str]) -
     elif origin is dict:
         _, item = typing.get_args(annotation)
         if item is not Any:
-            parsed = {k: _parse_value(item, v, f"{where}.{k}", problems) for k, v in value.items()}
-            return _INVALID if any(p is _INVALID for p in parsed.values()) else parsed
+            entries = {k: _parse_value(item, v, f"{where}.{k}", problems) for k, v in value.items()}
+            return _INVALID if any(p is _INVALID for p in entries.values()) else entries
     if expected:
         problems.append(f"{where}: expected {expected}, got {bounded_repr(value)}")
         return _INVALID
     return float(value) if annotation is float else value
 
 
-def _constraint_problem(meta: dict, value: Any, where: str, problems: list[str]) -> bool:
+def _constraint_problem(meta: Mapping[str, Any], value: Any, where: str, problems: list[str]) -> bool:
     enum, minimum, maximum, pattern = meta.get("enum"), meta.get("minimum"), meta.get("maximum"), meta.get("pattern")
     problem = None
     if enum is not None and value not in enum:
@@ -355,7 +363,7 @@ def _constraint_problem(meta: dict, value: Any, where: str, problems: list[str])
     return problem is not None
 
 
-def _size_problem(meta: dict, value: Any) -> str | None:
+def _size_problem(meta: Mapping[str, Any], value: Any) -> str | None:
     """A value longer than its field's bound (maxLength, maxItems, items' maxLength, maxProperties)."""
     bounds = (
         ("max_length", str, "characters"),

@@ -46,7 +46,10 @@ DNS_LABEL = r"[a-z]([-a-z0-9]*[a-z0-9])?"
 QUANTITY_PATTERN = (
     r"(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?"
 )
-QUANTITY_FIELD = {"pattern": QUANTITY_PATTERN, "pattern_doc": "a Kubernetes quantity such as 32, 500m, 16Gi or 1.5e3"}
+QUANTITY_FIELD: dict[str, Any] = {
+    "pattern": QUANTITY_PATTERN,
+    "pattern_doc": "a Kubernetes quantity such as 32, 500m, 16Gi or 1.5e3",
+}
 # Bounds of the fields the CRD's CEL rules read (atlas_operator/cel_rules.py): the API server prices a rule by
 # the largest value it may meet and refuses a CRD over its budget.
 MAX_REFERENCE = 1024  # a model or dataset: a hub id (at most 96), a URL or a path on the checkpoint volume
@@ -325,7 +328,8 @@ class PolicyRolloutSpec(RolloutSpec):
     weights synced after each step), vLLM inside every trainer process (colocate), or the trainer's own
     generate (no vLLM)."""
 
-    replicas: int | None = spec_field(
+    # Unset by default, unlike a student server's: the mode decides (a field's type is its CRD schema: kept).
+    replicas: int | None = spec_field(  # type: ignore[assignment]  # a subclass field that may be unset
         "rollout servers (mode server); 0 = generate inside the trainer",
         unset="1; 0 with mode colocate or algorithm sft (SFT generates nothing)",
         minimum=0,
@@ -336,7 +340,7 @@ class PolicyRolloutSpec(RolloutSpec):
         unset="tensorParallelSize",
         minimum=1,
     )
-    gpu_memory_utilization: float | None = spec_field(
+    gpu_memory_utilization: float | None = spec_field(  # type: ignore[assignment]  # as replicas above
         "share of each GPU vLLM takes: a server's --gpu-memory-utilization, or vllm_gpu_memory_utilization "
         "colocated (the trainer shares the GPU)",
         unset="0.9 for a server, 0.3 colocated (TRL's default)",
@@ -429,7 +433,11 @@ def _teaching_spec() -> type:
     return dataclasses.make_dataclass("TeachingSpec", specs, namespace={"__doc__": doc, "__module__": __name__})
 
 
-TeachingSpec = _teaching_spec()
+if typing.TYPE_CHECKING:
+    # Made at import from the contract's fields (make_dataclass): its fields are not there for mypy to read.
+    TeachingSpec: typing.TypeAlias = Any
+else:
+    TeachingSpec = _teaching_spec()
 
 
 @dataclass

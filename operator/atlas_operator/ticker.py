@@ -17,12 +17,13 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from atlas_operator.reconcile.memory import RunKey
 
 log = logging.getLogger("atlas_operator")
 
-Tick = Callable[[dict], Awaitable[None]]
+Tick = Callable[[dict[str, Any]], Awaitable[None]]
 TICK_DONE = "tick done"  # logged (INFO) after each run's pass, as kopf logged its timers' ("Timer '…' succeeded")
 
 
@@ -44,15 +45,15 @@ class RunTicker:
         self.interval = interval
         self._tick = tick
         self._limit = asyncio.Semaphore(limit)
-        self._runs: dict[RunKey, dict] = {}  # each run's latest copy
+        self._runs: dict[RunKey, dict[str, Any]] = {}  # each run's latest copy
         self._due: list[tuple[float, int, RunKey]] = []  # (monotonic time, order, run)
         self._queued: set[RunKey] = set()  # the runs in ``_due``: each appears there once only
         self._order = itertools.count()
         self._wake = asyncio.Event()
         self._busy: set[RunKey] = set()  # a pass in progress: the next waits a whole interval, never overlaps
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
-    def seen(self, run: RunKey, event_type: str | None, body: dict) -> None:
+    def seen(self, run: RunKey, event_type: str | None, body: dict[str, Any]) -> None:
         """A watch event of ``run`` (None: listed): its latest copy, or the end of it."""
         if event_type == "DELETED":
             self._runs.pop(run, None)  # its heap entry is dropped when it comes due

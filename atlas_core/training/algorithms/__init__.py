@@ -1,0 +1,1 @@
+"""The trainers: TRL's GRPO and SFT with Atlas's hooks, and GRPO on a teacher rewarded by its student."""
