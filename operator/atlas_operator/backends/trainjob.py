@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from atlas_contract.names import (
+    LABEL_INSTANCE,
     QUEUE_NAME_LABEL,
     SPEC_HASH_ANNOTATION,
     TERMINATION_MESSAGE_PATH,
@@ -30,10 +31,23 @@ from atlas_contract.names import (
     TRAINJOB_TRAINER_JOB,
     ChildNames,
 )
+from atlas_operator import kube
+from atlas_operator.backends.jobset import (
+    job_failure_policy,
+    jobset_state,
+    pod_failure_policy,
+    trainer_rank0_pod,
+)
+from atlas_operator.backends.protocol import CachedRead, CrdRequirement, JobBackend, JobState
+from atlas_operator.backends.pytorchjob import MASTER_LABELS, master_pod
 from atlas_operator.config import Images
-from atlas_operator.render.common import CONTAINER_SECURITY, child_metadata, labels
-from atlas_operator.render.jobset import job_failure_policy, pod_failure_policy
-from atlas_operator.render.trainer import configured_trainer_template, job_spec_hash
+from atlas_operator.kube import Kube
+from atlas_operator.ownership import is_controlled_by
+from atlas_operator.render.config_map import checkpoint_warning
+from atlas_operator.render.metadata import child_metadata, labels
+from atlas_operator.render.pod_spec import CONTAINER_SECURITY
+from atlas_operator.render.trainer import TrainerShape, configured_trainer_template, job_spec_hash
+from atlas_operator.run_status import EventReason
 from atlas_operator.spec import Run
 
 TRAINER_API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -60,7 +74,7 @@ def trainjob(
 ) -> dict[str, Any]:
     """The run's TrainJob: ``runtime`` (a ClusterTrainingRuntime), the trainer, and the run's pod patch."""
     spec = run.spec
-    pod = configured_trainer_template(run, images, config)
+    pod = configured_trainer_template(run, images, config, TrainJobBackend.trainer)
     (container,) = pod["spec"]["containers"]
     trainer: dict[str, Any] = {
         "image": container["image"],
@@ -166,3 +180,105 @@ def training_runtime(name: str, image: str, max_restarts: int) -> dict[str, Any]
             },
         },
     }
+
+
+def trainjob_state(job: dict[str, Any], gang: dict[str, Any] | None) -> JobState:
+    """A TrainJob's: Complete, Failed and Suspended as the Trainer sets them (Complete and Failed in its JobSet's
+    words); otherwise its JobSet's state (restarts, the trainer running), or its jobsStatus before there is one."""
+    true = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
+    if "Complete" in true:
+        done = true["Complete"]
+        return "Succeeded", done.get("reason") or "AllJobsCompleted", done.get("message") or "TrainJob completed"
+    if "Failed" in true:
+        failed = true["Failed"]
+        return "Failed", failed.get("reason") or "FailedJobs", failed.get("message") or "TrainJob failed"
+    if "Suspended" in true:
+        return "Suspended", "Suspended", true["Suspended"].get("message") or "TrainJob is suspended"
+    if gang is not None:
+        return jobset_state(gang)
+    node = {s.get("name"): s for s in (job.get("status") or {}).get("jobsStatus") or []}.get(TRAINJOB_TRAINER_JOB)
+    if node and (node.get("active") or node.get("ready")):
+        return "Running", "Running", "the trainer is running"
+    return "Pending", "JobPending", "waiting for the TrainJob to start"
+
+
+def runtime_problem(run: Run, images: Images, read: CachedRead) -> tuple[EventReason, str] | None:
+    """What keeps a TrainJob run off its ClusterTrainingRuntime: the runtime missing, or a spec.maxRestarts the
+    runtime does not have (a TrainJob cannot set its JobSet's failurePolicy: the runtime's applies)."""
+    name = images.trainjob_runtime
+    runtime = read(kube.CLUSTER_TRAINING_RUNTIME, name)
+    if runtime is None:
+        return EventReason.TRAINING_RUNTIME_MISSING, (
+            f"the cluster has no ClusterTrainingRuntime {name} (spec.backend TrainJob): install it with the chart "
+            "(value trainJob.runtime.enabled: true), or point the operator at yours (ATLAS_TRAINJOB_RUNTIME)"
+        )
+    policy = (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("failurePolicy") or {}
+    restarts = int(policy.get("maxRestarts") or 0)
+    if run.spec.max_restarts != restarts:
+        return EventReason.MAX_RESTARTS_NOT_THE_RUNTIMES, (
+            f"spec.maxRestarts: {run.spec.max_restarts}, but on backend TrainJob whole-gang restarts are the "
+            f"ClusterTrainingRuntime {name}'s (template.spec.failurePolicy.maxRestarts: {restarts}; chart value "
+            f"trainJob.runtime.maxRestarts): set spec.maxRestarts: {restarts}, or use another backend"
+        )
+    return None
+
+
+class TrainJobBackend(JobBackend):
+    kind = "TrainJob"
+    resource = kube.TRAINJOB
+    child_key = "trainJob"
+    # The JobSet the Kubeflow Trainer makes of the TrainJob carries the run's labels (its runtime patch): watched too.
+    watched = (kube.TRAINJOB, kube.JOBSET)
+    reads = (kube.CLUSTER_TRAINING_RUNTIME,)
+    crd = CrdRequirement(
+        EventReason.TRAINJOB_CRD_MISSING,
+        "trainer.kubeflow.org/v1alpha1 TrainJob CRD",
+        "install Kubeflow Trainer v2.3.0 or later (kubectl apply --server-side -k "
+        '"github.com/kubeflow/trainer.git/manifests/overlays/manager?ref=v2.3.0"), or set another spec.backend',
+    )
+    # The Trainer's torch plugin injects the topology (the master as PET_MASTER_ADDR and PET_MASTER_PORT) and adds
+    # its own rendezvous port (TRAINJOB_MASTER_PORT).
+    trainer = TrainerShape(container=TRAINJOB_TRAINER_CONTAINER, master_env="PET_MASTER")
+    rank0_labels = MASTER_LABELS
+
+    def render_job(self, run: Run, images: Images, config: dict[str, Any] | None) -> dict[str, Any]:
+        # The servers run beside the TrainJob, as on PyTorchJob (the module's docstring says why).
+        return trainjob(run, images, config, runtime=images.trainjob_runtime)
+
+    def checkpoint_warning(self, run: Run) -> str | None:
+        return checkpoint_warning(run, restart_replaces_pods=False)
+
+    def prerequisite_problem(self, run: Run, images: Images, read: CachedRead) -> tuple[EventReason, str] | None:
+        return runtime_problem(run, images, read)
+
+    def state(self, job: dict[str, Any], gang: dict[str, Any] | None) -> JobState:
+        return trainjob_state(job, gang)
+
+    def read_gang(self, client: Kube, namespace: str, job: dict[str, Any]) -> dict[str, Any] | None:
+        """The JobSet the Kubeflow Trainer made of the TrainJob (its name; controlled by the TrainJob), read only:
+        its restarts and replicated jobs are the run's too. None before it exists."""
+        gang = client.get(kube.JOBSET, namespace, job["metadata"]["name"])
+        return gang if gang is not None and is_controlled_by(gang, job) else None
+
+    def restarting_gang(self, job: dict[str, Any], gang: dict[str, Any] | None) -> dict[str, Any] | None:
+        return gang
+
+    def rank0_pod(self, client: Kube, run: Run, job: dict[str, Any]) -> dict[str, Any] | None:
+        """On the Trainer's JobSet (once it exists: the run's result is read from it) its trainer pod of index 0;
+        before that, the master pod by name."""
+        if job.get("kind") == kube.JOBSET.kind:
+            return trainer_rank0_pod(client, run, job)
+        return master_pod(client, run, job)
+
+    def run_name_of(self, obj: dict[str, Any]) -> str | None:
+        """The run of the JobSet the Kubeflow Trainer made of its TrainJob: controlled by a TrainJob, labelled with
+        the run's name (through the TrainJob's runtime patch)."""
+        meta = obj.get("metadata") or {}
+        refs = [r for r in meta.get("ownerReferences") or [] if r.get("controller")]
+        run_name = (meta.get("labels") or {}).get(LABEL_INSTANCE)
+        if obj.get("kind") != kube.JOBSET.kind or not run_name or not refs or refs[0].get("kind") != self.kind:
+            return None
+        return str(run_name)
+
+
+TRAINJOB = TrainJobBackend()
