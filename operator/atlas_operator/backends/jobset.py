@@ -26,7 +26,7 @@ from atlas_operator.render.metadata import child_metadata, has_student_server
 from atlas_operator.render.servers import rollout_pod_template, student_pod_template
 from atlas_operator.render.trainer import TrainerShape, configured_trainer_template, job_spec_hash
 from atlas_operator.run_status import EventReason
-from atlas_operator.spec import Run
+from atlas_operator.spec import AtlasTeacherSpec, Run
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 
@@ -67,8 +67,9 @@ def jobset(run: Run, images: Images, config: dict[str, Any] | None = None) -> di
     servers = []
     if spec.rollout.replicas:
         servers.append(("rollout", spec.rollout.replicas, rollout_pod_template(run, images)))
-    if has_student_server(run):
-        servers.append(("student", spec.student.rollout.replicas, student_pod_template(run, images)))
+    student = spec.student if isinstance(spec, AtlasTeacherSpec) else None
+    if student is not None and has_student_server(run):
+        servers.append(("student", student.rollout.replicas, student_pod_template(run, images)))
     replicated = [
         {"name": name, "replicas": replicas, "template": {"spec": _one_pod_job(template)}}
         for name, replicas, template in servers
@@ -82,7 +83,7 @@ def jobset(run: Run, images: Images, config: dict[str, Any] | None = None) -> di
         "suspend": spec.suspend or bool(spec.queue_name),
         "replicatedJobs": replicated,
     }
-    job = {
+    job: dict[str, Any] = {
         "apiVersion": JOBSET_API_VERSION,
         "kind": "JobSet",
         "metadata": child_metadata(run, ChildNames(run.name).jobset, "trainer"),

@@ -32,24 +32,50 @@ class CrdRequirement(NamedTuple):
 
 
 class Backend(Protocol):
-    """One backend of spec.backend. Its ``kind`` is spec.backend's value and its job's kind."""
+    """One backend of spec.backend (read-only: a backend is a module's constant)."""
 
-    kind: str
-    #: The job's API resource (created, patched, deleted, watched).
-    resource: Resource
-    #: The job's key in status.children.
-    child_key: str
-    #: What the operator watches for a run on this backend, the job first (the objects that carry the run's labels).
-    watched: tuple[Resource, ...]
-    #: Read only, never watched (a prerequisite).
-    reads: tuple[Resource, ...]
-    crd: CrdRequirement
-    #: The vLLM servers run as pods of the job (reached at their stable hostnames), not as Deployments beside it.
-    servers_in_job: bool
-    #: What the job's controller asks of the trainer's pod.
-    trainer: TrainerShape
-    #: The labels of the trainer's rank-0 pod only (the metrics Service's selector).
-    rank0_labels: Mapping[str, str]
+    @property
+    def kind(self) -> str:
+        """spec.backend's value, and its job's kind."""
+        ...
+
+    @property
+    def resource(self) -> Resource:
+        """The job's API resource (created, patched, deleted, watched)."""
+        ...
+
+    @property
+    def child_key(self) -> str:
+        """The job's key in status.children."""
+        ...
+
+    @property
+    def watched(self) -> tuple[Resource, ...]:
+        """What the operator watches for a run on this backend, the job first (objects that carry the run's labels)."""
+        ...
+
+    @property
+    def reads(self) -> tuple[Resource, ...]:
+        """What it only reads, never watches (a prerequisite)."""
+        ...
+
+    @property
+    def crd(self) -> CrdRequirement: ...
+
+    @property
+    def servers_in_job(self) -> bool:
+        """The vLLM servers run as pods of the job (reached at their stable hostnames), not as Deployments beside it."""
+        ...
+
+    @property
+    def trainer(self) -> TrainerShape:
+        """What the job's controller asks of the trainer's pod."""
+        ...
+
+    @property
+    def rank0_labels(self) -> Mapping[str, str]:
+        """The labels of the trainer's rank-0 pod only (the metrics Service's selector)."""
+        ...
 
     def render_job(self, run: Run, images: Images, config: dict[str, Any] | None) -> dict[str, Any]:
         """The run's job; ``config`` is the run's ConfigMap (its checksum goes into the trainer's pod template)."""

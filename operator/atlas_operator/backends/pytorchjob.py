@@ -57,7 +57,7 @@ def pytorch_job(run: Run, images: Images, config: dict[str, Any] | None = None) 
         },
         "pytorchReplicaSpecs": replicas,
     }
-    job = {
+    job: dict[str, Any] = {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
         "metadata": child_metadata(run, run.name, "trainer"),

@@ -94,7 +94,7 @@ def trainjob(
         }
     ]
     job_patch = {"name": TRAINJOB_TRAINER_JOB, "template": {"spec": {"template": {**pod, "spec": pod_patch}}}}
-    job = {
+    job: dict[str, Any] = {
         "apiVersion": TRAINER_API_VERSION,
         "kind": "TrainJob",
         "metadata": child_metadata(run, ChildNames(run.name).job, "trainer"),

@@ -322,7 +322,8 @@ class Observation:
     def read_result(self, run: Run, job: dict[str, Any], events: list[Event]) -> dict[str, Any] | None:
         """``.status.result`` from the succeeded job's rank-0 pod (Backend.rank0_pod): its trainer container's
         termination message (atlas_contract.results), or None. A pod that is gone, belongs to an earlier job, or
-        carries no parsable message gives None, and is read at most MAX_RESULT_READS times per job. A value out of its schema range is left out, with a Warning in ``events``."""
+        carries no parsable message gives None, and is read at most MAX_RESULT_READS times per job. A value out of
+        its schema range is left out, with a Warning in ``events``."""
         job_uid = (job.get("metadata") or {}).get("uid")
         key = (run.namespace, run.name, run.uid, job_uid)
         if not self.memory.take_result_read(key, MAX_RESULT_READS):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from atlas_operator.schema import camel
-from atlas_operator.spec import Run
+from atlas_operator.spec import Run, Toleration
 
 REWARD_REF_DIR = "/etc/atlas-reward"  # a second ConfigMap volume cannot nest inside the first
 
@@ -49,7 +49,7 @@ def pod_placement(run: Run) -> dict[str, Any]:
     return placement
 
 
-def _toleration(toleration) -> dict[str, Any]:
+def _toleration(toleration: Toleration) -> dict[str, Any]:
     return {camel(k): v for k, v in vars(toleration).items() if v is not None}
 
 

@@ -6,7 +6,7 @@ import re
 from decimal import Decimal
 from typing import Any
 
-_QUANTITY_SUFFIX = {
+_QUANTITY_SUFFIX: dict[str, int | Decimal] = {
     "": 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
     "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,

@@ -70,19 +70,18 @@ class TrainerShape:
 
 
 def launch_command(run: Run, master_env: str = "MASTER") -> list[str]:
-    """The trainer container's command, the same on every backend: accelerate on every node with the topology
-    Kubeflow's PyTorchJob controller injects (PET_NNODES, PET_NODE_RANK = node index, PET_NPROC_PER_NODE,
-    MASTER_ADDR, MASTER_PORT), that a JobSet's trainer gets from its :class:`TrainerShape`'s topology_env, or that
-    the Kubeflow Trainer's torch plugin injects into a TrainJob's (``master_env`` PET_MASTER: PET_MASTER_ADDR and
-    PET_MASTER_PORT).
+    """The trainer container's command, the same on every backend: accelerate on every node with torch elastic's
+    topology (PET_NNODES, PET_NODE_RANK = node index, PET_NPROC_PER_NODE, and the master at ``<master_env>_ADDR``
+    and ``<master_env>_PORT``), as the backend's controller injects it or its :class:`TrainerShape`'s topology_env
+    sets it.
 
     The launcher's exit code is torch elastic's (1 for any failed worker), so a worker the step watchdog ended
     would look like any crash: when the watchdog's reason is in the termination message, the container exits
-    with WATCHDOG_EXIT_CODE instead (what a JobSet's podFailurePolicy and `kubectl describe` see). Likewise a
+    with WATCHDOG_EXIT_CODE instead (what a Job's podFailurePolicy and `kubectl describe` see). Likewise a
     trainer that stopped on SIGTERM after saving a checkpoint at the step in flight (its stop report, STOP_MARK,
-    in the termination message) exits with STOP_EXIT_CODE, which the JobSet and TrainJob trainer Job's
-    podFailurePolicy ignores; and a trainer whose export failed (its result with ``exportError``) exits with
-    SOURCES_EXIT_CODE, which the operator reads as Exported=False. The launcher runs in the background so that
+    in the termination message) exits with STOP_EXIT_CODE, which a trainer Job's podFailurePolicy ignores
+    (the backend's); and a trainer whose export failed (its result with ``exportError``) exits
+    with SOURCES_EXIT_CODE, which the operator reads as Exported=False. The launcher runs in the background so that
     SIGTERM (pod deletion: Kueue preemption, a node drain, a spot reclaim) is passed on to it."""
     master = master_env
     launch = (
@@ -136,7 +135,7 @@ def _fetch_step(run: Run) -> str:
     """The trainer container's first step when the run has S3 or hub sources: the initializer
     (atlas_core/sources/initializer.py) fetches them into the run's cache, or skips what a pod before it fetched
     (whole: its manifest). A step of the trainer's own container rather than an init container, so that it is the
-    same on every backend (a TrainJob's runtime patch cannot add a container with its own command). A source that
+    same on every backend (a backend may not let the run add a container with its own command). A source that
     cannot be fetched ends the container with SOURCES_EXIT_CODE and ``{reason, uri, message}`` in the termination
     message, which the operator shows as SourcesReady=False."""
     if not trainer_fetches(run, has_student_server(run)):
