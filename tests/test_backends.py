@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from atlas_operator import backends
+from atlas_operator import backends, kube
 from atlas_operator.backends.protocol import CrdRequirement, JobBackend, JobState
 from atlas_operator.config import Images
 from atlas_operator.crd import custom_resource_definition
@@ -49,6 +49,7 @@ def test_every_value_of_spec_backend_has_exactly_one_backend(kind):
         values = [getattr(backend, attribute) for backend in registered]
         assert len(set(values)) == len(values), attribute
     assert all(backend.resource.kind == name for name, backend in backends.BACKENDS.items())
+    assert {name: backend.resource for name, backend in backends.BACKENDS.items()} == kube.JOBS
     assert {backend.child_key for backend in registered} <= CHILD_KEYS
 
 

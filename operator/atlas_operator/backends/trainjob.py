@@ -36,7 +36,6 @@ from atlas_operator.backends.jobset import (
     job_failure_policy,
     jobset_state,
     pod_failure_policy,
-    trainer_rank0_pod,
 )
 from atlas_operator.backends.protocol import CachedRead, CrdRequirement, JobBackend, JobState
 from atlas_operator.backends.pytorchjob import MASTER_LABELS, master_pod
@@ -264,10 +263,8 @@ class TrainJobBackend(JobBackend):
         return gang
 
     def rank0_pod(self, client: Kube, run: Run, job: dict[str, Any]) -> dict[str, Any] | None:
-        """On the Trainer's JobSet (once it exists: the run's result is read from it) its trainer pod of index 0;
-        before that, the master pod by name."""
-        if job.get("kind") == kube.JOBSET.kind:
-            return trainer_rank0_pod(client, run, job)
+        """The master pod by name; once the Trainer's JobSet exists the result is read from it (the JobSet
+        backend's rank-0 pod: the run's gang is a JobSet)."""
         return master_pod(client, run, job)
 
     def run_name_of(self, obj: dict[str, Any]) -> str | None:

@@ -93,7 +93,7 @@ class Children:
         message = conflict_message(foreign)
         ours = {name for (_, name), obj in existing.items() if obj is not None and is_controlled_by(obj, body)}
         result.children = {key: name for key, name in result.children.items() if name in ours}
-        jobs = [obj for (kind, name), obj in existing.items() if kind in kube.JOBS and name in ours]
+        jobs = [obj for (kind, name), obj in existing.items() if kind in backends.BACKENDS and name in ours]
         job = jobs[0] if jobs else None
         result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name))
         result.conditions.append(condition(Condition.CHILDREN_READY, False, EventReason.NAME_CONFLICT, message))
@@ -132,7 +132,7 @@ class Children:
                 observed, action = applied
                 if action:
                     result.actions[f"{child['kind']}/{child['metadata']['name']}"] = action
-                if child["kind"] in kube.JOBS:
+                if child["kind"] in backends.BACKENDS:
                     job = observed
                 elif child["kind"] == "Deployment":
                     servers[child["metadata"]["name"]] = observed
@@ -165,7 +165,7 @@ class Children:
         as observed, action). A pinned child (revisions.py) is rendered again only after its user changed the run."""
         resource = kube.resource_of(desired)
         name = desired["metadata"]["name"]
-        is_job = desired["kind"] in kube.JOBS
+        is_job = desired["kind"] in backends.BACKENDS
         if existing is None:
             if is_job and run.spec.queue_name and run.spec.suspend:
                 return None, None  # a suspended queued run holds no job (and no quota) until resumed

@@ -166,7 +166,7 @@ class Observation:
             finished = job is not None and job_state(job)[0] in FINISHED
             if finished:  # the job deletes its servers when it finishes
                 return condition(
-                    Condition.ROLLOUT_READY, False, "Finished", f"{job['kind']} {job['metadata']['name']} has finished"
+                    Condition.ROLLOUT_READY, False, "Finished", f"{backend.kind} {job['metadata']['name']} has finished"
                 )
         else:
             waiting = []
