@@ -3,8 +3,11 @@
 Trainer v2). The rest of the operator asks this registry for the run's backend (:func:`for_run`), a job's
 (:func:`by_kind`, :func:`of_job`) or the one a run's status names (:func:`job_child`), and never names a kind.
 
-A fourth backend: one module here (a class of the protocol, registered in ``BACKENDS``), its tests, and its value
-in spec.backend's enum (atlas_operator/spec.py) and CEL rules (atlas_operator/cel_rules.py).
+A fourth backend: one module here (a class of the protocol, registered in ``BACKENDS``), its tests, and what the API
+and the cluster name (docs/architecture.md, "Backends"): its value in spec.backend's enum (atlas_operator/spec.py)
+and CEL rules (atlas_operator/cel_rules.py), its status.children key and CRD-missing reason
+(atlas_operator/run_status.py), its API resource (atlas_operator/kube.py) and its RBAC
+(charts/atlas-operator/files/rbac-rules.yaml).
 """
 
 from __future__ import annotations

@@ -163,8 +163,7 @@ class Observation:
             waiting = (
                 backend.servers_waiting(job) if job is not None else [f"{c}: no {backend.kind} yet" for c in servers]
             )
-            finished = job is not None and job_state(job)[0] in FINISHED
-            if finished:  # the job deletes its servers when it finishes
+            if job is not None and job_state(job)[0] in FINISHED:  # the job deletes its servers when it finishes
                 return condition(
                     Condition.ROLLOUT_READY, False, "Finished", f"{backend.kind} {job['metadata']['name']} has finished"
                 )

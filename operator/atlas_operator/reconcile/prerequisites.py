@@ -26,7 +26,7 @@ class Prerequisites:
         self.kube = client
         self.settings = settings
         self._crd_seen_at: dict[str, float] = {}  # job kind → when its CRD was last seen served
-        self._read_seen: dict[str, tuple[float, dict]] = {}  # "<plural>/<name>" → when read, as read
+        self._read_seen: dict[str, tuple[float, dict[str, Any]]] = {}  # "<plural>/<name>" → when read, as read
         self._found_at: dict[tuple[str, str, str], float] = {}  # (plural, namespace, name) → when last found
         self._looking: dict[tuple[str, str, str], threading.Lock] = {}  # one look at a time for each object
         self._lock = threading.Lock()

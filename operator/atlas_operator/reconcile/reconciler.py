@@ -145,13 +145,15 @@ class Reconciler:
         meta = body.get("metadata") or {}
         children = (body.get("status") or {}).get("children") or {}
         made = backends.job_child(children)
+        if made is None:
+            return Outcome("Invalid", conditions, events=events)
+        backend, job_name = made
+        kind = backend.kind
         namespace = meta.get("namespace", "default")
-        job = self.kube.get(made[0].resource, namespace, made[1]) if made else None
+        job = self.kube.get(backend.resource, namespace, job_name)
         if job is None or not is_controlled_by(job, body):
             return Outcome("Invalid", conditions, events=events)
         queued = bool((body.get("spec") or {}).get("queueName"))
-        backend, job_name = made
-        kind = backend.kind
         gang = self.observation.gang(namespace, job)
         phase = job_phase(job, job_suspended(job) and not queued, queued=queued, gang=gang)
         reason, job_message = training_reason(job, gang)
