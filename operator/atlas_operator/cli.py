@@ -55,7 +55,7 @@ def render_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--default-backend",
         choices=BACKENDS,
-        help="backend of a run without spec.backend ($ATLAS_DEFAULT_BACKEND, else PyTorchJob)",
+        help=f"backend of a run without spec.backend ($ATLAS_DEFAULT_BACKEND, else {BACKENDS[0]})",
     )
     parser.add_argument(
         "--trainjob-runtime",

@@ -113,6 +113,11 @@ class Backend(Protocol):
         """The job's servers not Ready yet (``servers_in_job``), as ``<name> <ready>/<replicas> ready``."""
         ...
 
+    def generated_files(self, dump: Callable[[dict[str, Any]], str]) -> dict[str, str]:
+        """Files of the repository generated from the backend (python -m atlas_operator.generate): repository-relative
+        path → content; ``dump`` writes a document as every generated YAML file is written."""
+        ...
+
     def rank0_pod(self, client: Kube, run: Run, job: dict[str, Any]) -> dict[str, Any] | None:
         """The trainer's rank-0 pod of ``job`` (its result is in its termination message), or None."""
         ...
@@ -153,6 +158,9 @@ class JobBackend:
 
     def run_name_of(self, obj: dict[str, Any]) -> str | None:
         return None
+
+    def generated_files(self, dump: Callable[[dict[str, Any]], str]) -> dict[str, str]:
+        return {}
 
     def suspend_patch(self, suspend: bool) -> dict[str, Any]:
         return {"suspend": suspend}
