@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import kubernetes
 from atlas_operator import config
 from atlas_operator.kube import Kube, default_api_client
+from atlas_operator.manifests import render_children
 from atlas_operator.reconcile.children import reward_yaml
-from atlas_operator.render import render_children
 from atlas_operator.revisions import Revision, stamp
 from atlas_operator.validation import parse_run
 

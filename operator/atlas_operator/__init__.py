@@ -1,5 +1,5 @@
 """atlas_operator: the Kubernetes operator (kopf) that turns AtlasTraining / AtlasTeacher runs into
-Kubeflow PyTorchJobs and vLLM rollout servers, or one JobSet.
+the job of their backend (atlas_operator/backends/) and vLLM rollout servers.
 
 Types → builders → loops, as in Kubebuilder projects:
 

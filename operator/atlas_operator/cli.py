@@ -58,7 +58,7 @@ def render_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--default-backend",
         choices=BACKENDS,
-        help="backend of a run without spec.backend ($ATLAS_DEFAULT_BACKEND, else PyTorchJob)",
+        help=f"backend of a run without spec.backend ($ATLAS_DEFAULT_BACKEND, else {BACKENDS[0]})",
     )
     parser.add_argument(
         "--trainjob-runtime",
@@ -66,8 +66,8 @@ def render_main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     from atlas_operator.config import OperatorConfig
+    from atlas_operator.manifests import render_children
     from atlas_operator.reconcile import reward_yaml
-    from atlas_operator.render import render_children
 
     settings = OperatorConfig.from_env(
         trainer_image=args.trainer_image,
@@ -85,7 +85,8 @@ def render_main(argv: list[str] | None = None) -> int:
         for problem in invalid.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    from atlas_operator.render import best_effort_warning, checkpoint_warning
+    from atlas_operator.backends import checkpoint_warning
+    from atlas_operator.render import best_effort_warning
 
     for run in runs:
         for warning in (checkpoint_warning(run), best_effort_warning(run)):
@@ -121,9 +122,10 @@ def dump_documents(documents: list[dict[str, Any]]) -> str:
 
 def local_run_config(run: Run) -> tuple[dict[str, Any], list[str]]:
     """The run configuration for one local process, and what differs from the cluster's (told to the user)."""
+    from atlas_operator.backends import for_run
     from atlas_operator.render import run_config
 
-    config = run_config(run)
+    config = run_config(run, server_hostnames=for_run(run).servers_in_job)
     notes = []
     trainer = config["trainer"]
     config["output_dir"] = f"outputs/{run.name}"

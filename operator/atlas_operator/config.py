@@ -64,7 +64,7 @@ class OperatorConfig:
     watch_namespaces: tuple[str, ...] = ()
     # Images when a run's spec does not name one (the rollout image defaults to the trainer image).
     images: Images = field(default_factory=Images)
-    # Seconds between status refreshes (PyTorchJob phase, metrics, missing children).
+    # Seconds between status refreshes (the job's phase, metrics, missing children).
     progress_interval: float = 15.0
     # /metrics and /healthz; port 0 = off.
     metrics_port: int = OPERATOR_METRICS_PORT
@@ -80,8 +80,8 @@ class OperatorConfig:
     # ConfigMap) is trusted before it is checked again.
     scrape_timeout_s: float = 5.0
     crd_cache_s: float = 60.0
-    # spec.backend of a run that leaves it unset (PyTorchJob or JobSet).
-    default_backend: str = "PyTorchJob"
+    # spec.backend of a run that leaves it unset (one of BACKENDS).
+    default_backend: str = BACKENDS[0]
     # A NetworkPolicy per run (its pods accept only its trainers; metrics also the operator and the monitoring
     # namespace). Enforced only by a CNI that implements NetworkPolicy (Calico, Cilium, ...).
     network_policy: bool = True

@@ -18,7 +18,7 @@ import time
 import kopf
 
 from atlas_contract.names import GROUP, KINDS, LABEL_MANAGED_BY, MANAGED_BY, VERSION
-from atlas_operator import cel_rules, config, kube, metrics
+from atlas_operator import backends, cel_rules, config, kube, metrics
 from atlas_operator.informer import Informer
 from atlas_operator.kube import ApiError, Kube, Resource
 from atlas_operator.reconcile import Reconciler, RetryLater, RunMemory, relevance
@@ -36,14 +36,12 @@ RUN_RESOURCES = {kind: Resource(GROUP, VERSION, plural, kind) for kind, plural i
 # informer: each one's latest state is held, so a reconciliation reads none of them from the API server, and a change
 # someone else makes (a deletion, a drift, a job's or a Deployment's status) reconciles its run at once. The runs'
 # pods are followed too (not held): a container the kubelet cannot start.
-# (The JobSet the Kubeflow Trainer makes of a TrainJob run's TrainJob carries the run's labels: watched too.)
+# (Each backend says what it watches: its job, and what its job's controller makes of it with the run's labels.)
 CHILD_RESOURCES = (
     kube.CONFIG_MAP,
     kube.SERVICE,
     kube.DEPLOYMENT,
-    kube.PYTORCH_JOB,
-    kube.JOBSET,
-    kube.TRAINJOB,
+    *backends.watched_resources(),
     kube.NETWORK_POLICY,
 )
 WATCHED_PLURALS = {resource.plural for resource in (*CHILD_RESOURCES, kube.POD)}

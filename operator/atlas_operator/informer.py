@@ -30,7 +30,8 @@ OnChange = Callable[[str, Resource, dict[str, Any]], None]
 # copy and calls no on_change.
 Matters = Callable[[Resource, dict[str, Any] | None, dict[str, Any]], bool]
 # Seconds between tries to list a resource the API server does not serve (its CRD not installed: a cluster without
-# JobSet; none of its objects exist meanwhile) or does not let the operator list (its RBAC; reads ask the API server).
+# one backend's controller; none of its objects exist meanwhile) or does not let the operator list (its RBAC; reads
+# ask the API server).
 UNSERVED_RETRY_S = 30.0
 
 

@@ -65,7 +65,9 @@ USER_AGENT = f"atlas-operator/{__version__}"
 EVENT_SOURCE = "atlas-operator"  # an Event's source.component: the "From" column of kubectl describe
 log = logging.getLogger("atlas_operator")
 RESOURCES = {r.kind: r for r in (CONFIG_MAP, SERVICE, DEPLOYMENT, PYTORCH_JOB, JOBSET, TRAINJOB, NETWORK_POLICY)}
-JOBS = {"PyTorchJob": PYTORCH_JOB, "JobSet": JOBSET, "TrainJob": TRAINJOB}  # spec.backend → the trainer's workload
+# The backends' jobs by kind, for tools and tests that address them without the operator; the operator asks
+# atlas_operator/backends/ (each backend's ``resource``: tests/test_backends.py checks they agree).
+JOBS = {"PyTorchJob": PYTORCH_JOB, "JobSet": JOBSET, "TrainJob": TRAINJOB}
 
 
 def resource_of(obj: dict[str, Any]) -> Resource:

@@ -2,7 +2,7 @@
 whose controller owner reference is the run itself, by uid.
 
 An object that stands under one of a run's child names and is not the run's (someone's ConfigMap, another team's
-PyTorchJob, a child of an earlier run of the same name still being collected) is never patched, replaced, adopted or
+job, a child of an earlier run of the same name still being collected) is never patched, replaced, adopted or
 deleted: the run reports it (``ChildrenReady=False``, reason ``NameConflict``) and creates nothing until it is gone.
 When the object is controlled by a run of the other kind with the same name (an AtlasTraining and an AtlasTeacher
 ``x`` both want ``x``, ``x-config``, ...), the run that came second is refused (``Invalid``, reason ``NameTaken``):

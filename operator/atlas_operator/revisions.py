@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from atlas_contract.names import OPERATOR_VERSION_ANNOTATION, RUN_GENERATION_ANNOTATION, RUN_SPEC_HASH_ANNOTATION
-from atlas_operator import __version__
+from atlas_operator import __version__, backends
 
-PINNED_KINDS = frozenset({"PyTorchJob", "JobSet", "TrainJob", "Deployment", "ConfigMap"})
-# Spec fields a child's controller applies in place (no restart, no new rendering), by child kind.
-IN_PLACE_FIELDS = {"PyTorchJob": ("suspend",), "JobSet": ("suspend",), "TrainJob": ("suspend",)}
+PINNED_KINDS = frozenset({*backends.BACKENDS, "Deployment", "ConfigMap"})
+# Spec fields a child's controller applies in place (no restart, no new rendering), by child kind: every job's suspend.
+IN_PLACE_FIELDS = {kind: ("suspend",) for kind in backends.BACKENDS}
 
 
 @dataclass(frozen=True)

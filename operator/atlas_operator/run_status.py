@@ -3,7 +3,7 @@
 With :mod:`atlas_operator.spec`, the one source of truth of the CRDs (``python -m atlas_operator.generate``):
 the condition types the operator may set, the children it names, the progress and the result it mirrors; and the
 reasons of the Events it posts. At run time a condition type, a child key or an Event reason not declared here is
-refused (reconcile/common.py's ``condition``, :mod:`atlas_operator.status_update`).
+refused (reconcile/conditions.py's ``condition``, :mod:`atlas_operator.status_update`).
 """
 
 from __future__ import annotations

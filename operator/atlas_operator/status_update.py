@@ -1,4 +1,4 @@
-"""The status update, pure: the run's phase from its job (PyTorchJob, JobSet or TrainJob), conditions, progress from
+"""The status update, pure: the run's phase from its job (as its backend reads it), conditions, progress from
 metrics text, and the status patch and Events that one reconciliation's :class:`Outcome` turns into."""
 
 from __future__ import annotations
@@ -9,28 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas_contract.metrics import PROGRESS
-from atlas_contract.names import CHECKPOINT_PREFIX, STOP_EXIT_CODE, TRAINJOB_TRAINER_JOB, WATCHDOG_EXIT_CODE
+from atlas_contract.names import CHECKPOINT_PREFIX, STOP_EXIT_CODE
 from atlas_contract.results import parse_result
 from atlas_contract.sources import REASONS, SOURCES_EXIT_CODE, SOURCES_MARK
 from atlas_contract.stops import StopReport, parse_stop_report
+from atlas_operator import backends
 from atlas_operator.run_status import CHILD_KEYS, ConditionType, EventReason
 
-# The JobSet failurePolicy rule the operator renders for a restart after a step-watchdog exit; its RestartingJobSet
-# condition's reason is ``FailurePolicy_<rule>`` (JobSet v0.12.0 RestartingJobSetReasonFailurePolicyFormat).
-WATCHDOG_RESTART_RULE = "WatchdogExit"
-WATCHDOG_RESTART_REASON = f"FailurePolicy_{WATCHDOG_RESTART_RULE}"
-# The trainer's replicated job: ours on the JobSet backend, the Trainer's in a TrainJob's JobSet.
-TRAINER_JOBS = ("trainer", TRAINJOB_TRAINER_JOB)
-
-# PyTorchJob condition type → run phase (Restarting counts as Running: the job is still at work).
-JOB_PHASES = {
-    "Created": "Pending",
-    "Running": "Running",
-    "Restarting": "Running",
-    "Succeeded": "Succeeded",
-    "Failed": "Failed",
-    "Suspended": "Suspended",
-}
 FINISHED = ("Succeeded", "Failed")
 
 # Waiting reasons the kubelet gives a container that will not start until someone fixes the run or its namespace
@@ -72,7 +57,7 @@ class Outcome:
     # came from is gone or no longer succeeded (recreated after a spec change), so a result shown is removed.
     result: dict[str, Any] | None = None
     result_stale: bool = False
-    restarts: int | None = None  # the JobSet's whole-gang restarts (None: not a JobSet)
+    restarts: int | None = None  # the whole-gang restarts (None: the backend restarts no gang)
     watchdog_restarts: int = 0  # of those, new ones since the last status that followed a step-watchdog exit
     # .status.preemption to write when a new save on SIGTERM was seen (None: nothing new), and how many new saves
     # that is (atlas_training_preemption_saves_total).
@@ -86,141 +71,20 @@ def now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def last_job_condition(job: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The PyTorchJob's newest condition whose status is True (Kubeflow appends them in order)."""
-    conditions = ((job or {}).get("status") or {}).get("conditions") or []
-    true = [c for c in conditions if c.get("status") == "True" and c.get("type") in JOB_PHASES]
-    return true[-1] if true else None
-
-
 def job_state(job: dict[str, Any] | None, gang: dict[str, Any] | None = None) -> tuple[str, str, str]:
-    """(phase, reason, message) of the job that runs the trainer: a PyTorchJob's last condition, in its words,
-    what a JobSet's conditions, terminalState and replicated jobs say, or a TrainJob's conditions and, while it
-    runs, its JobSet's (``gang``: the JobSet the Trainer made of it)."""
-    if job is not None and job.get("kind") == "JobSet":
-        return jobset_state(job)
-    if job is not None and job.get("kind") == "TrainJob":
-        return trainjob_state(job, gang)
-    last = last_job_condition(job)
-    if last is None:
-        return "Pending", "JobPending", "waiting for the PyTorchJob to start"
-    return JOB_PHASES[last["type"]], last["type"], last.get("message") or f"PyTorchJob {last['type']}"
-
-
-def trainjob_state(job: dict[str, Any], gang: dict[str, Any] | None) -> tuple[str, str, str]:
-    """A TrainJob's: Complete, Failed and Suspended as the Trainer sets them (Complete and Failed in its JobSet's
-    words); otherwise its JobSet's state (restarts, the trainer running), or its jobsStatus before there is one."""
-    true = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
-    if "Complete" in true:
-        done = true["Complete"]
-        return "Succeeded", done.get("reason") or "AllJobsCompleted", done.get("message") or "TrainJob completed"
-    if "Failed" in true:
-        failed = true["Failed"]
-        return "Failed", failed.get("reason") or "FailedJobs", failed.get("message") or "TrainJob failed"
-    if "Suspended" in true:
-        return "Suspended", "Suspended", true["Suspended"].get("message") or "TrainJob is suspended"
-    if gang is not None:
-        return jobset_state(gang)
-    node = {s.get("name"): s for s in (job.get("status") or {}).get("jobsStatus") or []}.get(TRAINJOB_TRAINER_JOB)
-    if node and (node.get("active") or node.get("ready")):
-        return "Running", "Running", "the trainer is running"
-    return "Pending", "JobPending", "waiting for the TrainJob to start"
-
-
-def replicated_jobs(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """A JobSet's replicatedJobsStatus by name, each with ``replicas`` from its spec."""
-    statuses = {s.get("name"): s for s in (job.get("status") or {}).get("replicatedJobsStatus") or []}
-    out = {}
-    for rjob in (job.get("spec") or {}).get("replicatedJobs") or []:
-        out[rjob["name"]] = {**statuses.get(rjob["name"], {}), "replicas": int(rjob.get("replicas", 1))}
-    return out
-
-
-def servers_waiting(job: dict[str, Any]) -> list[str]:
-    """A JobSet's servers that are not Ready yet, as ``<replicated job> <ready>/<replicas> ready``."""
-    return [
-        f"{name} {status.get('ready', 0)}/{status['replicas']} ready"
-        for name, status in replicated_jobs(job).items()
-        if name not in TRAINER_JOBS and status.get("ready", 0) < status["replicas"]
-    ]
-
-
-def jobset_state(job: dict[str, Any]) -> tuple[str, str, str]:
-    status = job.get("status") or {}
-    true = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
-    terminal = status.get("terminalState")
-    if terminal == "Completed" or "Completed" in true:
-        done = true.get("Completed") or {}
-        return "Succeeded", done.get("reason") or "AllJobsCompleted", done.get("message") or "JobSet completed"
-    if terminal == "Failed" or "Failed" in true:
-        failed = true.get("Failed") or {}
-        return "Failed", failed.get("reason") or "FailedJobs", failed.get("message") or "JobSet failed"
-    if "Suspended" in true:
-        return "Suspended", "Suspended", true["Suspended"].get("message") or "jobset is suspended"
-    restarts = int(status.get("restarts") or 0)
-    attempt = f" (restart {restarts} of {((job.get('spec') or {}).get('failurePolicy') or {}).get('maxRestarts', 0)})"
-    restarting = true.get("RestartingJobSet")
-    if restarting and restarting.get("reason") == WATCHDOG_RESTART_REASON:
-        restarting = {
-            **restarting,
-            "message": f"the step watchdog ended a trainer process (exit code {WATCHDOG_EXIT_CODE}): "
-            + (restarting.get("message") or "restarting"),
-        }
-    jobs = replicated_jobs(job)
-    trainer = next((jobs[name] for name in TRAINER_JOBS if name in jobs), {})
-    if trainer.get("active") or trainer.get("ready"):
-        if restarting:  # the trainer of the new attempt runs; the set is not all Ready yet
-            return "Running", "Restarting", (restarting.get("message") or "restarting") + attempt
-        return "Running", "Running", "the trainer is running" + (attempt if restarts else "")
-    waiting = servers_waiting(job)
-    if restarting:  # a restart counts as Running, as on PyTorchJob
-        return "Running", "Restarting", (restarting.get("message") or "restarting") + attempt
-    if waiting:
-        return "Pending", "ServersStarting", "the trainer starts once the servers are Ready: " + ", ".join(waiting)
-    return "Pending", "JobPending", "waiting for the JobSet to start"
-
-
-def gang_of(job: dict[str, Any] | None, gang: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The JobSet that restarts the run's gang: the job itself on JobSet, the Trainer's JobSet on TrainJob."""
-    if job is not None and job.get("kind") == "JobSet":
-        return job
-    return gang if job is not None and job.get("kind") == "TrainJob" else None
-
-
-def watchdog_restarts(job: dict[str, Any] | None, run_status: dict[str, Any] | None) -> int:
-    """Restarts of a JobSet since its run's status last showed them that followed a step-watchdog exit (its
-    RestartingJobSet condition names the WatchdogExit rule); 0 for anything else. Restarts between two
-    observations are all taken to have the last one's cause."""
-    if job is None or job.get("kind") != "JobSet":
-        return 0
-    status = job.get("status") or {}
-    new = int(status.get("restarts") or 0) - int((run_status or {}).get("restarts") or 0)
-    restarting = next(
-        (
-            c
-            for c in status.get("conditions") or []
-            if c.get("type") == "RestartingJobSet" and c.get("status") == "True"
-        ),
-        None,
-    )
-    return max(new, 0) if restarting and restarting.get("reason") == WATCHDOG_RESTART_REASON else 0
+    """(phase, reason, message) of the job that runs the trainer, as its backend reads it (``gang``: what the
+    backend read beside it, Backend.read_gang)."""
+    return backends.of_job(job).state(job or {}, gang)
 
 
 # The Training condition's reason while Kueue holds back a queued run it had admitted (preemption, eviction).
 PREEMPTED = "Preempted"
-# PyTorchJob condition types that only a job whose pods ran has: the Kubeflow Training Operator (v1.9) keeps its
-# Running condition, set to False with reason PyTorchJobSuspended, when it suspends a running job, and a job Kueue
-# never admitted has only Created and Suspended.
-_RAN = ("Running", "Restarting")
 
 
 def job_ran(job: dict[str, Any] | None) -> bool:
-    """Whether the job's own status shows that it ran before: a PyTorchJob's Running or Restarting condition, of any
-    status. A JobSet and a TrainJob keep no such trace (their Suspended condition flips back to True, the same as a
-    job never admitted): False for those."""
-    if job is None or job.get("kind") in ("JobSet", "TrainJob"):
-        return False
-    return any(c.get("type") in _RAN for c in (job.get("status") or {}).get("conditions") or [])
+    """Whether the job's own status shows that it ran before (a job suspended again after admission), as its backend
+    reads it; False for a backend whose job keeps no such trace."""
+    return job is not None and backends.of_job(job).job_ran(job)
 
 
 def preempted_message(preemption: dict[str, Any] | None) -> str:
@@ -327,7 +191,7 @@ def save_message(report: StopReport) -> str:
 
 
 def job_suspended(job: dict[str, Any] | None) -> bool:
-    """The job's suspend flag (PyTorchJob runPolicy.suspend, JobSet and TrainJob spec.suspend)."""
+    """The job's suspend flag (``spec.suspend``, or ``spec.runPolicy.suspend`` where the job keeps it there)."""
     spec = (job or {}).get("spec") or {}
     return bool(spec.get("suspend") or (spec.get("runPolicy") or {}).get("suspend"))
 
@@ -463,7 +327,7 @@ def progress_patch(old: dict[str, Any], progress: dict[str, Any] | None, at: str
 
 
 def transition_message(result: Outcome) -> str:
-    """Invalid/Pending: what blocks the run; otherwise what the PyTorchJob said."""
+    """Invalid/Pending: what blocks the run; otherwise what the job said."""
     by_type = {c["type"]: c for c in result.conditions}
     for blocking in (ConditionType.VALID, ConditionType.PREREQUISITES_MET, ConditionType.SPEC_APPLIED):
         if by_type.get(blocking, {}).get("status") == "False":

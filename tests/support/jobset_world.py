@@ -161,9 +161,9 @@ def trainer_pod(cluster, js: dict[str, Any], index: int, attempt: int, message: 
 
 
 def install_trainjob_runtime(cluster, max_restarts: int = 3) -> dict[str, Any]:
-    """The chart's ClusterTrainingRuntime (atlas_operator.render.trainjob), as `helm install` puts it."""
+    """The chart's ClusterTrainingRuntime (atlas_operator.backends.trainjob), as `helm install` puts it."""
+    from atlas_operator.backends.trainjob import training_runtime
     from atlas_operator.config import Images
-    from atlas_operator.render.trainjob import training_runtime
 
     from atlas_contract.names import TRAINJOB_RUNTIME
 

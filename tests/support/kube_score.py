@@ -130,8 +130,8 @@ def rendered(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """What ``atlas render`` prints for these runs: every child of each, with the operator's settings from the
     environment (its images, default backend and NetworkPolicy settings)."""
     from atlas_operator.config import OperatorConfig
+    from atlas_operator.manifests import render_children
     from atlas_operator.reconcile import reward_yaml
-    from atlas_operator.render import render_children
     from atlas_operator.validation import parse_run
 
     settings = OperatorConfig.from_env()

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from atlas_operator.render import Images, render_children
+from atlas_operator.manifests import render_children
+from atlas_operator.render import Images
 from atlas_operator.validation import parse_run
 
 from atlas_contract.errors import InvalidFields
@@ -43,7 +44,7 @@ def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
     if obj["kind"] == "JobSet":
         return [r["template"]["spec"]["template"] for r in obj["spec"]["replicatedJobs"]]
     if obj["kind"] == "TrainJob":  # its pods are the JobSet's the Kubeflow Trainer builds of it and the chart's runtime
-        from atlas_operator.render.trainjob import training_runtime
+        from atlas_operator.backends.trainjob import training_runtime
 
         from tests.support.trainer_jobset import build_jobset
 

@@ -7,7 +7,8 @@ import dataclasses
 import subprocess
 
 import yaml
-from atlas_operator.render import render_children, run_config
+from atlas_operator.manifests import render_children
+from atlas_operator.render import run_config
 from atlas_operator.spec import TrainingSpec
 from atlas_operator.validation import parse_run
 

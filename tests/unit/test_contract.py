@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from atlas_operator.render import render_children
+from atlas_operator.manifests import render_children
 from atlas_operator.schema import camel, unwrap_optional
 from atlas_operator.spec import AtlasTeacherSpec, AtlasTrainingSpec
 from atlas_operator.validation import parse_run

@@ -681,10 +681,10 @@ TRAINER_API = ["--api-versions", "trainer.kubeflow.org/v1alpha1/ClusterTrainingR
 
 
 def test_the_trainjob_runtime_is_installed_only_where_the_trainer_is(helm, default_objs):
-    """The ClusterTrainingRuntime is the operator's own rendering (atlas_operator.render.trainjob) with the chart's
+    """The ClusterTrainingRuntime is the operator's own rendering (atlas_operator.backends.trainjob) with the chart's
     values, installed only where the Kubeflow Trainer serves its API, and off with trainJob.runtime.enabled=false;
     the operator is told its name."""
-    from atlas_operator.render.trainjob import training_runtime
+    from atlas_operator.backends.trainjob import training_runtime
 
     assert not by_kind(default_objs, "ClusterTrainingRuntime")  # no Trainer CRDs: nothing the API would refuse
     assert not by_kind(render(helm, *TRAINER_API, "--set", "trainJob.runtime.enabled=false"), "ClusterTrainingRuntime")

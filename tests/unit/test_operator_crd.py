@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from atlas_operator.crd import custom_resource_definition
-from atlas_operator.render import child_names, render_children
+from atlas_operator.manifests import child_names, render_children
 from atlas_operator.status_update import Outcome, status_update
 from atlas_operator.validation import parse_run
 

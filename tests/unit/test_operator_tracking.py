@@ -6,8 +6,9 @@ atlas_operator/tracking_status.py)."""
 from __future__ import annotations
 
 import yaml
+from atlas_operator.manifests import render_children
 from atlas_operator.reconcile.observe import Observation
-from atlas_operator.render import Images, render_children
+from atlas_operator.render import Images
 from atlas_operator.run_status import EventReason
 from atlas_operator.status_update import Outcome, status_update
 from atlas_operator.tracking_status import parse_tracking, running_update

@@ -8,7 +8,7 @@ import re
 import jsonschema
 import pytest
 from atlas_operator.crd import custom_resource_definition
-from atlas_operator.render import render_children
+from atlas_operator.manifests import render_children
 from atlas_operator.validation import parse_run
 
 from atlas_contract.errors import InvalidFields

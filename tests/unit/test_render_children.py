@@ -1,4 +1,4 @@
-"""Every child a run renders (atlas_operator.render.children): valid Kubernetes objects, `atlas render`, the trainer
+"""Every child a run renders (atlas_operator/manifests.py): valid Kubernetes objects, `atlas render`, the trainer
 container's termination message, and the restricted Pod Security profile on every pod template."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import subprocess
 import kubernetes_validate
 import pytest
 import yaml
-from atlas_operator.render import has_student_server, render_children
+from atlas_operator.manifests import render_children
+from atlas_operator.render import has_student_server
 from atlas_operator.validation import parse_run
 
 from harness.env import PYTHON, python_env

@@ -1,4 +1,4 @@
-"""The JobSet backend (atlas_operator.render.jobset): the JobSet v0.12.0 CRD and webhook, pods like the PyTorchJob
+"""The JobSet backend (atlas_operator.backends.jobset): the JobSet v0.12.0 CRD and webhook, pods like the PyTorchJob
 backend's, name limits, restarts, the default backend and the JobSet example."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ import subprocess
 import kubernetes_validate
 import pytest
 import yaml
-from atlas_operator.render import Images, checkpoint_warning, render_children
+from atlas_operator.backends import checkpoint_warning
+from atlas_operator.manifests import render_children
+from atlas_operator.render import Images
 from atlas_operator.validation import parse_run
 
 from atlas_contract.errors import InvalidFields

@@ -7,7 +7,8 @@ import copy
 
 import kubernetes_validate
 import pytest
-from atlas_operator.render import Images, NetworkSettings, child_names, render_children
+from atlas_operator.manifests import child_names, render_children
+from atlas_operator.render import Images, NetworkSettings
 from atlas_operator.validation import parse_run
 
 from atlas_contract.names import OPERATOR_POD_LABELS, RENDEZVOUS_PORT, TRAINER_METRICS_PORT, VLLM_PORT, WEIGHT_SYNC_PORT

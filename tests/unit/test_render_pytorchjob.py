@@ -1,10 +1,10 @@
-"""The PyTorchJob backend (atlas_operator.render.pytorchjob): the Kubeflow CRD, the job's shape, suspend and Kueue's
+"""The PyTorchJob backend (atlas_operator.backends.pytorchjob): the Kubeflow CRD, the job's shape, suspend and Kueue's
 queue name."""
 
 from __future__ import annotations
 
 import pytest
-from atlas_operator.render import render_children
+from atlas_operator.manifests import render_children
 from atlas_operator.validation import parse_run
 
 from harness.manifests import teacher, training

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 from atlas_operator.crd import custom_resource_definition
-from atlas_operator.render import Images, render_children
+from atlas_operator.manifests import render_children
+from atlas_operator.render import Images
 from atlas_operator.validation import parse_run
 
 from atlas_contract import sources
@@ -285,7 +286,7 @@ def test_servers_request_cpu_memory_and_ephemeral_storage_by_default():
     limit, memory requested and the limit; the cache volume bounded (64Gi where the server fetches its model into it,
     8Gi where the model is on the checkpoint PVC), and with /tmp and the logs requested as ephemeral storage: the
     pods are Burstable, never BestEffort."""
-    from atlas_operator.render.common import qos_class
+    from atlas_operator.render.quantities import qos_class
 
     from atlas_contract import defaults
 
@@ -315,7 +316,7 @@ def test_servers_request_cpu_memory_and_ephemeral_storage_by_default():
 def test_a_runs_cpu_memory_and_cache_size_override_the_servers_defaults():
     """Set, cpu and memory are each the request and the limit (as before); cacheSize bounds the cache (an exact
     quantity, the scratch added to it in the largest binary unit that keeps it whole); 0 is none of them."""
-    from atlas_operator.render.common import qos_class
+    from atlas_operator.render.quantities import qos_class
 
     set_ = {"replicas": 1, "cpu": "6", "memory": "48Gi", "cacheSize": "100G"}
     pod = _server_pod(teacher(student={"model": "org/student", "rollout": set_}))
@@ -393,7 +394,7 @@ def test_a_server_that_would_be_best_effort_is_said_by_atlas_render(backend, tmp
 def test_qos_class_is_computed_as_kubernetes_computes_it():
     """Kubernetes' ComputePodQOS: CPU and memory only, init containers too, a zero as unset, a limit alone requests
     as much."""
-    from atlas_operator.render.common import qos_class
+    from atlas_operator.render.quantities import qos_class
 
     def pod(*resources, init=()):
         return {

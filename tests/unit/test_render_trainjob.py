@@ -1,4 +1,4 @@
-"""The TrainJob backend (atlas_operator.render.trainjob): the TrainJob and the chart's ClusterTrainingRuntime against
+"""The TrainJob backend (atlas_operator.backends.trainjob): the TrainJob and the chart's ClusterTrainingRuntime against
 the Kubeflow Trainer v2.3.0 CRDs (schemas and CEL rules) and webhooks, and the JobSet the Trainer builds of them
 (tests/support/trainer_jobset.py) against the JobSet v0.12.0 CRD and webhook, with a trainer pod like the
 JobSet backend's."""
@@ -10,8 +10,9 @@ import copy
 import kubernetes_validate
 import pytest
 import yaml
-from atlas_operator.render import Images, render_children
-from atlas_operator.render.trainjob import training_runtime
+from atlas_operator.backends.trainjob import training_runtime
+from atlas_operator.manifests import render_children
+from atlas_operator.render import Images
 from atlas_operator.validation import parse_run
 
 from atlas_contract.names import QUEUE_NAME_LABEL, STOP_EXIT_CODE, TRAINJOB_RUNTIME, WATCHDOG_EXIT_CODE

@@ -11,12 +11,14 @@ Each module holds one concern: ``reconciler`` (the pass, step by step, and the s
 atlas_operator/ownership.py), ``job_policies`` (recreate on a spec change, a queued run's suspend, a backend change),
 ``observe`` (the job's phase, servers, pods, the result), ``scrape`` (the trainers' metrics), ``memory`` (what is
 remembered per run between passes, forgotten at once when it is deleted), ``retry`` (what the run's timer retries),
-``concurrency`` (requests sent together), ``patching`` (merge patches) and ``relevance`` (which changes of a child
-its run's status depends on).
+``concurrency`` (requests sent together), ``patching`` (merge patches), ``relevance`` (which changes of a child
+its run's status depends on), ``conditions`` (a condition of a declared type) and ``errors`` (retry later, a name
+taken). What differs between backends is asked of atlas_operator/backends/.
 """
 
 from atlas_operator.reconcile.children import reward_yaml
-from atlas_operator.reconcile.common import NameConflict, RetryLater, condition
+from atlas_operator.reconcile.conditions import condition
+from atlas_operator.reconcile.errors import NameConflict, RetryLater
 from atlas_operator.reconcile.memory import RunMemory
 from atlas_operator.reconcile.observe import MAX_RESULT_READS
 from atlas_operator.reconcile.prerequisites import JOB_CRDS

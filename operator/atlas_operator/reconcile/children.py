@@ -2,31 +2,32 @@
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from atlas_contract.checks import find_reward_config
 from atlas_contract.names import KINDS
-from atlas_operator import kube
+from atlas_operator import backends, kube
 from atlas_operator.kube import ApiError, Kube
 from atlas_operator.ownership import Foreign, conflict_message, is_controlled_by, name_taken_message, rival_run
-from atlas_operator.reconcile.common import NameConflict, RetryLater, condition, log
 from atlas_operator.reconcile.concurrency import at_once, waves
+from atlas_operator.reconcile.conditions import condition
+from atlas_operator.reconcile.errors import NameConflict, RetryLater
 from atlas_operator.reconcile.job_policies import JobPolicies
 from atlas_operator.reconcile.patching import managed_patch
 from atlas_operator.reconcile.prerequisites import Prerequisites
-from atlas_operator.render import on_jobset
 from atlas_operator.revisions import PINNED_KINDS, Revision
 from atlas_operator.run_status import ConditionType as Condition
 from atlas_operator.run_status import EventReason
 from atlas_operator.spec import Run
 from atlas_operator.status_update import Event, Outcome, job_phase
 
+log = logging.getLogger("atlas_operator")
+
 # status.children key → what the run may own under it (deleted when the spec no longer wants it).
 OWNED_BY_KEY = {
-    "pytorchJob": (kube.PYTORCH_JOB,),
-    "jobSet": (kube.JOBSET,),
-    "trainJob": (kube.TRAINJOB,),
+    **{backend.child_key: (backend.resource,) for backend in backends.BACKENDS.values()},
     "rollout": (kube.DEPLOYMENT, kube.SERVICE),
     "student": (kube.DEPLOYMENT, kube.SERVICE),
     "networkPolicy": (kube.NETWORK_POLICY,),  # operator setting network_policy turned off
@@ -92,7 +93,7 @@ class Children:
         message = conflict_message(foreign)
         ours = {name for (_, name), obj in existing.items() if obj is not None and is_controlled_by(obj, body)}
         result.children = {key: name for key, name in result.children.items() if name in ours}
-        jobs = [obj for (kind, name), obj in existing.items() if kind in kube.JOBS and name in ours]
+        jobs = [obj for (kind, name), obj in existing.items() if kind in backends.BACKENDS and name in ours]
         job = jobs[0] if jobs else None
         result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name))
         result.conditions.append(condition(Condition.CHILDREN_READY, False, EventReason.NAME_CONFLICT, message))
@@ -131,7 +132,7 @@ class Children:
                 observed, action = applied
                 if action:
                     result.actions[f"{child['kind']}/{child['metadata']['name']}"] = action
-                if child["kind"] in kube.JOBS:
+                if child["kind"] in backends.BACKENDS:
                     job = observed
                 elif child["kind"] == "Deployment":
                     servers[child["metadata"]["name"]] = observed
@@ -164,7 +165,7 @@ class Children:
         as observed, action). A pinned child (revisions.py) is rendered again only after its user changed the run."""
         resource = kube.resource_of(desired)
         name = desired["metadata"]["name"]
-        is_job = desired["kind"] in kube.JOBS
+        is_job = desired["kind"] in backends.BACKENDS
         if existing is None:
             if is_job and run.spec.queue_name and run.spec.suspend:
                 return None, None  # a suspended queued run holds no job (and no quota) until resumed
@@ -228,7 +229,7 @@ class Children:
                 result.actions[child] = "deleted"
                 if resource is kube.NETWORK_POLICY:
                     reason, why = EventReason.NETWORK_POLICY_OFF, "the operator's network policy setting is off"
-                elif key in ("pytorchJob", "jobSet", "trainJob") or on_jobset(run):
+                elif key in backends.job_child_keys() or backends.for_run(run).servers_in_job:
                     reason, why = EventReason.BACKEND_CHANGED, f"spec.backend is {run.backend} now"
                 else:
                     reason, why = EventReason.SERVER_REMOVED, "no longer in the spec"

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from atlas_contract.names import SPEC_HASH_ANNOTATION, ChildNames
-from atlas_operator import kube
+from atlas_operator import backends
 from atlas_operator.kube import ApiError, Kube
 from atlas_operator.ownership import is_controlled_by
-from atlas_operator.reconcile.common import RetryLater, condition
+from atlas_operator.reconcile.conditions import condition
+from atlas_operator.reconcile.errors import RetryLater
 from atlas_operator.reconcile.patching import managed_patch
 from atlas_operator.revisions import Revision
 from atlas_operator.run_status import ConditionType as Condition
@@ -27,8 +28,8 @@ class JobPolicies:
     def apply_job(
         self, run: Run, desired: dict[str, Any], existing: dict[str, Any], revision: Revision, result: Outcome
     ) -> tuple[dict[str, Any] | None, str | None]:
-        """A running job's pods never change (a JobSet's replicated jobs are immutable, and Kueue owns parts of
-        their templates), so a change of the run's spec that changes the job recreates it; the trainer then resumes
+        """A running job's pods never change (a job's pod templates may be immutable, and Kueue owns parts of
+        them), so a change of the run's spec that changes the job recreates it; the trainer then resumes
         from the newest checkpoint on spec.checkpoint.pvc. Without a PVC the checkpoints die with the pods, so a
         running job is left running and SpecApplied says why. A queued run's suspend is Kueue's: suspending it
         deletes the job. Only ``suspend`` (not queued) is applied in place; an operator upgrade changes nothing."""
@@ -52,7 +53,7 @@ class JobPolicies:
 
     def _delete_queued_job(self, run: Run, kind: str, name: str, result: Outcome) -> tuple[None, str]:
         """spec.suspend on a queued run: Kueue owns the job's suspend, so the job goes (its quota released)."""
-        self.kube.delete(kube.JOBS[kind], run.namespace, name)
+        self.kube.delete(backends.BACKENDS[kind].resource, run.namespace, name)
         where = f"{run.spec.checkpoint.path}/{run.name}"
         result.events.append(
             Event(
@@ -72,16 +73,15 @@ class JobPolicies:
         if changed and not revision.is_recorded_on(existing):
             wanted["metadata"] = {"annotations": revision.annotations(kind)}
         if not run.spec.queue_name:  # a queued job's suspend is Kueue's: never written after creation
-            suspend = {"suspend": run.spec.suspend}
-            wanted["spec"] = {"runPolicy": suspend} if kind == "PyTorchJob" else suspend
+            wanted["spec"] = backends.BACKENDS[kind].suspend_patch(run.spec.suspend)
         patch = managed_patch(wanted, existing)
         if patch is None:
             return existing, None
-        return self.kube.patch(kube.JOBS[kind], run.namespace, name, patch), "patched"
+        return self.kube.patch(backends.BACKENDS[kind].resource, run.namespace, name, patch), "patched"
 
     def recreate_job(self, run: Run, desired: dict[str, Any], result: Outcome) -> tuple[dict[str, Any], str]:
         kind, name = desired["kind"], desired["metadata"]["name"]
-        self.kube.delete(kube.JOBS[kind], run.namespace, name)
+        self.kube.delete(backends.BACKENDS[kind].resource, run.namespace, name)
         result.events.append(
             Event(
                 "Normal",
@@ -106,18 +106,14 @@ class JobPolicies:
         spec.checkpoint.pvc, a job on the other backend would start training from step 0."""
         if started_on is None or run.backend == started_on or run.spec.checkpoint.pvc:
             return False
-        job = self.kube.get(kube.JOBS[started_on], run.namespace, ChildNames(run.name).job)
+        job = self.kube.get(backends.BACKENDS[started_on].resource, run.namespace, ChildNames(run.name).job)
         return job is not None and is_controlled_by(job, body) and job_phase(job, False) not in FINISHED
 
 
 def backend_of(body: dict[str, Any]) -> str | None:
     """The backend a run's job was made on (from status.children), or None before it has one."""
-    children = (body.get("status") or {}).get("children") or {}
-    if children.get("jobSet"):
-        return "JobSet"
-    if children.get("trainJob"):
-        return "TrainJob"
-    return "PyTorchJob" if children.get("pytorchJob") else None
+    made = backends.job_child((body.get("status") or {}).get("children") or {})
+    return made[0].kind if made else None
 
 
 def _spec_hash(job: dict[str, Any]) -> str | None:

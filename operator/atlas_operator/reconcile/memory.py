@@ -17,8 +17,8 @@ from collections.abc import Callable
 from atlas_contract.stops import StopReport
 from atlas_operator.status_update import Failure
 
-# A run: (kind, namespace, name). Pods and the Trainer's JobSets name their run by namespace and name alone (its
-# app.kubernetes.io/instance label), so what comes from them is kept per (namespace, name).
+# A run: (kind, namespace, name). Pods and what a job's controller makes of the job name their run by namespace and
+# name alone (its app.kubernetes.io/instance label), so what comes from them is kept per (namespace, name).
 RunKey = tuple[str, str, str]
 # A stuck pod: (the kubelet's reason, the message the run shows).
 Stuck = tuple[str, str]
@@ -38,7 +38,7 @@ class RunMemory:
         self._source_failures: dict[tuple[str, str], dict[str, Failure]] = {}  # run → pod → its fetch's failure
         self._export_failures: dict[tuple[str, str], dict[str, Failure]] = {}  # run → pod → its export's failure
         self._saves: dict[tuple, int] = {}  # (namespace, name, run uid) → the step last counted
-        self._restarts: dict[tuple, int] = {}  # (namespace, name, run uid, JobSet uid) → restarts seen
+        self._restarts: dict[tuple, int] = {}  # (namespace, name, run uid, gang uid) → restarts seen
         self._result_reads: dict[tuple, int] = {}  # (namespace, name, run uid, job uid) → pod reads so far
         self._run_locks: dict[RunKey, threading.Lock] = {}
         self._unwritten: dict[RunKey, tuple[str | None, dict]] = {}  # → (the run's resourceVersion, status)
@@ -123,7 +123,7 @@ class RunMemory:
 
     def restarts_seen(self, key: tuple, shown: int, restarts: int) -> int:
         """The restarts already told of (the status shows, or this process counted) for ``key`` (namespace, name,
-        run uid, JobSet uid), before ``restarts`` (the JobSet's count now) is counted."""
+        run uid, gang uid), before ``restarts`` (the gang's count now: Backend.restarting_gang) is counted."""
         with self._lock:
             counted = self._restarts.get(key, 0)
             self._restarts[key] = max(counted, restarts)

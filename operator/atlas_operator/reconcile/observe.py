@@ -3,18 +3,19 @@ cannot start, the trainer's result."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from atlas_contract.metrics import PROGRESS
-from atlas_contract.names import KINDS, LABEL_COMPONENT, LABEL_INSTANCE, ChildNames
+from atlas_contract.names import KINDS, LABEL_COMPONENT, LABEL_INSTANCE
 from atlas_contract.results import parse_result
 from atlas_contract.sources import REASONS
-from atlas_operator import kube
+from atlas_operator import backends, kube
 from atlas_operator.kube import ApiError, Kube
-from atlas_operator.ownership import is_controlled_by
-from atlas_operator.reconcile.common import condition, log
+from atlas_operator.manifests import child_names
+from atlas_operator.reconcile.conditions import condition
 from atlas_operator.reconcile.memory import RunMemory
-from atlas_operator.render import COMPLETION_INDEX_KEY, child_names, has_student_server, on_jobset, trainer_container
+from atlas_operator.render import has_student_server
 from atlas_operator.render.sources import needs_sources, source_uris
 from atlas_operator.run_status import ConditionType as Condition
 from atlas_operator.run_status import EventReason
@@ -22,11 +23,9 @@ from atlas_operator.spec import Run
 from atlas_operator.status_update import (
     FINISHED,
     PREEMPTED,
-    TRAINER_JOBS,
     Event,
     Outcome,
     export_failure,
-    gang_of,
     job_phase,
     job_ran,
     job_state,
@@ -34,14 +33,14 @@ from atlas_operator.status_update import (
     pod_stuck,
     preempted_message,
     save_message,
-    servers_waiting,
     sources_failure,
     stop_report,
     termination_message,
     training_reason,
-    watchdog_restarts,
 )
 from atlas_operator.tracking_status import tracking_condition
+
+log = logging.getLogger("atlas_operator")
 
 # Reads of a succeeded job's Master pod for the run's result, per job and operator process: a pod that is gone
 # or carries no result is not read again at every status refresh.
@@ -71,9 +70,9 @@ class Observation:
         conditions.append(started)
         if started["status"] == "False":  # posted once per (reason, message): status_update skips what it said
             result.events.append(Event("Warning", EventReason(started["reason"]), started["message"]))
-        gang = self.trainjob_gang(run.namespace, job)
+        gang = self.gang(run.namespace, job)
         result.phase = job_phase(job, run.spec.suspend, queued=bool(run.spec.queue_name), gang=gang)
-        restarting = gang_of(job, gang)
+        restarting = backends.of_job(job).restarting_gang(job, gang) if job is not None else None
         if restarting is not None:
             self.observe_restarts(run, body, restarting, result)
         self.observe_preemption(run, body, result)
@@ -105,8 +104,8 @@ class Observation:
     @staticmethod
     def preempted(body: dict[str, Any], job: dict[str, Any], result: Outcome) -> bool:
         """Whether Kueue suspended the run's queued job again after admitting it (preemption, eviction), not a job it
-        never admitted: the job's own conditions say so on PyTorchJob (job_ran); a JobSet's or a TrainJob's do not,
-        so there the run's previous status does: Running, or already Preempted. A job this reconciliation created or
+        never admitted: the job's own conditions say so where its backend keeps the trace (job_ran); elsewhere the
+        run's previous status does: Running, or already Preempted. A job this reconciliation created or
         recreated (a spec change) is a new one, waiting for its first admission."""
         if any(
             action in ("created", "recreated")
@@ -122,30 +121,26 @@ class Observation:
             status.get("phase") == "Queued" and training.get("reason") == PREEMPTED
         )
 
-    def trainjob_gang(self, namespace: str, job: dict[str, Any] | None) -> dict[str, Any] | None:
-        """The JobSet the Kubeflow Trainer made of a TrainJob (its name; controlled by the TrainJob), read only:
-        its restarts and replicated jobs are the run's on TrainJob too. None for another job, or before it exists."""
-        if job is None or job.get("kind") != "TrainJob":
-            return None
-        jobset = self.kube.get(kube.JOBSET, namespace, job["metadata"]["name"])
-        return jobset if jobset is not None and is_controlled_by(jobset, job) else None
+    def gang(self, namespace: str, job: dict[str, Any] | None) -> dict[str, Any] | None:
+        """What the job's controller made of it whose state is the run's too (Backend.read_gang), or None."""
+        return None if job is None else backends.of_job(job).read_gang(self.kube, namespace, job)
 
     def observe_restarts(self, run: Run, body: dict[str, Any], job: dict[str, Any], result: Outcome) -> None:
-        """A JobSet's whole-gang restarts, and a Warning for each new one the step watchdog caused — counted once
-        per restart, even when two reconciliations read the run before either wrote its status (a TrainJob's
-        JobSet and the TrainJob itself change together)."""
+        """The gang's whole-gang restarts (``job``: the backend's restarting_gang), and a Warning for each new one
+        the step watchdog caused — counted once per restart, even when two reconciliations read the run before
+        either wrote its status (a job and the gang made of it change together)."""
         result.restarts = int((job.get("status") or {}).get("restarts") or 0)
         key = (run.namespace, run.name, run.uid, (job.get("metadata") or {}).get("uid"))
         shown = int((body.get("status") or {}).get("restarts") or 0)
         seen = self.memory.restarts_seen(key, shown, result.restarts)
-        result.watchdog_restarts = watchdog_restarts(job, {"restarts": seen})
+        result.watchdog_restarts = backends.of_job(job).watchdog_restarts(job, {"restarts": seen})
         if result.watchdog_restarts:
             result.events.append(
                 Event(
                     "Warning",
                     EventReason.WATCHDOG_RESTART,
-                    f"the step watchdog ended a trainer process of JobSet {job['metadata']['name']} (no optimizer "
-                    f"step within spec.training.stepTimeoutSeconds, or a server unreachable): restart "
+                    f"the step watchdog ended a trainer process of {job['kind']} {job['metadata']['name']} (no "
+                    f"optimizer step within spec.training.stepTimeoutSeconds, or a server unreachable): restart "
                     f"{result.restarts} of {run.spec.max_restarts}; the trainer log has the stacks and the reason",
                 )
             )
@@ -153,22 +148,24 @@ class Observation:
     def rollout_condition(
         self, run: Run, job: dict[str, Any] | None, observed: dict[str, dict[str, Any] | None] | None = None
     ) -> dict[str, Any]:
-        """Whether the servers are Ready: their Deployments (``observed``: as just applied, else read), or the
-        JobSet's server replicated jobs."""
+        """Whether the servers are Ready: their Deployments (``observed``: as just applied, else read), or (a
+        backend that runs them in its job) the job's servers."""
         observed = observed or {}
-        if on_jobset(run):  # the JobSet's server replicated jobs
+        backend = backends.for_run(run)
+        if backend.servers_in_job:
             servers = ["rollout"] * bool(run.spec.rollout.replicas) + ["student"] * has_student_server(run)
         else:
             names = child_names(run)
             servers = [names[c] for c in ("rollout", "student") if c in names]
         if not servers:
             return condition(Condition.ROLLOUT_READY, True, "NotNeeded", "generation runs inside the trainer")
-        if on_jobset(run):
-            waiting = servers_waiting(job) if job is not None else [f"{c}: no JobSet yet" for c in servers]
-            finished = job is not None and job_state(job)[0] in FINISHED
-            if finished:  # the JobSet deletes its servers when it finishes
+        if backend.servers_in_job:
+            waiting = (
+                backend.servers_waiting(job) if job is not None else [f"{c}: no {backend.kind} yet" for c in servers]
+            )
+            if job is not None and job_state(job)[0] in FINISHED:  # the job deletes its servers when it finishes
                 return condition(
-                    Condition.ROLLOUT_READY, False, "Finished", f"JobSet {job['metadata']['name']} has finished"
+                    Condition.ROLLOUT_READY, False, "Finished", f"{backend.kind} {job['metadata']['name']} has finished"
                 )
         else:
             waiting = []
@@ -301,14 +298,13 @@ class Observation:
         result.preemption_saves = 1
         result.events.append(Event("Normal", EventReason.PREEMPTION_SAVE, save_message(report)))
 
-    def run_of_trainjob_gang(self, obj: dict[str, Any]) -> dict[str, str] | None:
-        """The run (``{"kind", "name"}``) of the JobSet the Kubeflow Trainer made of its TrainJob: controlled by a
-        TrainJob, labelled with the run's name (through the TrainJob's runtime patch); None for anything else, or a
-        run this process has not reconciled yet (its first reconciliation reads the JobSet)."""
+    def run_of_gang(self, obj: dict[str, Any]) -> dict[str, str] | None:
+        """The run (``{"kind", "name"}``) of an object a backend's job controller made of the run's job (its
+        run_name_of); None for anything else, or a run this process has not reconciled yet (its first
+        reconciliation reads it)."""
         meta = obj.get("metadata") or {}
-        refs = [r for r in meta.get("ownerReferences") or [] if r.get("controller")]
-        run_name = (meta.get("labels") or {}).get(LABEL_INSTANCE)
-        if obj.get("kind") != "JobSet" or not run_name or not refs or refs[0].get("kind") != "TrainJob":
+        run_name = next(filter(None, (b.run_name_of(obj) for b in backends.BACKENDS.values())), None)
+        if not run_name:
             return None
         kind = self.memory.kind_of(meta.get("namespace", "default"), run_name)
         return {"kind": kind, "name": run_name} if kind in KINDS else None
@@ -323,10 +319,10 @@ class Observation:
         return condition(Condition.PODS_STARTED, False, reason, message + more)
 
     def read_result(self, run: Run, job: dict[str, Any], events: list[Event]) -> dict[str, Any] | None:
-        """``.status.result`` from the succeeded job's rank-0 pod (the PyTorchJob's Master, the JobSet trainer's
-        index 0): its trainer container's termination message (atlas_contract.results), or None. A pod that is
-        gone, belongs to an earlier job, or carries no parsable message gives None, and is read at most
-        MAX_RESULT_READS times per job. A value out of its schema range is left out, with a Warning in ``events``."""
+        """``.status.result`` from the succeeded job's rank-0 pod (Backend.rank0_pod): its trainer container's
+        termination message (atlas_contract.results), or None. A pod that is gone, belongs to an earlier job, or
+        carries no parsable message gives None, and is read at most MAX_RESULT_READS times per job. A value out of
+        its schema range is left out, with a Warning in ``events``."""
         job_uid = (job.get("metadata") or {}).get("uid")
         key = (run.namespace, run.name, run.uid, job_uid)
         if not self.memory.take_result_read(key, MAX_RESULT_READS):
@@ -339,7 +335,7 @@ class Observation:
         if pod is None:
             log.info("%s %s/%s: no rank-0 pod of the succeeded job: no result", run.kind, run.namespace, run.name)
             return None
-        parsed, dropped = parse_result(termination_message(pod, trainer_container(run)))
+        parsed, dropped = parse_result(termination_message(pod, backends.for_run(run).trainer.container))
         if dropped:  # the trainer's word, out of the schema's range: never shown, said once
             dropped_message = "the finished trainer's result: " + "; ".join(dropped)
             events.append(Event("Warning", EventReason.RESULT_OUT_OF_RANGE, dropped_message))
@@ -358,41 +354,12 @@ class Observation:
         return parsed
 
     def rank0_pod(self, run: Run, job: dict[str, Any]) -> dict[str, Any] | None:
-        """The pod of rank 0 of ``job``: the PyTorchJob's Master by name; a JobSet's trainer pod of completion
-        index 0 of the current attempt, by label (its name ends in a random suffix) — on TrainJob, ``job`` is the
-        JobSet the Trainer made, whose trainer job is ``node``."""
-        job_uid = (job.get("metadata") or {}).get("uid")
-        if job["kind"] != "JobSet":
-            pod = self.kube.get(kube.POD, run.namespace, ChildNames(run.name).master_pod)
-            return pod if pod is not None and _made_by(pod, job_uid) else None
-        names = {rjob.get("name") for rjob in (job.get("spec") or {}).get("replicatedJobs") or []}
-        trainer = next((name for name in TRAINER_JOBS if name in names), TRAINER_JOBS[0])
-        selector = ",".join(
-            f"{key}={value}"
-            for key, value in (
-                ("jobset.sigs.k8s.io/jobset-name", job["metadata"]["name"]),
-                ("jobset.sigs.k8s.io/replicatedjob-name", trainer),
-                ("jobset.sigs.k8s.io/restart-attempt", str((job.get("status") or {}).get("restarts") or 0)),
-            )
-        )
-        for pod in self.kube.list(kube.POD, run.namespace, selector):
-            meta = pod.get("metadata") or {}
-            if (meta.get("labels") or {}).get("jobset.sigs.k8s.io/jobset-uid") != job_uid:
-                continue  # a pod of an earlier JobSet of the same name
-            if (meta.get("annotations") or {}).get(COMPLETION_INDEX_KEY) == "0":
-                return pod
-        return None
+        """The trainer's pod of rank 0 of ``job``, as the job's backend finds it."""
+        return backends.of_job(job).rank0_pod(self.kube, run, job)
 
 
 def _container_of(pod: dict[str, Any]) -> str:
-    """The trainer container's name in a run's pod (``pytorch`` on PyTorchJob, ``trainer`` on JobSet, ``node`` in
-    a TrainJob's), the first container's for any pod: only a trainer reports an export."""
+    """The trainer container's name in a run's pod (its backend's TrainerShape.container), the first container's
+    for any pod: only a trainer reports an export."""
     containers = (pod.get("spec") or {}).get("containers") or [{}]
     return str(containers[0].get("name"))
-
-
-def _made_by(pod: dict[str, Any], job_uid: str | None) -> bool:
-    """Whether ``pod`` belongs to the job ``job_uid`` (its controller owner reference), not to an earlier job of
-    the same name; a pod without a controller reference is taken as it is."""
-    refs = [r for r in (pod.get("metadata") or {}).get("ownerReferences") or [] if r.get("controller")]
-    return not refs or job_uid is None or any(r.get("uid") == job_uid for r in refs)

@@ -1,42 +1,24 @@
-"""What must exist before a run gets children: its backend's CRD, its checkpoint PVC, its reward ConfigMap."""
+"""What must exist before a run gets children: its backend's CRD (and what else its backend needs), its checkpoint
+PVC, its reward ConfigMap."""
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
-from atlas_operator import kube
+from atlas_operator import backends, kube
 from atlas_operator.config import OperatorConfig
 from atlas_operator.kube import Kube
 from atlas_operator.run_status import EventReason
 from atlas_operator.spec import Run
 
 # spec.backend → (condition reason, what is missing, how to install it) when its CRD is not served.
-JOB_CRDS = {
-    "PyTorchJob": (
-        EventReason.PYTORCHJOB_CRD_MISSING,
-        "kubeflow.org/v1 PyTorchJob CRD",
-        "install the Kubeflow Training Operator v1 (kubectl apply --server-side -k "
-        '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0")',
-    ),
-    "JobSet": (
-        EventReason.JOBSET_CRD_MISSING,
-        "jobset.x-k8s.io/v1alpha2 JobSet CRD",
-        "install JobSet v0.12.0 or later (kubectl apply --server-side -f "
-        "https://github.com/kubernetes-sigs/jobset/releases/download/v0.12.0/manifests.yaml), "
-        "or set spec.backend: PyTorchJob",
-    ),
-    "TrainJob": (
-        EventReason.TRAINJOB_CRD_MISSING,
-        "trainer.kubeflow.org/v1alpha1 TrainJob CRD",
-        "install Kubeflow Trainer v2.3.0 or later (kubectl apply --server-side -k "
-        '"github.com/kubeflow/trainer.git/manifests/overlays/manager?ref=v2.3.0"), or set another spec.backend',
-    ),
-}
+JOB_CRDS = {kind: backend.crd for kind, backend in backends.BACKENDS.items()}
 
 
 class Prerequisites:
-    """Checks of what the run needs from the cluster. A CRD, a ClusterTrainingRuntime, a checkpoint PVC or a reward
+    """Checks of what the run needs from the cluster. A CRD, an object its backend reads, a checkpoint PVC or a reward
     ConfigMap found is trusted for a while (settings.crd_cache_s): the runs of a cluster or a team need the same ones,
     and a burst of a thousand new runs reads each once, not once per run (a new run's way reads nothing else)."""
 
@@ -44,20 +26,20 @@ class Prerequisites:
         self.kube = client
         self.settings = settings
         self._crd_seen_at: dict[str, float] = {}  # job kind → when its CRD was last seen served
-        self._runtime_seen: dict[str, tuple[float, dict]] = {}  # ClusterTrainingRuntime → when read, as read
+        self._read_seen: dict[str, tuple[float, dict[str, Any]]] = {}  # "<plural>/<name>" → when read, as read
         self._found_at: dict[tuple[str, str, str], float] = {}  # (plural, namespace, name) → when last found
         self._looking: dict[tuple[str, str, str], threading.Lock] = {}  # one look at a time for each object
         self._lock = threading.Lock()
 
     def missing(self, run: Run) -> tuple[EventReason, str] | None:
         """The reason and message of the first prerequisite the run lacks, or None."""
+        backend = backends.for_run(run)
         if not self.crd_installed(run.backend):
-            reason, what, install = JOB_CRDS[run.backend]
+            reason, what, install = backend.crd
             return reason, f"the cluster has no {what} (spec.backend {run.backend}): {install}"
-        if run.backend == "TrainJob":
-            missing = self.runtime_problem(run)
-            if missing:
-                return missing
+        missing = backend.prerequisite_problem(run, self.settings.images, self.read_trusted)
+        if missing:
+            return missing
         pvc = run.spec.checkpoint.pvc
         if pvc and not self.found(kube.PVC, run.namespace, pvc):
             return EventReason.CHECKPOINT_PVC_MISSING, (
@@ -87,10 +69,10 @@ class Prerequisites:
             return False
 
     def crd_installed(self, kind: str) -> bool:
-        """Whether the API serves the job ``kind`` (PyTorchJob, JobSet); a CRD found is trusted for a while."""
+        """Whether the API serves the job ``kind`` (a backend's); a CRD found is trusted for a while."""
         if time.monotonic() - self._crd_seen_at.get(kind, float("-inf")) < self.settings.crd_cache_s:
             return True
-        if self.kube.serves(kube.JOBS[kind]):
+        if self.kube.serves(backends.BACKENDS[kind].resource):
             self._crd_seen_at[kind] = time.monotonic()
             return True
         return False
@@ -99,26 +81,13 @@ class Prerequisites:
         """The job ``kind``'s CRD was found uninstalled (a 404 on create): not trusted any more."""
         self._crd_seen_at.pop(kind, None)
 
-    def runtime_problem(self, run: Run) -> tuple[EventReason, str] | None:
-        """What keeps a TrainJob run off its ClusterTrainingRuntime: the runtime missing, or a spec.maxRestarts the
-        runtime does not have (a TrainJob cannot set its JobSet's failurePolicy: the runtime's applies)."""
-        name = self.settings.images.trainjob_runtime
-        seen_at, runtime = self._runtime_seen.get(name, (float("-inf"), None))
-        if time.monotonic() - seen_at >= self.settings.crd_cache_s:  # a runtime found is trusted for a while too
-            runtime = self.kube.get_fresh(kube.CLUSTER_TRAINING_RUNTIME, "", name)
-            if runtime is not None:
-                self._runtime_seen[name] = (time.monotonic(), runtime)
-        if runtime is None:
-            return EventReason.TRAINING_RUNTIME_MISSING, (
-                f"the cluster has no ClusterTrainingRuntime {name} (spec.backend TrainJob): install it with the chart "
-                "(value trainJob.runtime.enabled: true), or point the operator at yours (ATLAS_TRAINJOB_RUNTIME)"
-            )
-        policy = (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("failurePolicy") or {}
-        restarts = int(policy.get("maxRestarts") or 0)
-        if run.spec.max_restarts != restarts:
-            return EventReason.MAX_RESTARTS_NOT_THE_RUNTIMES, (
-                f"spec.maxRestarts: {run.spec.max_restarts}, but on backend TrainJob whole-gang restarts are the "
-                f"ClusterTrainingRuntime {name}'s (template.spec.failurePolicy.maxRestarts: {restarts}; chart value "
-                f"trainJob.runtime.maxRestarts): set spec.maxRestarts: {restarts}, or use another backend"
-            )
-        return None
+    def read_trusted(self, resource: kube.Resource, name: str) -> dict[str, Any] | None:
+        """A cluster-scoped object a backend needs (a ClusterTrainingRuntime), read from etcd; one found is trusted,
+        as read, for a while too."""
+        key = f"{resource.plural}/{name}"
+        seen_at, found = self._read_seen.get(key, (float("-inf"), None))
+        if time.monotonic() - seen_at >= self.settings.crd_cache_s:
+            found = self.kube.get_fresh(resource, "", name)
+            if found is not None:
+                self._read_seen[key] = (time.monotonic(), found)
+        return found

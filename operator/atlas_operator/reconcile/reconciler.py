@@ -8,25 +8,21 @@ from typing import Any
 
 from atlas_contract.errors import InvalidFields
 from atlas_contract.names import ChildNames
-from atlas_operator import kube
+from atlas_operator import backends
 from atlas_operator.config import OperatorConfig
 from atlas_operator.kube import Kube
+from atlas_operator.manifests import child_names, render_children
 from atlas_operator.ownership import is_controlled_by
 from atlas_operator.reconcile.children import Children, reward_yaml
-from atlas_operator.reconcile.common import NameConflict, condition
 from atlas_operator.reconcile.concurrency import pool
+from atlas_operator.reconcile.conditions import condition
+from atlas_operator.reconcile.errors import NameConflict
 from atlas_operator.reconcile.job_policies import JobPolicies, backend_of
 from atlas_operator.reconcile.memory import RunMemory
 from atlas_operator.reconcile.observe import Observation
 from atlas_operator.reconcile.prerequisites import Prerequisites
 from atlas_operator.reconcile.scrape import Scraping
-from atlas_operator.render import (
-    best_effort_warning,
-    checkpoint_warning,
-    child_names,
-    has_student_server,
-    render_children,
-)
+from atlas_operator.render import best_effort_warning, has_student_server
 from atlas_operator.revisions import Revision, stamp
 from atlas_operator.run_status import ConditionType as Condition
 from atlas_operator.run_status import EventReason
@@ -116,7 +112,7 @@ class Reconciler:
             )
             run = dataclasses.replace(run, backend=started_on)
             revision = dataclasses.replace(revision, applied=False)
-        unshared = checkpoint_warning(run)
+        unshared = backends.checkpoint_warning(run)
         events = [Event("Warning", EventReason.CHECKPOINTS_NOT_SHARED, unshared)] if unshared else []
         if unshared:
             conditions.append(
@@ -148,14 +144,17 @@ class Reconciler:
         events = [Event("Warning", EventReason.INVALID_SPEC, message)]
         meta = body.get("metadata") or {}
         children = (body.get("status") or {}).get("children") or {}
-        kind = backend_of(body) or "PyTorchJob"
-        job_name = children.get("jobSet") or children.get("trainJob") or children.get("pytorchJob")
+        made = backends.job_child(children)
+        if made is None:
+            return Outcome("Invalid", conditions, events=events)
+        backend, job_name = made
+        kind = backend.kind
         namespace = meta.get("namespace", "default")
-        job = self.kube.get(kube.JOBS[kind], namespace, job_name) if job_name else None
+        job = self.kube.get(backend.resource, namespace, job_name)
         if job is None or not is_controlled_by(job, body):
             return Outcome("Invalid", conditions, events=events)
         queued = bool((body.get("spec") or {}).get("queueName"))
-        gang = self.observation.trainjob_gang(namespace, job)
+        gang = self.observation.gang(namespace, job)
         phase = job_phase(job, job_suspended(job) and not queued, queued=queued, gang=gang)
         reason, job_message = training_reason(job, gang)
         conditions += [
@@ -177,9 +176,9 @@ class Reconciler:
         return self.observation.pod_changed(pod, deleted=deleted)
 
     def run_of(self, child: dict[str, Any]) -> dict[str, Any] | None:
-        """The run (``{"kind", "name"}``) a changed object belongs to: its controller, or for the JobSet the Kubeflow
-        Trainer made of a TrainJob, the run its labels name; None for anything else."""
-        return self.children.owning_run(child) or self.observation.run_of_trainjob_gang(child)
+        """The run (``{"kind", "name"}``) a changed object belongs to: its controller, or for an object a backend's
+        job controller made of the run's job, the run its labels name; None for anything else."""
+        return self.children.owning_run(child) or self.observation.run_of_gang(child)
 
     async def scrape(self, meta: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         return await self.scraping.scrape(meta)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import logging
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -11,9 +12,10 @@ from typing import Any
 
 from atlas_contract.names import ChildNames
 from atlas_operator.config import OperatorConfig
-from atlas_operator.reconcile.common import log
 from atlas_operator.status_update import parse_progress
 from atlas_operator.tracking_status import parse_tracking
+
+log = logging.getLogger("atlas_operator")
 
 MAX_METRICS_BYTES = 1 << 20  # a trainer's /metrics is a few KB; more is not a metrics endpoint
 SCRAPERS = 8  # threads: each run's timer awaits its own scrape, so one in flight per run

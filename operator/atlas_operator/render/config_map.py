@@ -27,7 +27,8 @@ from atlas_contract.run_config import (
     RunConfig,
 )
 from atlas_operator.presets import accelerate_config
-from atlas_operator.render.common import REWARD_REF_DIR, child_metadata, on_jobset
+from atlas_operator.render.metadata import child_metadata
+from atlas_operator.render.pod_spec import REWARD_REF_DIR
 from atlas_operator.render.tracking import report_to, tracking_record
 from atlas_operator.spec import AtlasTeacherSpec, Run, TrainingSpec, reward_funcs
 
@@ -36,17 +37,18 @@ def output_dir(run: Run) -> str:
     return f"{run.spec.checkpoint.path.rstrip('/')}/{run.name}"
 
 
-def checkpoint_warning(run: Run) -> str | None:
+def checkpoint_warning(run: Run, restart_replaces_pods: bool) -> str | None:
     """Why restarts cannot resume, or None. Without spec.checkpoint.pvc every trainer pod writes to its own
-    emptyDir: on PyTorchJob rank 0 alone writes the trainer state, so a multi-node run cannot resume (one node
-    restarts in place and keeps it); on JobSet every restart makes new pods."""
+    emptyDir. ``restart_replaces_pods``: the backend restarts a failed run by making every pod anew (its restarts
+    start from step 0); otherwise a failed pod restarts in place and keeps its emptyDir, but rank 0 alone writes the
+    trainer state, so only a multi-node run cannot resume."""
     nodes = run.spec.resources.nodes
     if run.spec.checkpoint.pvc:
         return None
-    if on_jobset(run):
+    if restart_replaces_pods:
         return (
-            "spec.checkpoint.pvc: not set, so the trainer keeps its checkpoints on its pods' emptyDir, and a JobSet "
-            "restart (spec.maxRestarts) replaces every pod: training starts again from step 0; set "
+            "spec.checkpoint.pvc: not set, so the trainer keeps its checkpoints on its pods' emptyDir, and a "
+            f"{run.backend} restart (spec.maxRestarts) replaces every pod: training starts again from step 0; set "
             "spec.checkpoint.pvc to a PersistentVolumeClaim (ReadWriteMany when nodes > 1)"
         )
     if nodes < 2:
@@ -58,33 +60,35 @@ def checkpoint_warning(run: Run) -> str | None:
     )
 
 
-def _server_host(run: Run, component: str) -> str:
-    """A server's address from the trainer pods: its Service, or (JobSet) its pod's stable hostname."""
+def _server_host(run: Run, component: str, server_hostnames: bool) -> str:
+    """A server's address from the trainer pods: its Service, or (``server_hostnames``: a backend that runs the
+    servers as pods of its job) its pod's stable hostname."""
     owned = ChildNames(run.name)
-    return owned.host(component) if on_jobset(run) else f"{getattr(owned, component)}.{run.namespace}.svc"
+    return owned.host(component) if server_hostnames else f"{getattr(owned, component)}.{run.namespace}.svc"
 
 
-def student_endpoint(run: Run) -> str:
-    return f"http://{_server_host(run, 'student')}:{VLLM_PORT}/v1"
+def student_endpoint(run: Run, server_hostnames: bool = False) -> str:
+    return f"http://{_server_host(run, 'student', server_hostnames)}:{VLLM_PORT}/v1"
 
 
-def rollout_endpoint(run: Run) -> str:
-    return f"http://{_server_host(run, 'rollout')}:{VLLM_PORT}"
+def rollout_endpoint(run: Run, server_hostnames: bool = False) -> str:
+    return f"http://{_server_host(run, 'rollout', server_hostnames)}:{VLLM_PORT}"
 
 
-def run_config(run: Run, trainer_image: str | None = None) -> dict[str, Any]:
-    """The run configuration the trainer pods load (`atlas_core.cli.train recipe=run.yaml`)."""
-    return typed_run_config(run, trainer_image).to_dict()
+def run_config(run: Run, trainer_image: str | None = None, server_hostnames: bool = False) -> dict[str, Any]:
+    """The run configuration the trainer pods load (`atlas_core.cli.train recipe=run.yaml`); ``server_hostnames``:
+    the servers are reached at their pods' hostnames (the run's backend says: atlas_operator/backends/)."""
+    return typed_run_config(run, trainer_image, server_hostnames).to_dict()
 
 
-def typed_run_config(run: Run, trainer_image: str | None = None) -> RunConfig:
+def typed_run_config(run: Run, trainer_image: str | None = None, server_hostnames: bool = False) -> RunConfig:
     """run.yaml as the contract types it (atlas_contract/run_config.py), built from the run's spec (``trainer_image``:
     the operator's, named in the tracking params when the spec names none)."""
     spec = run.spec
-    trainer = trainer_config(run)
+    trainer = trainer_config(run, server_hostnames)
     student = None
     if isinstance(spec, AtlasTeacherSpec) and spec.student:
-        student = student_endpoint(run) if spec.student.rollout.replicas else spec.student.model
+        student = student_endpoint(run, server_hostnames) if spec.student.rollout.replicas else spec.student.model
         trainer.update(vars(spec.teaching))  # the CRD's teaching fields are named as the contract's TeachingSettings
     return RunConfig(
         algorithm=spec.algorithm,
@@ -106,7 +110,7 @@ def typed_run_config(run: Run, trainer_image: str | None = None) -> RunConfig:
     )
 
 
-def trainer_config(run: Run) -> dict[str, Any]:
+def trainer_config(run: Run, server_hostnames: bool = False) -> dict[str, Any]:
     """run.yaml's ``trainer``: the algorithm's defaults, spec.training, and what the operator owns."""
     spec = run.spec
     trainer = {**defaults.training_defaults(spec.algorithm), **training_fields(spec.training)}
@@ -124,11 +128,11 @@ def trainer_config(run: Run) -> dict[str, Any]:
         trainer["bf16"] = False
     else:
         trainer.setdefault("bf16", True)
-    trainer.update(rollout_fields(run))
+    trainer.update(rollout_fields(run, server_hostnames))
     return trainer
 
 
-def rollout_fields(run: Run) -> dict[str, Any]:
+def rollout_fields(run: Run, server_hostnames: bool = False) -> dict[str, Any]:
     """The trainer's vLLM settings for spec.rollout: a server to call (mode server), vLLM in every trainer process
     (mode colocate), or none (the trainer generates)."""
     rollout = run.spec.rollout
@@ -150,7 +154,7 @@ def rollout_fields(run: Run) -> dict[str, Any]:
     return {
         "use_vllm": True,
         "vllm_mode": "server",
-        "vllm_server_base_url": rollout_endpoint(run),
+        "vllm_server_base_url": rollout_endpoint(run, server_hostnames),
         "vllm_group_port": WEIGHT_SYNC_PORT,
     }
 
@@ -198,7 +202,9 @@ def reward_config_path(run: Run) -> str | None:
     return None
 
 
-def config_map(run: Run, reward_yaml: str | None = None, trainer_image: str | None = None) -> dict[str, Any]:
+def config_map(
+    run: Run, reward_yaml: str | None = None, trainer_image: str | None = None, server_hostnames: bool = False
+) -> dict[str, Any]:
     """``<name>-config``: the run configuration, the Accelerate config and (named RIM config) the reward config.
 
     ``reward_yaml`` is the text of ``reward_system/<spec.reward.config>.yaml`` (read by the caller, so
@@ -210,7 +216,8 @@ def config_map(run: Run, reward_yaml: str | None = None, trainer_image: str | No
     )
     data = {
         RUN_CONFIG_FILE: yaml_text(
-            run_config(run, trainer_image), f"Run configuration of {run.kind} {run.namespace}/{run.name}"
+            run_config(run, trainer_image, server_hostnames),
+            f"Run configuration of {run.kind} {run.namespace}/{run.name}",
         ),
         ACCELERATE_CONFIG_FILE: yaml_text(accelerate, f"Accelerate config: DeepSpeed preset {run.spec.deepspeed}"),
     }

@@ -15,7 +15,7 @@ from atlas_contract.names import (
     ChildNames,
 )
 from atlas_operator.config import NetworkSettings
-from atlas_operator.render.common import child_metadata
+from atlas_operator.render.metadata import child_metadata
 from atlas_operator.spec import Run
 
 

@@ -17,22 +17,9 @@ from atlas_contract.names import (
 from atlas_contract.sources import SOURCES_DIR
 from atlas_contract.vllm import SERVE, server_flags
 from atlas_operator.config import Images
-from atlas_operator.render.common import (
-    CACHE_DIR,
-    COMPLETION_INDEX_KEY,
-    CONTAINER_SECURITY,
-    byte_quantity,
-    child_metadata,
-    has_student_server,
-    labels,
-    on_jobset,
-    pod_placement,
-    pod_security,
-    pod_selector,
-    qos_class,
-    quantity,
-    with_queue_label,
-)
+from atlas_operator.render.metadata import child_metadata, has_student_server, labels, pod_selector, with_queue_label
+from atlas_operator.render.pod_spec import CACHE_DIR, CONTAINER_SECURITY, pod_placement, pod_security
+from atlas_operator.render.quantities import byte_quantity, qos_class, quantity
 from atlas_operator.render.sources import claim_volumes, fetched, initializer_container, served_model, sources_dir
 from atlas_operator.spec import RolloutSpec, Run
 
@@ -103,7 +90,8 @@ def _vllm_pod_template(
     model: str,
     trainer_image: str,
 ) -> dict[str, Any]:
-    """A vLLM server's pod template: a Deployment's (PyTorchJob backend) or a replicated job's (JobSet). ``model``:
+    """A vLLM server's pod template: a Deployment's, or (a backend that runs its servers in its job) a replicated
+    job's. ``model``:
     the URI the server loads, whose local copy an initializer fetches first (with the trainer image, which has the
     fetcher) when it is an S3 or hub model, and whose claim is mounted when it is a ``pvc://`` one. Its root
     filesystem is read-only: what it writes goes to /dev/shm, /tmp and the cache volume (HOME, HF_HOME)."""
@@ -152,9 +140,8 @@ def _vllm_pod_template(
         "volumeMounts": mounts,
         "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
     }
-    pod_labels = labels(run, component)
     return {
-        "metadata": {"labels": pod_labels if on_jobset(run) else with_queue_label(run, pod_labels)},
+        "metadata": {"labels": labels(run, component)},
         "spec": {
             **pod_placement(run),
             "securityContext": pod_security(),
@@ -167,6 +154,7 @@ def _vllm_pod_template(
 
 def _vllm_deployment(run: Run, component: str, rollout: RolloutSpec, template: dict[str, Any]) -> dict[str, Any]:
     name = getattr(ChildNames(run.name), component)
+    with_queue_label(run, template["metadata"]["labels"])
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -319,10 +307,9 @@ def service(
     }
 
 
-def metrics_service(run: Run) -> dict[str, Any]:
-    # Only rank 0 serves metrics: Kubeflow's Master pod (labelled with its replica type), or the JobSet trainer's
-    # pod of completion index 0.
-    rank0 = {COMPLETION_INDEX_KEY: "0"} if on_jobset(run) else {"training.kubeflow.org/replica-type": "master"}
+def metrics_service(run: Run, rank0: dict[str, str]) -> dict[str, Any]:
+    """The trainer's metrics Service. Only rank 0 serves metrics: ``rank0`` are the labels of its pod only (the
+    backend's: atlas_operator/backends/)."""
     selector = {**pod_selector(run, "trainer"), **rank0}
     metrics = service(run, ChildNames(run.name).metrics, "trainer", [("metrics", TRAINER_METRICS_PORT)], selector)
     # Headless: its name resolves to rank 0's pod IP, which the operator and Prometheus scrape, and it takes no

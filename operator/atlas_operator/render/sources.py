@@ -10,7 +10,7 @@ from typing import Any
 
 from atlas_contract import sources
 from atlas_contract.names import CONFIG_DIR, RUN_CONFIG_FILE, TERMINATION_MESSAGE_PATH
-from atlas_operator.render.common import CONTAINER_SECURITY
+from atlas_operator.render.pod_spec import CONTAINER_SECURITY
 from atlas_operator.spec import AtlasTeacherSpec, Run
 
 AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")

@@ -1,9 +1,12 @@
-"""The trainer's pod: its launch command, environment and template (both backends), and a job's identity hash."""
+"""The trainer's pod: its launch command, environment and template (every backend: what differs is its
+:class:`TrainerShape`), and a job's identity hash."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from atlas_contract import sources
@@ -31,21 +34,16 @@ from atlas_contract.names import (
 )
 from atlas_contract.results import EXPORT_ERROR_KEY
 from atlas_operator.config import Images
-from atlas_operator.render.common import (
-    COMPLETION_INDEX_KEY,
+from atlas_operator.render.config_map import output_dir
+from atlas_operator.render.metadata import has_student_server, labels
+from atlas_operator.render.pod_spec import (
     CONTAINER_SECURITY,
     NCCL_ENV,
     REWARD_REF_DIR,
     container_resources,
-    has_student_server,
-    labels,
-    on_jobset,
-    on_trainjob,
     pod_placement,
     pod_security,
-    trainer_container,
 )
-from atlas_operator.render.config_map import output_dir
 from atlas_operator.render.sources import (
     claim_volumes,
     dataset_uris,
@@ -59,21 +57,33 @@ from atlas_operator.render.tracking import tracking_env
 from atlas_operator.spec import Run
 
 
-def launch_command(run: Run) -> list[str]:
-    """The trainer container's command, the same on every backend: accelerate on every node with the topology
-    Kubeflow's PyTorchJob controller injects (PET_NNODES, PET_NODE_RANK = node index, PET_NPROC_PER_NODE,
-    MASTER_ADDR, MASTER_PORT), that a JobSet's trainer gets from :func:`jobset_topology_env`, or that the Kubeflow
-    Trainer's torch plugin injects into a TrainJob's (the master as PET_MASTER_ADDR and PET_MASTER_PORT).
+@dataclass(frozen=True)
+class TrainerShape:
+    """What a backend's controller asks of the trainer's pod: the container's name, the prefix of the rendezvous
+    address's variables (``<master_env>_ADDR``, ``<master_env>_PORT``), the topology environment the controller does
+    not inject itself, and the name of the rendezvous port (None: the controller adds its own)."""
+
+    container: str
+    master_env: str = "MASTER"
+    topology_env: Callable[[Run], list[dict[str, Any]]] | None = None
+    rendezvous_port: str | None = None
+
+
+def launch_command(run: Run, master_env: str = "MASTER") -> list[str]:
+    """The trainer container's command, the same on every backend: accelerate on every node with torch elastic's
+    topology (PET_NNODES, PET_NODE_RANK = node index, PET_NPROC_PER_NODE, and the master at ``<master_env>_ADDR``
+    and ``<master_env>_PORT``), as the backend's controller injects it or its :class:`TrainerShape`'s topology_env
+    sets it.
 
     The launcher's exit code is torch elastic's (1 for any failed worker), so a worker the step watchdog ended
     would look like any crash: when the watchdog's reason is in the termination message, the container exits
-    with WATCHDOG_EXIT_CODE instead (what a JobSet's podFailurePolicy and `kubectl describe` see). Likewise a
+    with WATCHDOG_EXIT_CODE instead (what a Job's podFailurePolicy and `kubectl describe` see). Likewise a
     trainer that stopped on SIGTERM after saving a checkpoint at the step in flight (its stop report, STOP_MARK,
-    in the termination message) exits with STOP_EXIT_CODE, which the JobSet and TrainJob trainer Job's
-    podFailurePolicy ignores; and a trainer whose export failed (its result with ``exportError``) exits with
-    SOURCES_EXIT_CODE, which the operator reads as Exported=False. The launcher runs in the background so that
+    in the termination message) exits with STOP_EXIT_CODE, which a trainer Job's podFailurePolicy ignores
+    (the backend's); and a trainer whose export failed (its result with ``exportError``) exits
+    with SOURCES_EXIT_CODE, which the operator reads as Exported=False. The launcher runs in the background so that
     SIGTERM (pod deletion: Kueue preemption, a node drain, a spot reclaim) is passed on to it."""
-    master = "PET_MASTER" if on_trainjob(run) else "MASTER"
+    master = master_env
     launch = (
         "accelerate launch"
         f" --config_file {CONFIG_DIR}/{ACCELERATE_CONFIG_FILE}"
@@ -125,7 +135,7 @@ def _fetch_step(run: Run) -> str:
     """The trainer container's first step when the run has S3 or hub sources: the initializer
     (atlas_core/sources/initializer.py) fetches them into the run's cache, or skips what a pod before it fetched
     (whole: its manifest). A step of the trainer's own container rather than an init container, so that it is the
-    same on every backend (a TrainJob's runtime patch cannot add a container with its own command). A source that
+    same on every backend (a backend may not let the run add a container with its own command). A source that
     cannot be fetched ends the container with SOURCES_EXIT_CODE and ``{reason, uri, message}`` in the termination
     message, which the operator shows as SourcesReady=False."""
     if not trainer_fetches(run, has_student_server(run)):
@@ -186,32 +196,14 @@ def _reads_sources(run: Run) -> bool:
     return remote or run.spec.output is not None
 
 
-def jobset_topology_env(run: Run) -> list[dict[str, Any]]:
-    """What Kubeflow injects into PyTorchJob pods, for the JobSet trainer: the node rank is the pod's completion
-    index (Indexed Job), the master the first trainer pod's stable hostname."""
-    res = run.spec.resources
-    return [
-        {"name": "PET_NNODES", "value": str(res.nodes)},
-        {"name": "PET_NPROC_PER_NODE", "value": str(res.processes())},
-        {
-            "name": "PET_NODE_RANK",
-            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_KEY}']"}},
-        },
-        {"name": "MASTER_ADDR", "value": ChildNames(run.name).host("trainer")},
-        {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
-    ]
-
-
-def _rendezvous_port(run: Run) -> list[dict[str, Any]]:
-    """The port the trainer pods rendezvous on: ours (PyTorchJob's default), or on TrainJob none here, since the
-    Trainer's torch plugin adds its own (TRAINJOB_MASTER_PORT)."""
-    if on_trainjob(run):
+def _rendezvous_port(shape: TrainerShape) -> list[dict[str, Any]]:
+    """The port the trainer pods rendezvous on, unless the backend's controller adds its own."""
+    if shape.rendezvous_port is None:
         return []
-    name = "rendezvous" if on_jobset(run) else "pytorchjob-port"
-    return [{"name": name, "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}]
+    return [{"name": shape.rendezvous_port, "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}]
 
 
-def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
+def trainer_pod_template(run: Run, image: str, shape: TrainerShape) -> dict[str, Any]:
     spec = run.spec
     res, checkpoint = spec.resources, spec.checkpoint
     mounts = [
@@ -234,12 +226,12 @@ def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
     volumes += claims
     mounts += claim_mounts
     container = {
-        "name": trainer_container(run),
+        "name": shape.container,
         "image": image,
-        "command": launch_command(run),
-        "env": (jobset_topology_env(run) if on_jobset(run) else []) + _env(run),
+        "command": launch_command(run, shape.master_env),
+        "env": (shape.topology_env(run) if shape.topology_env else []) + _env(run),
         "ports": [
-            *_rendezvous_port(run),
+            *_rendezvous_port(shape),
             {"name": "metrics", "containerPort": TRAINER_METRICS_PORT, "protocol": "TCP"},
         ],
         "volumeMounts": mounts,
@@ -265,10 +257,12 @@ def trainer_pod_template(run: Run, image: str) -> dict[str, Any]:
     }
 
 
-def configured_trainer_template(run: Run, images: Images, config: dict[str, Any] | None) -> dict[str, Any]:
+def configured_trainer_template(
+    run: Run, images: Images, config: dict[str, Any] | None, shape: TrainerShape
+) -> dict[str, Any]:
     """The trainer pod template; ``config`` is the run's ConfigMap: its checksum in the template makes a
     configuration change a spec change (the trainer reads run.yaml once, at start)."""
-    template = trainer_pod_template(run, run.spec.image or images.trainer)
+    template = trainer_pod_template(run, run.spec.image or images.trainer, shape)
     if config is not None:
         checksum = hashlib.sha256(json.dumps(config["data"], sort_keys=True).encode()).hexdigest()[:16]
         template["metadata"]["annotations"] = {CONFIG_HASH_ANNOTATION: checksum}
@@ -276,12 +270,11 @@ def configured_trainer_template(run: Run, images: Images, config: dict[str, Any]
 
 
 def job_spec_hash(job: dict[str, Any]) -> str:
-    """Identity of what a running job's pods were made from: everything but the suspend flag (PyTorchJob
-    runPolicy.suspend, JobSet and TrainJob spec.suspend), which the job's controller applies in place; and its
-    Kueue queue (a label Kueue refuses to change on a job it admitted: a queue change is a new job)."""
+    """Identity of what a running job's pods were made from: everything but the suspend flag (``spec.suspend``, or
+    ``spec.runPolicy.suspend`` where the job keeps it in its run policy), which the job's controller applies in place;
+    and its Kueue queue (a label Kueue refuses to change on a job it admitted: a queue change is a new job)."""
     spec = json.loads(json.dumps(job["spec"]))
     spec.get("runPolicy", {}).pop("suspend", None)
-    if job["kind"] in ("JobSet", "TrainJob"):
-        spec.pop("suspend", None)
+    spec.pop("suspend", None)
     identity = {"spec": spec, "queue": job["metadata"].get("labels", {}).get(QUEUE_NAME_LABEL)}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

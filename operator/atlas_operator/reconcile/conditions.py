@@ -1,26 +1,10 @@
-"""What every part of a reconciliation shares: its errors, a condition of a declared type, the log."""
+"""A status condition of a declared type, as every step of a reconciliation writes it."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from atlas_operator.ownership import Foreign
 from atlas_operator.run_status import ConditionType as Condition
-
-log = logging.getLogger("atlas_operator")
-
-
-class RetryLater(Exception):
-    """A transient condition (API error, an old job still terminating): retry the reconciliation."""
-
-
-class NameConflict(Exception):
-    """An object this run does not control was found under one of its child names when creating it."""
-
-    def __init__(self, foreign: Foreign):
-        super().__init__(str(foreign))
-        self.foreign = foreign
 
 
 def condition(type_: Condition, ok: bool, reason: str, message: str) -> dict[str, Any]:
