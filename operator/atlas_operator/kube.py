@@ -66,7 +66,7 @@ EVENT_SOURCE = "atlas-operator"  # an Event's source.component: the "From" colum
 log = logging.getLogger("atlas_operator")
 RESOURCES = {r.kind: r for r in (CONFIG_MAP, SERVICE, DEPLOYMENT, PYTORCH_JOB, JOBSET, TRAINJOB, NETWORK_POLICY)}
 # The backends' jobs by kind, for tools and tests that address them without the operator; the operator asks
-# atlas_operator/backends/ (each backend's ``resource``: tests/test_backends.py checks they agree).
+# atlas_operator/backends/ (each backend's ``resource``: tests/unit/test_backends.py checks they agree).
 JOBS = {"PyTorchJob": PYTORCH_JOB, "JobSet": JOBSET, "TrainJob": TRAINJOB}
 
 

@@ -5,7 +5,6 @@ and the status without any other module naming it."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,9 +22,10 @@ from atlas_operator.spec import KINDS, Run
 from atlas_operator.status_update import job_phase, job_ran, training_reason
 from atlas_operator.validation import parse_run
 
+from harness.env import REPO
 from harness.manifests import teacher, training
 
-RULES = yaml.safe_load((Path(__file__).parents[1] / "charts/atlas-operator/files/rbac-rules.yaml").read_text())
+RULES = yaml.safe_load((REPO / "charts/atlas-operator/files/rbac-rules.yaml").read_text())
 MANAGED = ["get", "list", "watch", "create", "patch", "delete"]
 
 
