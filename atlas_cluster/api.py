@@ -27,9 +27,13 @@ class Api:
     ) -> tuple[int, dict]:
         headers = {"Accept": "application/json", "Content-Type": content_type}
         method, url, headers, body, _ = self.client.param_serialize(
-            method, path, query_params=list((query or {}).items()), header_params=headers, body=body,
+            method,
+            path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
             auth_settings=["BearerToken"],
-        )  # fmt: skip
+        )
         response = self.client.call_api(method, url, header_params=headers, body=body, _request_timeout=30)
         data = response.read()
         try:

@@ -291,7 +291,7 @@ def ensure_built(bin_dir: Path | None = None, log=None) -> Path:
             KUBE_BINARIES,
             build_kube,
             "~5 min cold",
-        ),  # fmt: skip
+        ),
     ]
     for what, version, names, build, cold in steps:
         if not set(names) & set(todo):

@@ -183,13 +183,17 @@ def status(args: argparse.Namespace) -> int:
     supervisor = Supervisor(directory)
     s3 = S3Server.load(directory / S3, Path(), supervisor) if S3 in running else None
     if s3 is not None:
-        print(f"# S3 server on {', '.join(s3.hosts)} port {s3.port}: bucket {DEFAULT_BUCKET}, data in {s3.data}, "
-              f"Secret {S3_SECRET_NAMESPACE}/{S3_SECRET} for the pods")  # fmt: skip
+        print(
+            f"# S3 server on {', '.join(s3.hosts)} port {s3.port}: bucket {DEFAULT_BUCKET}, data in {s3.data}, "
+            f"Secret {S3_SECRET_NAMESPACE}/{S3_SECRET} for the pods"
+        )
         print(export_line(s3.env()))
     mlflow = MLflowServer.load(directory / MLFLOW, supervisor) if MLFLOW in running else None
     if mlflow is not None:
-        print(f"# MLflow server on {', '.join(mlflow.hosts)} port {mlflow.port}: database {mlflow.database}, "
-              f"artifacts {mlflow.artifacts_destination}")  # fmt: skip
+        print(
+            f"# MLflow server on {', '.join(mlflow.hosts)} port {mlflow.port}: database {mlflow.database}, "
+            f"artifacts {mlflow.artifacts_destination}"
+        )
         print(export_line(mlflow.env("127.0.0.1")))
         _print_pod_address(mlflow)
     return 0

@@ -167,7 +167,7 @@ class LocalCluster:
             [sys.executable, "-m", "atlas_cluster.node", "--cluster-dir", str(self.directory),
              "--nodes", str(self.nodes), "--gpus", str(self.gpus_per_node), "--network-prefix", prefix],
             env=self.node_environment(),
-        )  # fmt: skip
+        )  # fmt: skip  # a command line: each flag beside its value
         log = self.supervisor.log(NODES)
         self.supervisor.wait_until(NODES, lambda: "process nodes ready" in log.read_text(), 120, "process nodes")
         self.log(f"atlas cluster: {self.nodes} process node(s) ready, {self.gpus_per_node} fake GPUs each")
@@ -217,9 +217,11 @@ class LocalCluster:
         }
         # From stdin: the secret is in no file and on no command line.
         kubectl(self.kubeconfig, "apply", "--server-side", "--force-conflicts", "--field-manager=atlas-cluster",
-                "-f", "-", input=json.dumps(secret))  # fmt: skip
-        self.log(f"atlas cluster: S3 server on {', '.join(hosts)} port {self.s3.port} (bucket {DEFAULT_BUCKET}; "
-                 f"Secret {S3_SECRET_NAMESPACE}/{S3_SECRET})")  # fmt: skip
+                "-f", "-", input=json.dumps(secret))  # fmt: skip  # a command line: each flag beside its value
+        self.log(
+            f"atlas cluster: S3 server on {', '.join(hosts)} port {self.s3.port} (bucket {DEFAULT_BUCKET}; "
+            f"Secret {S3_SECRET_NAMESPACE}/{S3_SECRET})"
+        )
         return self.s3
 
     def start_mlflow(self) -> MLflowServer:
@@ -237,12 +239,15 @@ class LocalCluster:
             artifacts = MLFLOW_ARTIFACTS
             artifact_env = {**s3.env(), "AWS_DEFAULT_REGION": s3.region}  # as the host reaches it: 127.0.0.1
         started = time.monotonic()
-        server = MLflowServer(self.directory / MLFLOW, self.supervisor, hosts, artifacts=artifacts,
-                              artifact_env=artifact_env).start()  # fmt: skip
+        server = MLflowServer(
+            self.directory / MLFLOW, self.supervisor, hosts, artifacts=artifacts, artifact_env=artifact_env
+        ).start()
         self.mlflow_server = server
-        self.log(f"atlas cluster: MLflow server on {', '.join(hosts)} port {server.port} in "
-                 f"{time.monotonic() - started:.1f} s (database {server.database}; artifacts "
-                 f"{server.artifacts_destination})")  # fmt: skip
+        self.log(
+            f"atlas cluster: MLflow server on {', '.join(hosts)} port {server.port} in "
+            f"{time.monotonic() - started:.1f} s (database {server.database}; artifacts "
+            f"{server.artifacts_destination})"
+        )
         return server
 
     # ------------------------------------------------------------------ installing
@@ -258,7 +263,7 @@ class LocalCluster:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
         kubectl(self.kubeconfig, "apply", "--server-side", "--force-conflicts", "--field-manager=atlas-cluster",
-                "-f", str(path))  # fmt: skip
+                "-f", str(path))  # fmt: skip  # a command line: each flag beside its value
 
     def wait_established(self, timeout: float = 60.0) -> None:
         """Every CRD served (``Established``): the conditions appear a moment after the create."""
@@ -291,7 +296,7 @@ class LocalCluster:
             self.kubeconfig,
             "upgrade", "--install", release, str(CHART), "--namespace", namespace, "--create-namespace",
             "--values", str(values_file), *wait,
-        )  # fmt: skip
+        )  # fmt: skip  # a command line: each flag beside its value
 
     # ------------------------------------------------------------------ the operator, as its ServiceAccount
 

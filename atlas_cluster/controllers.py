@@ -155,8 +155,10 @@ def _merge_webhooks(doc: dict, patch: dict) -> None:
 
 
 def _matches(doc: dict, target: dict) -> bool:
-    return all(doc["kind"] == v if k == "kind" else doc["metadata"]["name"] == v if k == "name" else True
-               for k, v in target.items())  # fmt: skip
+    return all(
+        doc["kind"] == v if k == "kind" else doc["metadata"]["name"] == v if k == "name" else True
+        for k, v in target.items()
+    )
 
 
 def webhook_configurations(tree: Path, spec: versions.Controller) -> list[dict]:
@@ -167,8 +169,9 @@ def webhook_configurations(tree: Path, spec: versions.Controller) -> list[dict]:
     kustomization_file = (tree / spec.webhooks[0]).parent / "kustomization.yaml"
     kustomization = yaml.safe_load(kustomization_file.read_text()) if kustomization_file.exists() else {}
     for patch in kustomization.get("patches") or []:
-        body = yaml.safe_load((kustomization_file.parent / patch["path"]).read_text() if "path" in patch
-                              else patch["patch"])  # fmt: skip
+        body = yaml.safe_load(
+            (kustomization_file.parent / patch["path"]).read_text() if "path" in patch else patch["patch"]
+        )
         for doc in docs:
             if isinstance(body, list):
                 if _matches(doc, patch.get("target") or {}):
@@ -318,16 +321,18 @@ class JobSet(UpstreamController):
 
     def prepare(self) -> None:
         super().prepare()
-        self.write_config({
-            "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
-            "kind": "Configuration",
-            "leaderElection": {"leaderElect": False},
-            "internalCertManagement": {"enable": False},
-            "health": {"healthProbeBindAddress": self.host(self.ports.health)},
-            # Its metrics are served over TLS only; with internal cert management off it reads its cert here.
-            "metrics": {"bindAddress": self.host(self.ports.metrics), "certDir": str(self.certs)},
-            "webhook": {"port": self.ports.webhook, "host": "127.0.0.1", "certDir": str(self.certs)},
-        })  # fmt: skip
+        self.write_config(
+            {
+                "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+                "kind": "Configuration",
+                "leaderElection": {"leaderElect": False},
+                "internalCertManagement": {"enable": False},
+                "health": {"healthProbeBindAddress": self.host(self.ports.health)},
+                # Its metrics are served over TLS only; with internal cert management off it reads its cert here.
+                "metrics": {"bindAddress": self.host(self.ports.metrics), "certDir": str(self.certs)},
+                "webhook": {"port": self.ports.webhook, "host": "127.0.0.1", "certDir": str(self.certs)},
+            }
+        )
 
 
 class Kueue(UpstreamController):
@@ -348,18 +353,20 @@ class Kueue(UpstreamController):
         self.write_kueue_config()
 
     def write_kueue_config(self) -> None:
-        self.write_config({
-            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
-            "kind": "Configuration",
-            "namespace": self.spec.namespace,
-            "leaderElection": {"leaderElect": False},
-            "internalCertManagement": {"enable": False},
-            "health": {"healthProbeBindAddress": self.host(self.ports.health)},
-            "metrics": {"bindAddress": self.host(self.ports.metrics)},
-            "webhook": {"port": self.ports.webhook, "host": "127.0.0.1", "certDir": str(self.certs)},
-            "featureGates": {"VisibilityOnDemand": False},
-            "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)},
-        })  # fmt: skip
+        self.write_config(
+            {
+                "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+                "kind": "Configuration",
+                "namespace": self.spec.namespace,
+                "leaderElection": {"leaderElect": False},
+                "internalCertManagement": {"enable": False},
+                "health": {"healthProbeBindAddress": self.host(self.ports.health)},
+                "metrics": {"bindAddress": self.host(self.ports.metrics)},
+                "webhook": {"port": self.ports.webhook, "host": "127.0.0.1", "certDir": str(self.certs)},
+                "featureGates": {"VisibilityOnDemand": False},
+                "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)},
+            }
+        )
 
 
 class Trainer(UpstreamController):
@@ -368,16 +375,21 @@ class Trainer(UpstreamController):
 
     def prepare(self) -> None:
         super().prepare()
-        self.write_config({
-            "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
-            "kind": "Configuration",
-            "leaderElection": {"leaderElect": False},
-            "certManagement": {"enable": False},
-            "health": {"healthProbeBindAddress": self.host(self.ports.health), "readinessEndpointName": "readyz",
-                       "livenessEndpointName": "healthz"},
-            "metrics": {"bindAddress": self.host(self.ports.metrics), "secureServing": False},
-            "webhook": {"port": self.ports.webhook, "host": "127.0.0.1"},
-        })  # fmt: skip
+        self.write_config(
+            {
+                "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
+                "kind": "Configuration",
+                "leaderElection": {"leaderElect": False},
+                "certManagement": {"enable": False},
+                "health": {
+                    "healthProbeBindAddress": self.host(self.ports.health),
+                    "readinessEndpointName": "readyz",
+                    "livenessEndpointName": "healthz",
+                },
+                "metrics": {"bindAddress": self.host(self.ports.metrics), "secureServing": False},
+                "webhook": {"port": self.ports.webhook, "host": "127.0.0.1"},
+            }
+        )
 
 
 class TrainingOperator(UpstreamController):
@@ -451,8 +463,9 @@ def start_controller(cluster: Cluster, name: str, binary: Path | None = None, lo
     launch.tmp.mkdir(parents=True, exist_ok=True)
 
     # Its namespace, RBAC and ServiceAccount, from its tree.
-    rbac = kustomize(load([file for entry in spec.rbac for file in expand(tree / entry)]), spec.namespace,
-                     spec.name_prefix)  # fmt: skip
+    rbac = kustomize(
+        load([file for entry in spec.rbac for file in expand(tree / entry)]), spec.namespace, spec.name_prefix
+    )
     accounts = [doc["metadata"]["name"] for doc in rbac if doc["kind"] == "ServiceAccount"]
     if len(accounts) != 1:
         raise ControllerError(f"{name}: expected one ServiceAccount in its RBAC files, found {accounts}")
@@ -469,11 +482,17 @@ def start_controller(cluster: Cluster, name: str, binary: Path | None = None, lo
     identity = f"system:serviceaccount:{spec.namespace}:{accounts[0]}"
     took = time.monotonic() - started
     log(f"atlas cluster: {name} {spec.version} ready in {took:.1f} s as {identity} (port {launch.ports.webhook})")
-    running = Running(name, launch.ports, launch.directory,
-                      tuple((doc["kind"], doc["metadata"]["name"]) for doc in webhooks))  # fmt: skip
-    (launch.directory / "running.json").write_text(json.dumps({
-        "ports": vars(launch.ports), "webhook_configurations": running.webhook_configurations,
-    }))  # fmt: skip
+    running = Running(
+        name, launch.ports, launch.directory, tuple((doc["kind"], doc["metadata"]["name"]) for doc in webhooks)
+    )
+    (launch.directory / "running.json").write_text(
+        json.dumps(
+            {
+                "ports": vars(launch.ports),
+                "webhook_configurations": running.webhook_configurations,
+            }
+        )
+    )
     return running
 
 

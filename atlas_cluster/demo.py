@@ -62,9 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         bin_dir = ensure_built(log=_say)
         binaries = ensure_controllers(CONTROLLERS, log=_say)
         cluster = LocalCluster(
-            directory, bin_dir, log=_say, controllers=CONTROLLERS, controller_binaries=binaries, nodes=2,
+            directory,
+            bin_dir,
+            log=_say,
+            controllers=CONTROLLERS,
+            controller_binaries=binaries,
+            nodes=2,
             gpus_per_node=0,
-        )  # fmt: skip
+        )
         cluster.up()
     except (BuildError, ClusterError, ControllerError, ProcessFailed, FileNotFoundError) as exc:
         _say(f"cluster-demo: {exc}")
@@ -78,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         status = watch(cluster, "atlasteachers", "local-teacher", args.timeout)
         _say("$ kubectl get pytorchjobs,pods -l app.kubernetes.io/instance=local-teacher")
         _say(kubectl(cluster.kubeconfig, "get", "pytorchjobs,pods", "-l", "app.kubernetes.io/instance=local-teacher",
-                     "-o", "wide").stdout.rstrip())  # fmt: skip
+                     "-o", "wide").stdout.rstrip())  # fmt: skip  # a command line: each flag beside its value
         _say(f"result: {json.dumps(status.get('result'))}")
         code = 0 if status.get("phase") == "Succeeded" else 1
     except ClusterError as exc:

@@ -110,7 +110,7 @@ class MLflowServer:
             "--serve-artifacts", "--artifacts-destination", self.artifacts_destination,
             "--host", self.bind_address, "--port", str(self.port), "--workers", "1",
             "--allowed-hosts", ",".join(self.allowed_hosts()), "--cors-allowed-origins", ",".join(origins),
-        ]  # fmt: skip
+        ]  # fmt: skip  # a command line: each flag beside its value
 
     def start(self, timeout: float = READY_TIMEOUT) -> MLflowServer:
         if importlib.util.find_spec("mlflow") is None:  # finds it without importing it (2 s)

@@ -38,7 +38,7 @@ def sign_certificate(name: str, subject: str, extensions: str, cwd: Path, ca: Pa
     _openssl(
         "x509", "-req", "-in", f"{name}.csr", "-CA", ca_crt, "-CAkey", ca_key, "-CAcreateserial",
         "-days", DAYS, "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=cwd,
-    )  # fmt: skip
+    )  # fmt: skip  # a command line: each flag beside its value
     (cwd / f"{name}.csr").unlink()
     (cwd / f"{name}.ext").unlink()
 
@@ -78,7 +78,7 @@ def make_ca(
         "req", "-x509", "-new", "-key", f"{name}.key", "-subj", f"/CN={common_name}", "-days", DAYS,
         "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign", *san,
         "-out", f"{name}.crt", cwd=directory,
-    )  # fmt: skip
+    )  # fmt: skip  # a command line: each flag beside its value
     return directory / f"{name}.crt"
 
 

@@ -97,7 +97,7 @@ class S3Server:
         return [
             str(self.binary), *listen, "--region", self.region, "--iam-dir", str(self.directory / "iam"),
             "--health", HEALTH_PATH, "posix", "--sidecar", str(self.directory / "meta"), str(self.data),
-        ]  # fmt: skip
+        ]  # fmt: skip  # a command line: each flag beside its value
 
     def start(self, timeout: float = READY_TIMEOUT) -> S3Server:
         if not os.access(self.binary, os.X_OK):
@@ -127,8 +127,13 @@ class S3Server:
     # ------------------------------------------------------------------ for `atlas cluster status`, later
 
     def save(self) -> None:
-        state = {"hosts": list(self.hosts), "port": self.port, "region": self.region,
-                 "access_key": self.access_key, "secret_key": self.secret_key}  # fmt: skip
+        state = {
+            "hosts": list(self.hosts),
+            "port": self.port,
+            "region": self.region,
+            "access_key": self.access_key,
+            "secret_key": self.secret_key,
+        }
         path = self.directory / STATE_FILE
         tmp = path.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
@@ -143,8 +148,16 @@ class S3Server:
             state = json.loads((directory / STATE_FILE).read_text())
         except (OSError, ValueError):
             return None
-        return cls(directory, binary, supervisor, tuple(state["hosts"]), state["port"], state["access_key"],
-                   state["secret_key"], state["region"])  # fmt: skip
+        return cls(
+            directory,
+            binary,
+            supervisor,
+            tuple(state["hosts"]),
+            state["port"],
+            state["access_key"],
+            state["secret_key"],
+            state["region"],
+        )
 
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through an http_proxy of the user's

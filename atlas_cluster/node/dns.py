@@ -66,8 +66,12 @@ def dns_records(pods: list[dict], services: list[dict]) -> list[Record]:
 def hosts_text(namespace: str, hostname: str, subdomain: str | None, ip: str | None, records: list[Record]) -> str:
     """A pod's /etc/hosts: itself, then ``records`` (its own namespace's short names too)."""
     own = f"{hostname}.{subdomain}.{namespace}.svc.cluster.local {hostname}" if subdomain else hostname
-    lines = ["# Kubernetes-managed hosts file (atlas process node).", "127.0.0.1\tlocalhost",
-             "::1\tlocalhost ip6-localhost ip6-loopback", f"{ip}\t{own}"]  # fmt: skip
+    lines = [
+        "# Kubernetes-managed hosts file (atlas process node).",
+        "127.0.0.1\tlocalhost",
+        "::1\tlocalhost ip6-localhost ip6-loopback",
+        f"{ip}\t{own}",
+    ]
     for record_namespace, address, names, short in records:
         shown = names + (short if record_namespace == namespace else [])
         lines.append(f"{address}\t{' '.join(shown)}")

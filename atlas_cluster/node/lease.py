@@ -45,8 +45,9 @@ class Node:
         self.index = index
         self.name = f"{NODE_PREFIX}{index}"
         self.ip = nodes.network.node_ip(index)
-        self.api = Api(user_kubeconfig(nodes.cluster_dir, f"node-{self.name}",
-                                       f"/O=system:nodes/CN=system:node:{self.name}"))  # fmt: skip
+        self.api = Api(
+            user_kubeconfig(nodes.cluster_dir, f"node-{self.name}", f"/O=system:nodes/CN=system:node:{self.name}")
+        )
         self.capacity = {
             "cpu": str(nodes.cpu),
             "memory": str(nodes.memory),
@@ -90,7 +91,7 @@ class Node:
                     "lastTransitionTime": self.nodes.started_at,
                 }
                 for type_, status, reason in conditions
-            ],  # fmt: skip
+            ],
             "addresses": [{"type": "InternalIP", "address": self.ip}, {"type": "Hostname", "address": self.name}],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
             "nodeInfo": {
@@ -104,7 +105,7 @@ class Node:
                 "kubeProxyVersion": "",
                 "operatingSystem": "linux",
                 "architecture": {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine),
-            },  # fmt: skip
+            },
         }
 
     def register(self) -> None:
@@ -123,32 +124,47 @@ class Node:
             "spec": {
                 "podCIDR": self.nodes.network.pod_cidr(self.index),
                 "podCIDRs": [self.nodes.network.pod_cidr(self.index)],
-            },  # fmt: skip
+            },
         }
         status, data = self.api.call("POST", "/api/v1/nodes", body)
         if status == 409:  # left by an earlier run: take it over
-            self.api.ok("PATCH", f"/api/v1/nodes/{self.name}", {"metadata": {"labels": labels}},
-                        content_type="application/merge-patch+json")  # fmt: skip
+            self.api.ok(
+                "PATCH",
+                f"/api/v1/nodes/{self.name}",
+                {"metadata": {"labels": labels}},
+                content_type="application/merge-patch+json",
+            )
         elif status != 201:
             raise RuntimeError(f"registering node {self.name}: HTTP {status}: {data.get('message')}")
         self.report_status()
         self.renew_lease()
 
     def report_status(self) -> None:
-        self.api.ok("PATCH", f"/api/v1/nodes/{self.name}/status", {"status": self._status()},
-                    content_type="application/merge-patch+json")  # fmt: skip
+        self.api.ok(
+            "PATCH",
+            f"/api/v1/nodes/{self.name}/status",
+            {"status": self._status()},
+            content_type="application/merge-patch+json",
+        )
         self.status_at = time.monotonic()
 
     def renew_lease(self) -> None:
         path = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
         spec = {"holderIdentity": self.name, "leaseDurationSeconds": LEASE_S, "renewTime": micro_now()}
-        status, _ = self.api.call("PATCH", f"{path}/{self.name}", {"spec": spec},
-                                  content_type="application/merge-patch+json")  # fmt: skip
+        status, _ = self.api.call(
+            "PATCH", f"{path}/{self.name}", {"spec": spec}, content_type="application/merge-patch+json"
+        )
         if status == 404:
-            status, data = self.api.call("POST", path, {
-                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": "kube-node-lease"}, "spec": spec,
-            })  # fmt: skip
+            status, data = self.api.call(
+                "POST",
+                path,
+                {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": "kube-node-lease"},
+                    "spec": spec,
+                },
+            )
             if status not in (201, 409):
                 raise RuntimeError(f"lease of node {self.name}: HTTP {status}: {data.get('message')}")
         self.renewed = time.monotonic()

@@ -22,10 +22,23 @@ from atlas_cluster.node.timestamps import now
 from atlas_cluster.node.volumes import mounted_anywhere
 
 HOST_ENV = (
-    "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH", "ATLAS_CACHE_DIR", "HF_HOME", "HF_HUB_OFFLINE",
-    "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "TORCH_HOME", "XDG_CACHE_HOME",
-    "LD_LIBRARY_PATH", "CUDA_HOME",
-)  # fmt: skip
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "VIRTUAL_ENV",
+    "PYTHONPATH",
+    "ATLAS_CACHE_DIR",
+    "HF_HOME",
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "TOKENIZERS_PARALLELISM",
+    "TORCH_HOME",
+    "XDG_CACHE_HOME",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+)
 NODE_RBAC_BINDING = "atlas:process-nodes"
 PV_LABEL = "app.kubernetes.io/managed-by=atlas-process-node"  # the PersistentVolumes the nodes provision
 # Programs first on every container's PATH. nslookup: the training-operator gives each PyTorchJob worker an init
@@ -141,8 +154,10 @@ class ProcessNodes:
                 if not any(t.startswith("node.kubernetes.io/") for t in taints):
                     break
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"node {node.name} still tainted {taints} after {timeout:.0f} s "
-                                       "(is kube-controller-manager running?)")  # fmt: skip
+                    raise TimeoutError(
+                        f"node {node.name} still tainted {taints} after {timeout:.0f} s "
+                        "(is kube-controller-manager running?)"
+                    )
                 time.sleep(0.2)
 
     def current_workers(self) -> list[PodWorker]:
@@ -305,10 +320,15 @@ class ProcessNodes:
                     "storageClassName": spec.get("storageClassName") or "",
                     "persistentVolumeReclaimPolicy": "Retain",
                     "hostPath": {"path": str(folder), "type": "DirectoryOrCreate"},
-                    "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": meta["namespace"],
-                                 "name": meta["name"], "uid": meta["uid"]},
+                    "claimRef": {
+                        "apiVersion": "v1",
+                        "kind": "PersistentVolumeClaim",
+                        "namespace": meta["namespace"],
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                    },
                 },
-            }  # fmt: skip
+            }
             status, data = self.admin.call("POST", "/api/v1/persistentvolumes", volume)
             if status not in (201, 409):
                 self.log(f"process node: volume for claim {meta['namespace']}/{meta['name']}: HTTP {status} {data}")

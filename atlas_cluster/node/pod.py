@@ -67,8 +67,11 @@ class PodWorker(Probing, Volumes, PodStatus, threading.Thread):
             if spec.get(kind):
                 c.probes[kind] = Probe(spec[kind])
         if not init:
-            c.state = {"waiting": {"reason": "PodInitializing" if self.pod["spec"].get("initContainers") else
-                                   "ContainerCreating"}}  # fmt: skip
+            c.state = {
+                "waiting": {
+                    "reason": "PodInitializing" if self.pod["spec"].get("initContainers") else "ContainerCreating"
+                }
+            }
         return c
 
     # ------------------------------------------------------------------ the loop
@@ -223,8 +226,13 @@ class PodWorker(Probing, Volumes, PodStatus, threading.Thread):
         for c in self.main + self.init:
             c.done, c.ready = True, False
             if "terminated" not in c.state:
-                c.state = {"terminated": {"exitCode": 0 if c.runs == 0 else 137, "reason": "ContainerStatusUnknown"
-                                          if c.runs == 0 else "Error", "finishedAt": now()}}  # fmt: skip
+                c.state = {
+                    "terminated": {
+                        "exitCode": 0 if c.runs == 0 else 137,
+                        "reason": "ContainerStatusUnknown" if c.runs == 0 else "Error",
+                        "finishedAt": now(),
+                    }
+                }
         if self.phase not in ("Succeeded", "Failed"):
             codes = [(c.state.get("terminated") or {}).get("exitCode", 0) for c in self.main]
             self.phase = "Succeeded" if all(code == 0 for code in codes) else "Failed"
@@ -232,8 +240,12 @@ class PodWorker(Probing, Volumes, PodStatus, threading.Thread):
         self._report()
 
     def _final_delete(self) -> None:
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
-                "preconditions": {"uid": self.uid}}  # fmt: skip
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "gracePeriodSeconds": 0,
+            "preconditions": {"uid": self.uid},
+        }
         for _ in range(20):
             try:
                 status, _ = self.node.api.call(

@@ -65,11 +65,12 @@ class Probing(Runtime):
                 host = get.get("host") or self.ip
                 scheme = get.get("scheme", "HTTP").upper()
                 connection = (
-                    http.client.HTTPSConnection(host, self._port(c, get["port"]), timeout=timeout,
-                                                context=ssl._create_unverified_context())
+                    http.client.HTTPSConnection(
+                        host, self._port(c, get["port"]), timeout=timeout, context=ssl._create_unverified_context()
+                    )
                     if scheme == "HTTPS"
                     else http.client.HTTPConnection(host, self._port(c, get["port"]), timeout=timeout)
-                )  # fmt: skip
+                )
                 headers = {h["name"]: h["value"] for h in get.get("httpHeaders") or []}
                 connection.request("GET", get.get("path", "/"), headers={"User-Agent": "kube-probe/1.36", **headers})
                 status = connection.getresponse().status
@@ -81,8 +82,9 @@ class Probing(Runtime):
                     return True
             if "exec" in spec:
                 argv = ["nsenter", "-t", str(c.proc.pid), "-m", "-n", "-u", "--", *spec["exec"]["command"]]
-                done = subprocess.run(argv, env=c.env, capture_output=True, timeout=timeout, check=False,
-                                      cwd=self.directory)  # fmt: skip
+                done = subprocess.run(
+                    argv, env=c.env, capture_output=True, timeout=timeout, check=False, cwd=self.directory
+                )
                 return done.returncode == 0
             return True  # grpc: not probed
         except (OSError, subprocess.TimeoutExpired, ValueError, http.client.HTTPException):

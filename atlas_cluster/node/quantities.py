@@ -9,7 +9,7 @@ from typing import Any
 _SUFFIX = {
     "m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-}  # fmt: skip
+}  # fmt: skip  # a table: decimal suffixes on one row, binary on the next
 
 
 def quantity(text: Any) -> float:

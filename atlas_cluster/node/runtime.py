@@ -50,8 +50,11 @@ class Runtime(Environment):
             if read_only:
                 lines.append(f"mount -o remount,bind,ro {q}")
         working = c.spec.get("workingDir")
-        lines.append(f"mkdir -p {shlex.quote(working)}; cd {shlex.quote(working)}" if working
-                     else f"cd {shlex.quote(str(self.directory))}")  # fmt: skip
+        lines.append(
+            f"mkdir -p {shlex.quote(working)}; cd {shlex.quote(working)}"
+            if working
+            else f"cd {shlex.quote(str(self.directory))}"
+        )
         lines.append('exec "$@"')
         assert self.ip is not None, "the pod's network first"
         unshare = ["unshare", "--mount", "--propagation", "slave"] + ([] if self.host_network else ["--uts"])
@@ -60,8 +63,15 @@ class Runtime(Environment):
         c.log.parent.mkdir(parents=True, exist_ok=True)
         with open(c.log, "ab") as log:
             c.log_offset = log.tell()
-            c.proc = proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True, cwd=self.directory)  # fmt: skip
+            c.proc = proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.directory,
+            )
         if self.nodes.cgroups is not None:
             c.cgroup = self.nodes.cgroups / f"{self.uid[:13]}-{c.name}-{c.runs}"
             with contextlib.suppress(OSError):
@@ -124,8 +134,9 @@ class Runtime(Environment):
         delay = BACKOFF_S[min(c.runs - 1, len(BACKOFF_S) - 1)]
         c.last_state = terminated
         c.next_start = time.monotonic() + delay
-        c.state = {"waiting": {"reason": "CrashLoopBackOff",
-                               "message": f"back-off {delay}s restarting container {c.name}"}}  # fmt: skip
+        c.state = {
+            "waiting": {"reason": "CrashLoopBackOff", "message": f"back-off {delay}s restarting container {c.name}"}
+        }
 
     def _termination_message(self, c: Container, code: int) -> str:
         data = b""

@@ -34,8 +34,12 @@ class PodStatus(PodState):
         previous = self.transitions.get(type_)
         if previous is None or previous[0] != status:
             self.transitions[type_] = (status, now())
-        condition = {"type": type_, "status": status, "lastProbeTime": None,
-                     "lastTransitionTime": self.transitions[type_][1]}  # fmt: skip
+        condition = {
+            "type": type_,
+            "status": status,
+            "lastProbeTime": None,
+            "lastTransitionTime": self.transitions[type_][1],
+        }
         if reason and not ok:
             condition["reason"] = reason
         return condition
@@ -52,8 +56,11 @@ class PodStatus(PodState):
             self._condition("ContainersReady", ready, "ContainersNotReady"),
             self._condition("Ready", ready, "ContainersNotReady"),
         ]
-        kept = [c for c in (self.pod.get("status") or {}).get("conditions") or []
-                if c.get("type") not in {x["type"] for x in conditions}]  # fmt: skip
+        kept = [
+            c
+            for c in (self.pod.get("status") or {}).get("conditions") or []
+            if c.get("type") not in {x["type"] for x in conditions}
+        ]
         status = {
             "phase": self.phase,
             "conditions": kept + conditions,
