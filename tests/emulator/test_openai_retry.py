@@ -234,8 +234,12 @@ def test_policy_waits():
     assert policy.delay_s(0, retry_after=12.5) == 12.5 and policy.delay_s(0, retry_after=600) == 60.0
     assert policy.delay_s(3, retry_after=-1) == 0.0
     assert [s for s in (400, 401, 404, 408, 409, 422, 429, 500, 502, 503, 504) if RetryPolicy.retryable_status(s)] == [
-        429, 500, 502, 503, 504,
-    ]  # fmt: skip
+        429,
+        500,
+        502,
+        503,
+        504,
+    ]
 
 
 @pytest.mark.parametrize(

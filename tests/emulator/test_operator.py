@@ -732,10 +732,16 @@ def names_and_backends_life(cluster) -> list[dict]:
         cluster.custom.create_namespaced_custom_object(group, version, NS, plural, foreign)
         run = teacher(name, backend=backend)
         cluster.apply(run)
-        cluster.wait_status(run, lambda s, r=run: (cluster.condition(r, "ChildrenReady") or {}).get("reason")
-                            == "NameConflict", "the name conflict")  # fmt: skip
-        wait_for(lambda n=name: cluster.emu.get("v1/configmaps", NS, f"{n}-config") is None, timeout=TIMEOUT,
-                 what="what the pass created taken back")  # fmt: skip
+        cluster.wait_status(
+            run,
+            lambda s, r=run: (cluster.condition(r, "ChildrenReady") or {}).get("reason") == "NameConflict",
+            "the name conflict",
+        )
+        wait_for(
+            lambda n=name: cluster.emu.get("v1/configmaps", NS, f"{n}-config") is None,
+            timeout=TIMEOUT,
+            what="what the pass created taken back",
+        )
         taken.append(run)
     switched = []
     for backend, job in (("JobSet", JOBSETS), ("TrainJob", TRAINJOBS)):
@@ -743,8 +749,11 @@ def names_and_backends_life(cluster) -> list[dict]:
         cluster.apply(run)
         wait_for(lambda r=run, j=job: cluster.emu.get(j, NS, r["metadata"]["name"]), timeout=TIMEOUT, what=backend)
         cluster.patch_spec(run, {"backend": "PyTorchJob"})
-        wait_for(lambda r=run, j=job: cluster.emu.get(j, NS, r["metadata"]["name"]) is None, timeout=TIMEOUT,
-                 what=f"the {backend} deleted at the backend's change")  # fmt: skip
+        wait_for(
+            lambda r=run, j=job: cluster.emu.get(j, NS, r["metadata"]["name"]) is None,
+            timeout=TIMEOUT,
+            what=f"the {backend} deleted at the backend's change",
+        )
         switched.append(run)
     legacy = [teacher("rbac-legacy-teacher"), training("rbac-legacy-training")]
     for run in legacy:

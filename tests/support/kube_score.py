@@ -173,7 +173,7 @@ CHART_VALUES: dict[str, tuple[str, ...]] = {
         "--set", "alerts.prometheusRule.enabled=true",
         "--set", "podSecurity.namespaces={ml-team}",
     ),
-}  # fmt: skip
+}  # fmt: skip  # a command line: each flag beside its value
 
 
 def inputs() -> dict[str, Callable[[], list[dict[str, Any]]]]:

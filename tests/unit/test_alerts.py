@@ -49,9 +49,16 @@ def test_the_plain_rules_file_is_the_charts_rules_at_their_defaults(helm):
 def test_every_alert_is_documented_and_labelled():
     alerts = alerts_of(RULES.read_text())
     assert set(alerts) == {
-        "AtlasRunFailed", "AtlasRunStalled", "AtlasRewardCollapse", "AtlasKLBlowUp", "AtlasTeachingDegradationHigh",
-        "AtlasRIMJudgeErrorsHigh", "AtlasOperatorDown", "AtlasOperatorReconcileErrors", "AtlasOperatorReconcileSlow",
-    }  # fmt: skip
+        "AtlasRunFailed",
+        "AtlasRunStalled",
+        "AtlasRewardCollapse",
+        "AtlasKLBlowUp",
+        "AtlasTeachingDegradationHigh",
+        "AtlasRIMJudgeErrorsHigh",
+        "AtlasOperatorDown",
+        "AtlasOperatorReconcileErrors",
+        "AtlasOperatorReconcileSlow",
+    }
     headings = {m.lower() for m in re.findall(r"^## (\w+)", RUNBOOK.read_text(), re.M)}
     for name, rule in alerts.items():
         assert rule["labels"]["severity"] in ("critical", "warning"), name
@@ -125,8 +132,10 @@ def prometheus_rules(helm, *sets: str) -> list[dict]:
     args = [a for s in sets for a in ("--set", s)]
     proc = subprocess.run(
         [str(helm), "template", "atlas", str(REPO / "charts/atlas-operator"), "--namespace", "atlas-system", *args],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "PrometheusRule"]
 
@@ -175,6 +184,6 @@ def test_bad_threshold_values_are_refused_by_the_chart_schema(helm):
         [str(helm), "template", "atlas", str(REPO / "charts/atlas-operator"),
          "--set", "alerts.klBlowUp.threshold=-1", "--set", "alerts.runStalled.for=soon"],
         capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    )  # fmt: skip  # a command line: each flag beside its value
     assert proc.returncode != 0
     assert "threshold" in proc.stderr and "for" in proc.stderr, proc.stderr

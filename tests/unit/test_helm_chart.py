@@ -34,7 +34,7 @@ ALL_ON = [
     "--set", "watchNamespaces={ml-team,research}",
     "--set", "imagePullSecrets[0].name=regcred",
     "--set", "podSecurity.namespaces={ml-team}",
-]  # fmt: skip
+]  # fmt: skip  # a command line: each flag beside its value
 
 
 @pytest.fixture(scope="module")
@@ -202,8 +202,9 @@ def test_replicas_above_one_need_leader_election(helm):
     assert (
         by_kind(two, "Deployment")[0]["spec"]["replicas"] == 2 and lease_env(two) == f"{RELEASE}-atlas-operator-leader"
     )
-    refused = run_helm(helm, "template", RELEASE, str(CHART), "--set", "replicas=2", "--set",
-                       "operator.leaderElection=false")  # fmt: skip
+    refused = run_helm(
+        helm, "template", RELEASE, str(CHART), "--set", "replicas=2", "--set", "operator.leaderElection=false"
+    )
     assert refused.returncode != 0 and "replicas above 1 need operator.leaderElection: true" in refused.stderr
     off = render(helm, "--set", "operator.leaderElection=false")
     assert not by_kind(off, "Role") and lease_env(off) == ""
@@ -286,7 +287,7 @@ def test_operator_env_overrides(helm):
         "--set", "imagePullSecrets[0].name=regcred",
         "--set", "operator.networkPolicy=false",
         "--set", "operator.monitoringNamespace=",
-    )  # fmt: skip
+    )  # fmt: skip  # a command line: each flag beside its value
     dep, c = _operator_container(objs)
     env = _env(c)
     assert env["ATLAS_WATCH_NAMESPACES"] == "a,b"
@@ -423,7 +424,7 @@ def test_the_operator_pod_has_a_network_policy_of_its_own(helm, default_objs):
         "--set-json", f"networkPolicy.metricsFrom=[{json.dumps(monitoring)}]",
         "--set", "networkPolicy.apiServerCIDRs={10.0.0.10/32}",
         "--set", "networkPolicy.apiServerPorts={6443}",
-    )  # fmt: skip
+    )  # fmt: skip  # a command line: each flag beside its value
     (policy,) = by_kind(narrowed, "NetworkPolicy")
     assert policy["spec"]["ingress"][0]["from"] == [monitoring]
     assert policy["spec"]["egress"][0] == {
@@ -498,7 +499,7 @@ def test_rbac_namespaced_without_namespaces_means_release_namespace(helm):
 
 def test_rbac_and_serviceaccount_can_be_disabled(helm):
     objs = render(helm, "--set", "rbac.create=false", "--set", "serviceAccount.create=false",
-                  "--set", "serviceAccount.name=existing")  # fmt: skip
+                  "--set", "serviceAccount.name=existing")  # fmt: skip  # a command line: each flag beside its value
     kinds = {o["kind"] for o in objs}
     assert not kinds & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ServiceAccount"}
     dep, _ = _operator_container(objs)
@@ -619,13 +620,25 @@ def test_dashboard_structure():
     assert len(ids) == len(set(ids))
     exprs = " ".join(e for _, e in dashboard_exprs())
     for metric in (
-        "atlas_training_reward", "atlas_training_reward_std", "atlas_training_kl", "atlas_training_loss",
-        "atlas_training_step", "atlas_training_completion_length_mean", "atlas_training_tokens_total",
-        "atlas_teaching_reward", "atlas_teaching_accuracy_delta", "atlas_teaching_improvement_rate",
-        "atlas_teaching_degradation_rate", "atlas_teaching_guidance_tokens_mean", "atlas_rim_judge_score",
-        "atlas_rim_escalations_total", "atlas_rim_judge_errors_total", "atlas_operator_reconcile_total",
-        "atlas_operator_reconcile_duration_seconds_bucket", "atlas_operator_runs",
-    ):  # fmt: skip
+        "atlas_training_reward",
+        "atlas_training_reward_std",
+        "atlas_training_kl",
+        "atlas_training_loss",
+        "atlas_training_step",
+        "atlas_training_completion_length_mean",
+        "atlas_training_tokens_total",
+        "atlas_teaching_reward",
+        "atlas_teaching_accuracy_delta",
+        "atlas_teaching_improvement_rate",
+        "atlas_teaching_degradation_rate",
+        "atlas_teaching_guidance_tokens_mean",
+        "atlas_rim_judge_score",
+        "atlas_rim_escalations_total",
+        "atlas_rim_judge_errors_total",
+        "atlas_operator_reconcile_total",
+        "atlas_operator_reconcile_duration_seconds_bucket",
+        "atlas_operator_runs",
+    ):
         assert re.search(rf"\b{metric}\b", exprs), f"no panel shows {metric}"
     assert 'result="error"' in exprs
 
@@ -694,7 +707,7 @@ def test_the_trainjob_runtime_is_installed_only_where_the_trainer_is(helm, defau
         "--set", "trainJob.runtime.name=grpo-h100",
         "--set", "trainJob.runtime.maxRestarts=7",
         "--set", "operator.trainerImage=registry.example/atlas-trainer:1.2",
-    )  # fmt: skip
+    )  # fmt: skip  # a command line: each flag beside its value
     (runtime,) = by_kind(objs, "ClusterTrainingRuntime")
     expected = training_runtime("grpo-h100", "registry.example/atlas-trainer:1.2", max_restarts=7)
     assert runtime["spec"] == expected["spec"]

@@ -80,8 +80,17 @@ def test_operator_user_matches_chart_run_as_user():
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_no_network_beyond_package_indexes(dockerfile):
     runs = " ".join(rest for op, rest in instructions(dockerfile) if op == "RUN")
-    for forbidden in (r"\bgit\s+clone\b", r"\bcurl\b", r"\bwget\b", r"huggingface-cli", r"\bhf\s+download\b",
-                      r"snapshot_download", r"git\+https?://", r"--index-url", r"--extra-index-url"):  # fmt: skip
+    for forbidden in (
+        r"\bgit\s+clone\b",
+        r"\bcurl\b",
+        r"\bwget\b",
+        r"huggingface-cli",
+        r"\bhf\s+download\b",
+        r"snapshot_download",
+        r"git\+https?://",
+        r"--index-url",
+        r"--extra-index-url",
+    ):
         assert not re.search(forbidden, runs), f"{dockerfile.name}: RUN uses {forbidden}"
     assert not [rest for op, rest in instructions(dockerfile) if op == "ADD"], "use COPY, not ADD (no remote URLs)"
 
@@ -139,8 +148,13 @@ def test_trainer_dockerfile():
     base = re.search(r"^ARG CUDA_IMAGE=(\S+)", text, re.M)
     assert base and base.group(1).startswith("nvidia/cuda:"), "CUDA base image"
     copied = {rest.split()[-2] for op, rest in ops if op == "COPY"}
-    for needed in ("atlas_core", "accelerate", "reward_system", "trainer_image/requirements.txt",
-                   "trainer_image/entrypoint.sh"):  # fmt: skip
+    for needed in (
+        "atlas_core",
+        "accelerate",
+        "reward_system",
+        "trainer_image/requirements.txt",
+        "trainer_image/entrypoint.sh",
+    ):
         assert needed in copied, f"trainer image does not COPY {needed}"
     assert any("pyproject.toml" in rest for op, rest in ops if op == "COPY")
     runs = " ".join(rest for op, rest in ops if op == "RUN")
@@ -217,8 +231,9 @@ def stub_path(tmp_path) -> Path:
 
 def run_entrypoint(stub_path: Path, *args: str, exit_code: int = 0) -> tuple[subprocess.CompletedProcess, dict]:
     env = {"PATH": f"{stub_path}:/usr/bin:/bin", "STUB_EXIT": str(exit_code)}
-    proc = subprocess.Popen([BASH, str(ENTRYPOINT), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [BASH, str(ENTRYPOINT), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     out, err = proc.communicate(timeout=30)
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     parsed: dict = {"args": []}
@@ -235,7 +250,7 @@ def run_entrypoint(stub_path: Path, *args: str, exit_code: int = 0) -> tuple[sub
 # The rollout role runs what TRL 1.16's deprecated `trl vllm-serve` runs (trl/scripts/vllm_serve.py): vllm serve with
 # its weight-transfer and logprob flags (checked against TRL's own build_command in test_render_servers.py).
 TRL_SERVER_FLAGS = ["--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
-                    "--max-logprobs", "-1"]  # fmt: skip
+                    "--max-logprobs", "-1"]  # fmt: skip  # a command line: each flag beside its value
 
 
 @pytest.mark.parametrize(

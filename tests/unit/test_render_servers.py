@@ -376,8 +376,12 @@ def test_a_server_that_would_be_best_effort_is_said_by_atlas_render(backend, tmp
     manifest = teacher(backend=backend, student=zero)
     warning = best_effort_warning(parse_run(manifest))
     assert warning.startswith("the student server (spec.student.rollout.cpu and .memory: 0) requests no CPU")
-    both = teacher(backend=backend, model="/models/policy", student=zero,
-                   rollout={"replicas": 1, "cpu": "0", "memory": "0", "gpus": 2, "tensorParallelSize": 2})  # fmt: skip
+    both = teacher(
+        backend=backend,
+        model="/models/policy",
+        student=zero,
+        rollout={"replicas": 1, "cpu": "0", "memory": "0", "gpus": 2, "tensorParallelSize": 2},
+    )
     assert "the rollout server (spec.rollout.cpu and .memory: 0) and the student server" in best_effort_warning(
         parse_run(both)
     )
@@ -386,8 +390,12 @@ def test_a_server_that_would_be_best_effort_is_said_by_atlas_render(backend, tmp
     assert best_effort_warning(parse_run(some)) is None
     proc = subprocess.run(
         [PYTHON, "-m", "atlas_cli.main", "render", str(manifest_file(tmp_path, manifest))],
-        capture_output=True, text=True, env=python_env(), timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=python_env(),
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0 and f"warning: teacher-run: {warning}" in proc.stderr, proc.stderr
 
 
