@@ -25,8 +25,12 @@ from tests.kube.conftest import BIN_DIR
 def _atlas(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "atlas_cli.main", "cluster", *args],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def process_alive(pid: int) -> bool:
@@ -67,8 +71,9 @@ def test_cluster_up_runs_the_example_teacher_to_its_children_and_down_leaves_no_
                 break
             assert time.monotonic() < deadline, f"no children and phase in 60 s: {run.get('status')}"
             time.sleep(0.3)
-        table = kubectl("get", "atlasteachers,pytorchjobs,configmaps,services", "-l",
-                        "app.kubernetes.io/instance=local-teacher")  # fmt: skip
+        table = kubectl(
+            "get", "atlasteachers,pytorchjobs,configmaps,services", "-l", "app.kubernetes.io/instance=local-teacher"
+        )
         assert "pytorchjob.kubeflow.org/local-teacher" in table and "local-teacher-config" in table, table
         printed = kubectl("get", "atlasteacher", "local-teacher")
         assert run["status"]["phase"] in printed.splitlines()[1], printed
@@ -81,9 +86,13 @@ def test_cluster_up_runs_the_example_teacher_to_its_children_and_down_leaves_no_
         assert len(aws) == 1, up.stdout
         printed = dict(word.split("=", 1) for word in shlex.split(aws[0])[1:])
         assert set(printed) == {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
-        s3 = boto3.client("s3", endpoint_url=printed["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id=printed["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=printed["AWS_SECRET_ACCESS_KEY"])  # fmt: skip
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=printed["AWS_ENDPOINT_URL"],
+            region_name="us-east-1",
+            aws_access_key_id=printed["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=printed["AWS_SECRET_ACCESS_KEY"],
+        )
         s3.put_object(Bucket="atlas", Key="runs/local-teacher/hello.txt", Body=b"from the host")
         assert s3.get_object(Bucket="atlas", Key="runs/local-teacher/hello.txt")["Body"].read() == b"from the host"
         # The Secret the pods read: the same credentials, the address they reach (127.0.0.1: no process nodes).

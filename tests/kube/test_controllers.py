@@ -51,8 +51,11 @@ def _container(name: str) -> dict:
 
 def _pytorchjob(name: str, masters: int) -> dict:
     def replica(count: int) -> dict:
-        return {"replicas": count, "restartPolicy": "Never",
-                "template": {"spec": {"containers": [_container("pytorch")]}}}  # fmt: skip
+        return {
+            "replicas": count,
+            "restartPolicy": "Never",
+            "template": {"spec": {"containers": [_container("pytorch")]}},
+        }
 
     return {
         "apiVersion": "kubeflow.org/v1",
@@ -64,12 +67,16 @@ def _pytorchjob(name: str, masters: int) -> dict:
 
 def _jobset(name: str, success_targets: list[str] | None = None) -> dict:
     spec: dict = {
-        "replicatedJobs": [{
-            "name": "workers",
-            "replicas": 2,
-            "template": {"spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [_container("w")]}}}},
-        }],
-    }  # fmt: skip
+        "replicatedJobs": [
+            {
+                "name": "workers",
+                "replicas": 2,
+                "template": {
+                    "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [_container("w")]}}}
+                },
+            }
+        ],
+    }
     if success_targets is not None:
         spec["successPolicy"] = {"operator": "All", "targetReplicatedJobs": success_targets}
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name}, "spec": spec}
@@ -83,16 +90,22 @@ def _cluster_runtime(name: str, replicas: int = 1) -> dict:
         "metadata": {"name": name, "labels": {"trainer.kubeflow.org/framework": "torch"}},
         "spec": {
             "mlPolicy": {"numNodes": 1, "torch": {}},
-            "template": {"spec": {"replicatedJobs": [{
-                "name": "node",
-                "replicas": replicas,
-                "template": {
-                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                    "spec": {"template": {"spec": {"containers": [_container("node")]}}},
-                },
-            }]}},
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": "node",
+                            "replicas": replicas,
+                            "template": {
+                                "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                                "spec": {"template": {"spec": {"containers": [_container("node")]}}},
+                            },
+                        }
+                    ]
+                }
+            },
         },
-    }  # fmt: skip
+    }
 
 
 # ---------------------------------------------------------------------- (a) each webhook refuses a bad object
@@ -151,14 +164,22 @@ def _cluster_queue(name: str, flavor: str, cpu: str = "4") -> dict:
         "metadata": {"name": name},
         "spec": {
             "namespaceSelector": {},
-            "resourceGroups": [{
-                "coveredResources": ["cpu", "memory"],
-                "flavors": [{"name": flavor, "resources": [
-                    {"name": "cpu", "nominalQuota": cpu}, {"name": "memory", "nominalQuota": "4Gi"},
-                ]}],
-            }],
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", "memory"],
+                    "flavors": [
+                        {
+                            "name": flavor,
+                            "resources": [
+                                {"name": "cpu", "nominalQuota": cpu},
+                                {"name": "memory", "nominalQuota": "4Gi"},
+                            ],
+                        }
+                    ],
+                }
+            ],
         },
-    }  # fmt: skip
+    }
 
 
 def test_kueue_admits_a_queued_job(kube, controllers, namespace):
@@ -166,21 +187,33 @@ def test_kueue_admits_a_queued_job(kube, controllers, namespace):
     objects = [
         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": flavor}},
         _cluster_queue(cluster_queue, flavor),
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-         "metadata": {"name": "queue", "namespace": namespace}, "spec": {"clusterQueue": cluster_queue}},
-    ]  # fmt: skip
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": "queue", "namespace": namespace},
+            "spec": {"clusterQueue": cluster_queue},
+        },
+    ]
     job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": "queued", "labels": {"kueue.x-k8s.io/queue-name": "queue"}},
-        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
-            {**_container("main"), "resources": {"requests": {"cpu": "1", "memory": "100Mi"}}},
-        ]}}},
-    }  # fmt: skip
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {**_container("main"), "resources": {"requests": {"cpu": "1", "memory": "100Mi"}}},
+                    ],
+                }
+            }
+        },
+    }
     try:
         kube.kubectl("create", "-f", "-", input="\n".join(json.dumps(o) for o in objects))
-        created = json.loads(kube.kubectl("create", "-n", namespace, "-f", "-", "-o", "json",
-                                          input=json.dumps(job)).stdout)  # fmt: skip
+        created = json.loads(
+            kube.kubectl("create", "-n", namespace, "-f", "-", "-o", "json", input=json.dumps(job)).stdout
+        )
         # Kueue's mutating webhook suspends a queued Job as it is created; its scheduler admits the Workload and
         # the job controller unsuspends the Job.
         assert created["spec"]["suspend"] is True, created["spec"]
@@ -218,9 +251,11 @@ def test_jobset_creates_its_jobs(kube, controllers, namespace):
     kube.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(_jobset("set")))
     jobs = eventually(
         "the JobSet's Jobs",
-        lambda: {j["metadata"]["name"] for j in kube.get("jobs", "-n", namespace)["items"]} >= {"set-workers-0",
-                                                                                              "set-workers-1"},
-    )  # fmt: skip
+        lambda: (
+            {j["metadata"]["name"] for j in kube.get("jobs", "-n", namespace)["items"]}
+            >= {"set-workers-0", "set-workers-1"}
+        ),
+    )
     assert jobs
 
 
@@ -263,8 +298,14 @@ def test_cluster_up_with_controllers_runs_them_and_down_stops_them(kube, control
     env = python_env(ATLAS_CACHE_DIR=str(cache), ATLAS_KUBE_BIN=str(BIN_DIR))
 
     def atlas(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "atlas_cli.main", "cluster", *args], env=env,
-                              capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "atlas_cli.main", "cluster", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
 
     unknown = atlas("up", "--name", "ctl", "--controllers", "jobset,nope")
     assert unknown.returncode == 2 and "unknown controller nope: choose from jobset, kueue" in unknown.stderr

@@ -68,17 +68,26 @@ def test_the_operator_killed_while_runs_come_and_go_converges_after_its_restart(
     start_operator(kube, release, process)
     restarted = time.monotonic()
     kept = {f"r{i}" for i in range(RUNS)} - set(DELETED)
-    eventually("every kept run's job, and the deleted runs gone",
-                lambda: names("pytorchjobs") == kept and runs() == kept, timeout=120)  # fmt: skip
-    print(f"operator killed after {len(had_jobs)} of {RUNS // 2} jobs; converged {time.monotonic() - restarted:.1f} s "
-          "after its restart")  # fmt: skip
+    eventually(
+        "every kept run's job, and the deleted runs gone",
+        lambda: names("pytorchjobs") == kept and runs() == kept,
+        timeout=120,
+    )
+    print(
+        f"operator killed after {len(had_jobs)} of {RUNS // 2} jobs; converged {time.monotonic() - restarted:.1f} s "
+        "after its restart"
+    )
 
     events = [
-        e for e in kube.cluster.control_plane.audit_events(mark)
+        e
+        for e in kube.cluster.control_plane.audit_events(mark)
         if e.get("objectRef", {}).get("resource") == "pytorchjobs" and e["objectRef"].get("namespace") == namespace
-    ]  # fmt: skip
-    created = Counter(e["objectRef"].get("name") for e in events
-                      if e["verb"] == "create" and e.get("responseStatus", {}).get("code") == 201)  # fmt: skip
+    ]
+    created = Counter(
+        e["objectRef"].get("name")
+        for e in events
+        if e["verb"] == "create" and e.get("responseStatus", {}).get("code") == 201
+    )
     # Nothing created twice, and no kept run's job deleted to be made again. (A create the SIGKILL cut short may be in
     # etcd with its audit line saying otherwise: the answer is what the dead client did not read, so the count of
     # 201s is not asserted, only that none repeats.)
@@ -132,8 +141,9 @@ def test_the_api_server_killed_mid_burst_every_run_converges_and_nothing_is_crea
     release = operator_release({"watchNamespaces": [namespace], "operator": {"leaderElection": False}})
     mark = plane.audit_mark()
     names = [f"b{i}" for i in range(BURST)]
-    burst = threading.Thread(target=kube.kubectl, args=("apply", "-f", "-"),
-                             kwargs={"input": runs_list(namespace, names), "check": False})  # fmt: skip
+    burst = threading.Thread(
+        target=kube.kubectl, args=("apply", "-f", "-"), kwargs={"input": runs_list(namespace, names), "check": False}
+    )
     burst.start()
     jobs_key, runs_key = (
         f"/registry/kubeflow.org/pytorchjobs/{namespace}/",
@@ -156,18 +166,24 @@ def test_the_api_server_killed_mid_burst_every_run_converges_and_nothing_is_crea
 
     eventually("every run's job and status", converged, timeout=180)
     took = time.monotonic() - restarted
-    print(f"kube-apiserver killed with {had_runs} of {BURST} runs and {had_jobs} jobs in etcd; every run converged "
-          f"{took:.1f} s after its restart (ready in {plane.ready_after['kube-apiserver']:.1f} s)")  # fmt: skip
+    print(
+        f"kube-apiserver killed with {had_runs} of {BURST} runs and {had_jobs} jobs in etcd; every run converged "
+        f"{took:.1f} s after its restart (ready in {plane.ready_after['kube-apiserver']:.1f} s)"
+    )
     # A request the kill cut short is a temporary error, retried after ATLAS_RETRY_DELAY; not an exception, which kopf
     # retries after a minute (its default back-off).
     assert "failed with an exception" not in release.operator_log.read_text()
 
     events = [
-        e for e in plane.audit_events(mark)
+        e
+        for e in plane.audit_events(mark)
         if e.get("objectRef", {}).get("resource") == "pytorchjobs" and e["objectRef"].get("namespace") == namespace
-    ]  # fmt: skip
-    created = Counter(e["objectRef"].get("name") for e in events
-                      if e["verb"] == "create" and e.get("responseStatus", {}).get("code") == 201)  # fmt: skip
+    ]
+    created = Counter(
+        e["objectRef"].get("name")
+        for e in events
+        if e["verb"] == "create" and e.get("responseStatus", {}).get("code") == 201
+    )
     assert [name for name, count in created.items() if count > 1] == [], created  # nothing created twice
     assert not [e for e in events if e["verb"] == "delete"]  # nor deleted to be made again
     # A create the kill cut short may be in etcd without its audit line (written after the write): at most the
@@ -191,17 +207,47 @@ def throttling(namespace: str, account: str) -> list[dict]:
     leases = {"verbs": ["*"], "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "namespaces": [namespace]}
     level = f"{namespace}-throttled"
     return [
-        {"apiVersion": FLOWCONTROL, "kind": "PriorityLevelConfiguration", "metadata": {"name": level},
-         "spec": {"type": "Limited", "limited": {"nominalConcurrencyShares": 1, "lendablePercent": 0,
-                                                 "borrowingLimitPercent": 0, "limitResponse": {"type": "Reject"}}}},
-        {"apiVersion": FLOWCONTROL, "kind": "FlowSchema", "metadata": {"name": f"{namespace}-leases"},
-         "spec": {"priorityLevelConfiguration": {"name": "leader-election"}, "matchingPrecedence": 40,
-                  "rules": [{"subjects": [subject], "resourceRules": [leases]}]}},
-        {"apiVersion": FLOWCONTROL, "kind": "FlowSchema", "metadata": {"name": level},
-         "spec": {"priorityLevelConfiguration": {"name": level}, "matchingPrecedence": 50,
-                  "rules": [{"subjects": [subject], "resourceRules": [every],
-                             "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}]}},
-    ]  # fmt: skip
+        {
+            "apiVersion": FLOWCONTROL,
+            "kind": "PriorityLevelConfiguration",
+            "metadata": {"name": level},
+            "spec": {
+                "type": "Limited",
+                "limited": {
+                    "nominalConcurrencyShares": 1,
+                    "lendablePercent": 0,
+                    "borrowingLimitPercent": 0,
+                    "limitResponse": {"type": "Reject"},
+                },
+            },
+        },
+        {
+            "apiVersion": FLOWCONTROL,
+            "kind": "FlowSchema",
+            "metadata": {"name": f"{namespace}-leases"},
+            "spec": {
+                "priorityLevelConfiguration": {"name": "leader-election"},
+                "matchingPrecedence": 40,
+                "rules": [{"subjects": [subject], "resourceRules": [leases]}],
+            },
+        },
+        {
+            "apiVersion": FLOWCONTROL,
+            "kind": "FlowSchema",
+            "metadata": {"name": level},
+            "spec": {
+                "priorityLevelConfiguration": {"name": level},
+                "matchingPrecedence": 50,
+                "rules": [
+                    {
+                        "subjects": [subject],
+                        "resourceRules": [every],
+                        "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                    }
+                ],
+            },
+        },
+    ]
 
 
 def audit_time(event: dict) -> float:
@@ -224,8 +270,18 @@ def test_api_priority_and_fairness_throttles_the_operator_which_honours_retry_af
     # the namespace, so each rejected request pairs with the next one sent to its path — its retry. The operator
     # watches those namespaces only: runs earlier tests left (Terminating, with their finalizers) are not its work.
     spaces = [f"{namespace}-{i}"[:63] for i in range(THROTTLED_RUNS)]
-    kube.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}} for name in spaces]}))  # fmt: skip
+    kube.kubectl(
+        "create",
+        "-f",
+        "-",
+        input=json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "List",
+                "items": [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}} for name in spaces],
+            }
+        ),
+    )
     started_at = plane.audit_mark()
     release = operator_release({"watchNamespaces": spaces})
     deployment = kube.cluster.operator_deployment(release.name, release.namespace)
@@ -246,8 +302,12 @@ def test_api_priority_and_fairness_throttles_the_operator_which_honours_retry_af
         schemas = [o["metadata"]["name"] for o in objects if o["kind"] == "FlowSchema"]
 
         def in_force() -> bool:  # the API server's flow-control controller took the FlowSchemas in
-            conditions = [c for name in schemas for c in kube.get("flowschema", name).get("status", {}).get(
-                "conditions", []) if c["type"] == "Dangling"]  # fmt: skip
+            conditions = [
+                c
+                for name in schemas
+                for c in kube.get("flowschema", name).get("status", {}).get("conditions", [])
+                if c["type"] == "Dangling"
+            ]
             return len(conditions) == len(schemas) and all(c["status"] == "False" for c in conditions)
 
         eventually("the FlowSchemas in force", in_force, timeout=30)
@@ -283,12 +343,14 @@ def test_api_priority_and_fairness_throttles_the_operator_which_honours_retry_af
     waits = [
         int(w) for w in re.findall(r"with the retry-after (\d+)s from the server", release.operator_log.read_text())
     ]
-    print(f"{THROTTLED_RUNS} runs converged in {took:.1f} s throttled: {len(events)} requests of the operator "
-          f"({len(events) / THROTTLED_RUNS:.1f} per run), {len(rejected)} answered 429 "
-          f"({Counter(e['userAgent'].split('/')[0] for e in rejected)}); while throttled ({last - first:.1f} s) "
-          f"{len(window) / max(last - first, 1):.1f} requests/s, at most {max(per_second.values())} rejected in one "
-          f"second; kopf waited the server's Retry-After {len(waits)} times ({min(waits, default=0)}-"
-          f"{max(waits, default=0)} s)")  # fmt: skip
+    print(
+        f"{THROTTLED_RUNS} runs converged in {took:.1f} s throttled: {len(events)} requests of the operator "
+        f"({len(events) / THROTTLED_RUNS:.1f} per run), {len(rejected)} answered 429 "
+        f"({Counter(e['userAgent'].split('/')[0] for e in rejected)}); while throttled ({last - first:.1f} s) "
+        f"{len(window) / max(last - first, 1):.1f} requests/s, at most {max(per_second.values())} rejected in one "
+        f"second; kopf waited the server's Retry-After {len(waits)} times ({min(waits, default=0)}-"
+        f"{max(waits, default=0)} s)"
+    )
 
     # Retry-After honoured: the operator's own client (atlas_operator/kube.py) sends a rejected request again no
     # sooner than 1 s (the least Retry-After the API server sends) after its 429. (An Event is a new object each time,
@@ -327,8 +389,18 @@ def test_api_priority_and_fairness_throttles_the_operator_which_honours_retry_af
 # ---------------------------------------------------------------------- etcd compacted under the operator's watches
 
 # What the operator watches: kopf the runs, the informer (atlas_operator/informer.py) their children and pods.
-WATCHED = ("atlastrainings", "atlasteachers", "configmaps", "services", "deployments", "pytorchjobs", "jobsets",
-           "trainjobs", "networkpolicies", "pods")  # fmt: skip
+WATCHED = (
+    "atlastrainings",
+    "atlasteachers",
+    "configmaps",
+    "services",
+    "deployments",
+    "pytorchjobs",
+    "jobsets",
+    "trainjobs",
+    "networkpolicies",
+    "pods",
+)
 
 
 def test_etcd_compacted_under_the_frozen_operators_watches_it_relists_and_misses_no_change(
@@ -363,8 +435,11 @@ def test_etcd_compacted_under_the_frozen_operators_watches_it_relists_and_misses
     def children(name: str) -> list[str]:
         selector = f"app.kubernetes.io/instance={name}"
         kinds = ("configmaps", "services", "pytorchjobs", "networkpolicies")
-        return [f"{kind}/{o['metadata']['name']}" for kind in kinds
-                for o in kube.get(kind, "-n", namespace, "-l", selector)["items"]]  # fmt: skip
+        return [
+            f"{kind}/{o['metadata']['name']}"
+            for kind in kinds
+            for o in kube.get(kind, "-n", namespace, "-l", selector)["items"]
+        ]
 
     eventually("the runs' jobs", lambda: all(job(n) and reconciled(run(n)) for n in ("kept", "changed", "deleted")))
     config = core.read_namespaced_config_map("kept-config", namespace)
@@ -374,8 +449,9 @@ def test_etcd_compacted_under_the_frozen_operators_watches_it_relists_and_misses
         try:
             core.delete_namespaced_config_map("kept-config", namespace)  # a child the operator must make again
             kube.kubectl("apply", "-f", "-", input=runs_list(namespace, ["new-0", "new-1"]))
-            custom.patch_namespaced_custom_object("atlas.arc.computer", "v1alpha1", namespace, "atlastrainings",
-                                                  "changed", {"spec": {"suspend": True}})  # fmt: skip
+            custom.patch_namespaced_custom_object(
+                "atlas.arc.computer", "v1alpha1", namespace, "atlastrainings", "changed", {"spec": {"suspend": True}}
+            )
             kube.kubectl("delete", "atlastraining", "deleted", "-n", namespace, "--wait=false")
             plane.kill_apiserver()  # nobody writes now: etcd's last revision (R) is the newest the operator may know
             # Two revisions more, of a key outside the API server's: a watch from R starts at R + 1, which the
@@ -396,23 +472,29 @@ def test_etcd_compacted_under_the_frozen_operators_watches_it_relists_and_misses
             remade = core.list_namespaced_config_map(namespace, field_selector="metadata.name=kept-config").items
             suspended = ((job("changed") or {}).get("spec", {}).get("runPolicy") or {}).get("suspend")
             return bool(
-                remade and remade[0].metadata.uid != config.metadata.uid and suspended
+                remade
+                and remade[0].metadata.uid != config.metadata.uid
+                and suspended
                 and all(job(n) and reconciled(run(n)) for n in ("new-0", "new-1", "changed"))
-                and run("deleted") is None and not children("deleted")
-            )  # fmt: skip
+                and run("deleted") is None
+                and not children("deleted")
+            )
 
         eventually("every change made while the operator was frozen", caught_up, timeout=90)
         took = time.monotonic() - resumed
         log = release.operator_log.read_text()[log_from:]
         user = f"system:serviceaccount:{namespace}:"
         lists = Counter(
-            e["objectRef"]["resource"] for e in plane.audit_events(mark)
+            e["objectRef"]["resource"]
+            for e in plane.audit_events(mark)
             if e["user"]["username"].startswith(user) and e["verb"] == "list"
-        )  # fmt: skip
+        )
         gone = [plural for plural in WATCHED if f"Restarting the watch-stream for {plural}." in log]
-        print(f"etcd compacted at revision {revision}; after the restart the operator's watches got 410 Gone for "
-              f"{len(gone)} of {len(WATCHED)} resources and listed again {sum(lists.values())} times ({dict(lists)}); "
-              f"every missed change acted on {took:.1f} s after it resumed")  # fmt: skip
+        print(
+            f"etcd compacted at revision {revision}; after the restart the operator's watches got 410 Gone for "
+            f"{len(gone)} of {len(WATCHED)} resources and listed again {sum(lists.values())} times ({dict(lists)}); "
+            f"every missed change acted on {took:.1f} s after it resumed"
+        )
         assert gone == list(WATCHED), log[-3000:]  # kopf logs a watch's 410 so
         assert set(WATCHED) <= set(lists), lists  # and lists again after it
     finally:

@@ -112,7 +112,7 @@ def test_helm_installs_the_chart_and_its_operator_pod_passes_restricted_pod_secu
     helm(
         kube.kubeconfig, "install", release, str(CHART), "-n", namespace,
         "--set", f"fullnameOverride={release}", "--set", f"rbac.scope={values.get('rbac', {}).get('scope', 'cluster')}",
-    )  # fmt: skip
+    )  # fmt: skip  # a command line: each flag beside its value
     try:
         status = json.loads(helm(kube.kubeconfig, "status", release, "-n", namespace, "-o", "json").stdout)
         assert status["info"]["status"] == "deployed"

@@ -78,8 +78,11 @@ def _replicas(kube: Kube, release, namespace: str, holder, create_run, pytorchjo
 
     # Each run's job was created exactly once, though two operators saw the first run.
     created = [
-        e for e in kube.cluster.control_plane.audit_events(mark)
-        if e["verb"] == "create" and e.get("objectRef", {}).get("resource") == "pytorchjobs"
-        and e.get("objectRef", {}).get("namespace") == namespace and e.get("responseStatus", {}).get("code") == 201
-    ]  # fmt: skip
+        e
+        for e in kube.cluster.control_plane.audit_events(mark)
+        if e["verb"] == "create"
+        and e.get("objectRef", {}).get("resource") == "pytorchjobs"
+        and e.get("objectRef", {}).get("namespace") == namespace
+        and e.get("responseStatus", {}).get("code") == 201
+    ]
     assert len(created) == 3, [(e["objectRef"], e["responseStatus"]) for e in created]

@@ -33,8 +33,14 @@ def admin(kube: Kube) -> Api:
 
 
 def apply(kube: Kube, namespace: str, *objects: dict) -> None:
-    kube.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                                         "items": list(objects)}))  # fmt: skip
+    kube.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}),
+    )
 
 
 def pod_of(admin: Api, namespace: str, name: str) -> dict | None:
@@ -60,8 +66,10 @@ def pod(name: str, command: list[str], restart: str = "Never", **spec) -> dict:
 @pytest.fixture
 def ns(kube: Kube, namespace: str, admin: Api) -> str:
     """The test's namespace once its default ServiceAccount exists (pods are refused before)."""
-    eventually("the default ServiceAccount", lambda: admin.call(
-        "GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0] == 200)  # fmt: skip
+    eventually(
+        "the default ServiceAccount",
+        lambda: admin.call("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0] == 200,
+    )
     return namespace
 
 
@@ -142,9 +150,13 @@ def test_pods_reach_each_other_by_hostname_on_the_same_port(nodes: ProcessNodes,
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": "peers"},
-        "spec": {"clusterIP": "None", "selector": {"app": "peer"}, "publishNotReadyAddresses": True,
-                 "ports": [{"name": "http", "port": 8000}]},
-    }  # fmt: skip
+        "spec": {
+            "clusterIP": "None",
+            "selector": {"app": "peer"},
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "http", "port": 8000}],
+        },
+    }
     serve = "mkdir -p /tmp/www-$(HOSTNAME) && cd /tmp/www-$(HOSTNAME) && echo from-$(HOSTNAME) > index.html && "
     server = pod(
         "server",
@@ -158,7 +170,7 @@ def test_pods_reach_each_other_by_hostname_on_the_same_port(nodes: ProcessNodes,
                 {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                 {"name": "HOSTNAME", "value": "server"},
             ]
-        },  # fmt: skip
+        },
     )
     fetch = (
         "import sys, time, urllib.request\n"
@@ -199,7 +211,7 @@ def test_pods_reach_each_other_by_hostname_on_the_same_port(nodes: ProcessNodes,
                 {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                 {"name": "HOSTNAME", "value": "client"},
             ]
-        },  # fmt: skip
+        },
     )
     apply(kube, ns, service, server, client)
     done = eventually("client finished", lambda: phase_of(admin, ns, "client", ("Succeeded", "Failed")), 60)
@@ -228,23 +240,33 @@ def test_deployment_pod_passes_readiness_probe(nodes: ProcessNodes, kube: Kube, 
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "containers": [{
-                        "name": "web",
-                        "image": "python:3.11",
-                        # Serves only after 1.5 s: the probe fails first, then passes.
-                        "command": ["bash", "-c", "sleep 1.5; mkdir -p /tmp/web && cd /tmp/web && "
-                                    "echo $WEB_GREETING > $WEB_PAGE && exec python -m http.server 8080"],
-                        "ports": [{"name": "http", "containerPort": 8080}],
-                        "envFrom": [{"configMapRef": {"name": "web-env"}, "prefix": "WEB_"}],
-                        "startupProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1, "failureThreshold": 30},
-                        "readinessProbe": {"httpGet": {"path": "/ready.txt", "port": "http"}, "periodSeconds": 1},
-                    }],
+                    "containers": [
+                        {
+                            "name": "web",
+                            "image": "python:3.11",
+                            # Serves only after 1.5 s: the probe fails first, then passes.
+                            "command": [
+                                "bash",
+                                "-c",
+                                "sleep 1.5; mkdir -p /tmp/web && cd /tmp/web && "
+                                "echo $WEB_GREETING > $WEB_PAGE && exec python -m http.server 8080",
+                            ],
+                            "ports": [{"name": "http", "containerPort": 8080}],
+                            "envFrom": [{"configMapRef": {"name": "web-env"}, "prefix": "WEB_"}],
+                            "startupProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1, "failureThreshold": 30},
+                            "readinessProbe": {"httpGet": {"path": "/ready.txt", "port": "http"}, "periodSeconds": 1},
+                        }
+                    ],
                 },
             },
         },
-    }  # fmt: skip
-    web_env = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "web-env"},
-               "data": {"PAGE": "ready.txt", "GREETING": "hi"}}  # fmt: skip
+    }
+    web_env = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "web-env"},
+        "data": {"PAGE": "ready.txt", "GREETING": "hi"},
+    }
     apply(kube, ns, web_env, deployment)
 
     def ready() -> bool:
@@ -264,17 +286,25 @@ def test_deployment_pod_passes_readiness_probe(nodes: ProcessNodes, kube: Kube, 
 def test_delete_sends_sigterm_and_honours_the_grace_period(nodes: ProcessNodes, kube: Kube, ns: str, admin: Api):
     graceful = pod(
         "graceful",
-        ["python", "-c", "import signal, sys, time\n"
-         "def stop(*_):\n    print('got SIGTERM', flush=True); time.sleep(0.5); sys.exit(0)\n"
-         "signal.signal(signal.SIGTERM, stop)\nprint('started', flush=True)\nwhile True: time.sleep(0.1)\n"],
+        [
+            "python",
+            "-c",
+            "import signal, sys, time\n"
+            "def stop(*_):\n    print('got SIGTERM', flush=True); time.sleep(0.5); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop)\nprint('started', flush=True)\nwhile True: time.sleep(0.1)\n",
+        ],
         terminationGracePeriodSeconds=20,
-    )  # fmt: skip
+    )
     stubborn = pod(
         "stubborn",
-        ["python", "-c", "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-         "print('started', flush=True)\nwhile True: time.sleep(0.1)\n"],
+        [
+            "python",
+            "-c",
+            "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('started', flush=True)\nwhile True: time.sleep(0.1)\n",
+        ],
         terminationGracePeriodSeconds=2,
-    )  # fmt: skip
+    )
     apply(kube, ns, graceful, stubborn)
     for name in ("graceful", "stubborn"):
         eventually(f"{name} started", lambda name=name: "started" in nodes.logs(ns, name, "main"), 60)
@@ -321,15 +351,25 @@ def test_init_container_restart_policy_and_liveness(nodes: ProcessNodes, kube: K
         ["bash", "-c", script],
         restart="OnFailure",
         terminationGracePeriodSeconds=1,
-        initContainers=[{"name": "init", "image": "x", "command": ["bash", "-c", "echo init-ran > /scratch/init.txt"],
-                         "volumeMounts": [{"name": "work", "mountPath": "/scratch"}]}],
+        initContainers=[
+            {
+                "name": "init",
+                "image": "x",
+                "command": ["bash", "-c", "echo init-ran > /scratch/init.txt"],
+                "volumeMounts": [{"name": "work", "mountPath": "/scratch"}],
+            }
+        ],
         container={
             "volumeMounts": [{"name": "work", "mountPath": "/scratch"}],
-            "livenessProbe": {"exec": {"command": ["test", "-e", "/scratch/alive"]}, "initialDelaySeconds": 1,
-                              "periodSeconds": 1, "failureThreshold": 2},
+            "livenessProbe": {
+                "exec": {"command": ["test", "-e", "/scratch/alive"]},
+                "initialDelaySeconds": 1,
+                "periodSeconds": 1,
+                "failureThreshold": 2,
+            },
         },
         volumes=[{"name": "work", "emptyDir": {}}],
-    )  # fmt: skip
+    )
     apply(kube, ns, restarts)
     done = eventually("restarts finished", lambda: phase_of(admin, ns, "restarts", ("Succeeded", "Failed")), 60)
     log = nodes.logs(ns, "restarts", "main")
@@ -355,8 +395,9 @@ def test_claim_gets_a_volume_shared_by_pods(nodes: ProcessNodes, kube: Kube, ns:
     apply(kube, ns, claim, writer)
     done = eventually("save finished", lambda: phase_of(admin, ns, "save", ("Succeeded", "Failed")), 60)
     assert done["status"]["phase"] == "Succeeded", nodes.logs(ns, "save", "main")
-    reader = pod("load", ["bash", "-c", "cat /checkpoints/latest > /dev/termination-log"], container=mount,
-                 volumes=volumes)  # fmt: skip
+    reader = pod(
+        "load", ["bash", "-c", "cat /checkpoints/latest > /dev/termination-log"], container=mount, volumes=volumes
+    )
     apply(kube, ns, reader)
     done = eventually("load finished", lambda: phase_of(admin, ns, "load", ("Succeeded", "Failed")), 60)
     assert done["status"]["containerStatuses"][0]["state"]["terminated"]["message"] == "step-7\n"

@@ -52,15 +52,19 @@ def test_the_api_server_down_for_two_minutes_training_goes_on_and_the_status_cat
         # kubelet's — what is measured here is the operator's own recovery.
         values = {"watchNamespaces": [namespace], "operator": {"leaderElection": False}}
         operator_release(values, env={"ATLAS_PROGRESS_INTERVAL": str(PROGRESS_INTERVAL_S)})
-        run = tiny_training("outage", resources={"nodes": 1, "gpusPerNode": 0, "cpu": "1", "memory": "1Gi"},
-                            checkpoint={"path": "/checkpoints", "saveSteps": STEPS})  # fmt: skip
+        run = tiny_training(
+            "outage",
+            resources={"nodes": 1, "gpusPerNode": 0, "cpu": "1", "memory": "1Gi"},
+            checkpoint={"path": "/checkpoints", "saveSteps": STEPS},
+        )
         run["spec"]["training"]["maxSteps"] = STEPS
         run["metadata"]["namespace"] = namespace
         kube.kubectl("apply", "-f", "-", input=json.dumps(run))
 
         def status() -> dict:
-            body = custom.get_namespaced_custom_object("atlas.arc.computer", "v1alpha1", namespace, "atlastrainings",
-                                                       "outage")  # fmt: skip
+            body = custom.get_namespaced_custom_object(
+                "atlas.arc.computer", "v1alpha1", namespace, "atlastrainings", "outage"
+            )
             return body.get("status") or {}
 
         def trainer() -> str | None:
@@ -69,8 +73,11 @@ def test_the_api_server_down_for_two_minutes_training_goes_on_and_the_status_cat
 
         pod = eventually("the trainer pod running", trainer, timeout=240)
         out = nodes.pod_dir(namespace, pod) / "volumes" / "checkpoints" / "outage"
-        eventually("the status showing training progress",
-                   lambda: (status().get("progress") or {}).get("step") and logged_steps(out), timeout=300)  # fmt: skip
+        eventually(
+            "the status showing training progress",
+            lambda: (status().get("progress") or {}).get("step") and logged_steps(out),
+            timeout=300,
+        )
 
         plane.kill_apiserver()
         killed = time.monotonic()
@@ -97,10 +104,12 @@ def test_the_api_server_down_for_two_minutes_training_goes_on_and_the_status_cat
             "the run's status catching up with the steps trained during the outage", current, timeout=120
         )
         took = time.monotonic() - back
-        print(f"API server down {OUTAGE_S} s: steps {at_kill} -> {at_restart} meanwhile; ready again in "
-              f"{plane.ready_after['kube-apiserver']:.1f} s, then the run's status at step "
-              f"{caught_up['progress']['step']} (>= {at_restart}) {took:.1f} s later "
-              f"(progress interval {PROGRESS_INTERVAL_S} s)")  # fmt: skip
+        print(
+            f"API server down {OUTAGE_S} s: steps {at_kill} -> {at_restart} meanwhile; ready again in "
+            f"{plane.ready_after['kube-apiserver']:.1f} s, then the run's status at step "
+            f"{caught_up['progress']['step']} (>= {at_restart}) {took:.1f} s later "
+            f"(progress interval {PROGRESS_INTERVAL_S} s)"
+        )
         kube.kubectl("delete", "atlastraining", "outage", "-n", namespace, "--wait=false")
         # The status patch the outage held (the step of its last tick) lands within an interval of the API server's
         # return (atlas_operator/reconcile/retry.py: RetryForever), the next tick's, with the current step, an

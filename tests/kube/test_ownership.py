@@ -35,8 +35,10 @@ from tests.support import upgrade_fixtures
 
 pytestmark = pytest.mark.timeout(300)
 GROUP, VERSION = "atlas.arc.computer", "v1alpha1"
-RUNS = {"AtlasTraining": Resource(GROUP, VERSION, "atlastrainings", "AtlasTraining"),
-        "AtlasTeacher": Resource(GROUP, VERSION, "atlasteachers", "AtlasTeacher")}  # fmt: skip
+RUNS = {
+    "AtlasTraining": Resource(GROUP, VERSION, "atlastrainings", "AtlasTraining"),
+    "AtlasTeacher": Resource(GROUP, VERSION, "atlasteachers", "AtlasTeacher"),
+}
 TIMEOUT = 60  # the operator's reactions (its timer ticks every second here)
 # The garbage collector learns of the CRDs' resources at its discovery resync (every 30 s): a run deleted in the
 # first half-minute of the control plane is collected after that.
@@ -148,9 +150,10 @@ class Cluster:
         return sum(
             1
             for e in self.operator_requests(since)
-            if e["verb"] == "get" and (e.get("objectRef") or {}).get("resource") == resource
+            if e["verb"] == "get"
+            and (e.get("objectRef") or {}).get("resource") == resource
             and e["objectRef"].get("name") == name
-        )  # fmt: skip
+        )
 
 
 @contextlib.contextmanager
@@ -213,14 +216,18 @@ def test_upgraded_operator_writes_no_workload(kube, namespace, operator_release)
         release = operator_release(chart_values("default"), env=UPGRADED_SETTINGS)
         cluster.release = release
         loader = upgrade_fixtures.Loader(kube.api())
-        jobs = {(r["metadata"]["name"], "JobSet" if r["status"]["children"].get("jobSet") else "PyTorchJob")
-                for r in runs}  # fmt: skip
+        jobs = {
+            (r["metadata"]["name"], "JobSet" if r["status"]["children"].get("jobSet") else "PyTorchJob") for r in runs
+        }
         for round_ in (1, 2):  # each job's new state reaches its run, round after round
             for name, kind in jobs:
                 loader.patch_status(kind, "default", name, upgrade_fixtures.running_status(kind, round_))
             for run in runs:
-                wait_for(lambda r=run, n=round_: _refreshed(cluster, r, n), timeout=TIMEOUT,
-                         what=f"{run['metadata']['name']} round {round_}")  # fmt: skip
+                wait_for(
+                    lambda r=run, n=round_: _refreshed(cluster, r, n),
+                    timeout=TIMEOUT,
+                    what=f"{run['metadata']['name']} round {round_}",
+                )
         for run in runs:  # and each run's timer went by a few times
             name = run["metadata"]["name"]
             timer = tick_line("default", name)
@@ -300,13 +307,22 @@ def someone_elses_job(backend: str, name: str, runtime: str) -> tuple[dict, dict
     if backend == "JobSet":
         job = {"template": {"spec": {"template": {"spec": {"containers": [CONTAINER], "restartPolicy": "Never"}}}}}
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        done = {"type": "Completed", "status": "True", "reason": "AllJobsCompleted", "message": "done",
-                "lastTransitionTime": now}  # fmt: skip
+        done = {
+            "type": "Completed",
+            "status": "True",
+            "reason": "AllJobsCompleted",
+            "message": "done",
+            "lastTransitionTime": now,
+        }
         return (
-            {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": meta,
-             "spec": {"replicatedJobs": [{"name": "main", **job}]}},
+            {
+                "apiVersion": "jobset.x-k8s.io/v1alpha2",
+                "kind": "JobSet",
+                "metadata": meta,
+                "spec": {"replicatedJobs": [{"name": "main", **job}]},
+            },
             {"terminalState": "Completed", "conditions": [done]},
-        )  # fmt: skip
+        )
     spec = {"runtimeRef": {"name": runtime}, "suspend": True}
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": meta, "spec": spec}, None
 
@@ -338,8 +354,13 @@ def test_objects_someone_else_made_stay_as_they_are_through_the_runs_life_and_de
     # Before the run: a ConfigMap with nobody as controller, another team's finished job, a NetworkPolicy controlled
     # by another object, and (where the run has server Deployments) someone's Deployment.
     owner = cluster.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-owner"}})
-    owner_ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": owner["metadata"]["name"],
-                 "uid": owner["metadata"]["uid"], "controller": True}  # fmt: skip
+    owner_ref = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+    }
     theirs = {
         (k8s.CONFIG_MAP, f"{name}-config"): {"data": {"settings.ini": "[web]\nport = 8080\n"}},
         (k8s.NETWORK_POLICY, f"{name}-network"): {
@@ -369,11 +390,23 @@ def test_objects_someone_else_made_stay_as_they_are_through_the_runs_life_and_de
     message = _conflict(cluster, manifest)["message"]
     assert f"ConfigMap {name}-config (no controller: made by someone else)" in message
     # Made now the run exists: a Service with a (non-controller) owner reference to the run.
-    metrics = {"apiVersion": "v1", "kind": "Service",
-               "metadata": {"name": f"{name}-metrics", "labels": {"app": "web"}, "ownerReferences": [{
-                   "apiVersion": f"{GROUP}/{VERSION}", "kind": "AtlasTraining", "name": name,
-                   "uid": run["metadata"]["uid"]}]},
-               "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}}  # fmt: skip
+    metrics = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": f"{name}-metrics",
+            "labels": {"app": "web"},
+            "ownerReferences": [
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": "AtlasTraining",
+                    "name": name,
+                    "uid": run["metadata"]["uid"],
+                }
+            ],
+        },
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    }
     cluster.create(metrics)
     theirs[(k8s.SERVICE, f"{name}-metrics")] = metrics
     named = [
@@ -397,8 +430,11 @@ def test_objects_someone_else_made_stay_as_they_are_through_the_runs_life_and_de
     assert {key: cluster.get(*key) for key in theirs} == before  # the whole object: resourceVersion, uid, all
     names = {child for _, child in theirs}
     assert cluster.operator_writes(0, names, runs=False) == []  # (the run itself aside: its finalizer and status)
-    for resource, child in [(k8s.NETWORK_POLICY, f"{name}-network-trainer"), (k8s.SERVICE, f"{name}-rollout"),
-                            (k8s.DEPLOYMENT, f"{name}-rollout")]:  # fmt: skip
+    for resource, child in [
+        (k8s.NETWORK_POLICY, f"{name}-network-trainer"),
+        (k8s.SERVICE, f"{name}-rollout"),
+        (k8s.DEPLOYMENT, f"{name}-rollout"),
+    ]:
         if (resource, child) not in theirs:
             assert cluster.get(resource, child) is None, f"{resource.kind} {child} made while names are taken"
     status = cluster.status(manifest)
@@ -440,11 +476,16 @@ def _conflict(cluster: Cluster, manifest: dict) -> dict:
 
 def children_of(status: dict) -> list[tuple[Resource, str]]:
     kinds = {
-        "pytorchJob": [k8s.PYTORCH_JOB], "jobSet": [k8s.JOBSET], "trainJob": [k8s.TRAINJOB],
-        "rollout": [k8s.SERVICE, k8s.DEPLOYMENT], "student": [k8s.SERVICE, k8s.DEPLOYMENT],
-        "configMap": [k8s.CONFIG_MAP], "metricsService": [k8s.SERVICE],
-        "networkPolicy": [k8s.NETWORK_POLICY], "trainerNetworkPolicy": [k8s.NETWORK_POLICY],
-    }  # fmt: skip
+        "pytorchJob": [k8s.PYTORCH_JOB],
+        "jobSet": [k8s.JOBSET],
+        "trainJob": [k8s.TRAINJOB],
+        "rollout": [k8s.SERVICE, k8s.DEPLOYMENT],
+        "student": [k8s.SERVICE, k8s.DEPLOYMENT],
+        "configMap": [k8s.CONFIG_MAP],
+        "metricsService": [k8s.SERVICE],
+        "networkPolicy": [k8s.NETWORK_POLICY],
+        "trainerNetworkPolicy": [k8s.NETWORK_POLICY],
+    }
     return [(resource, name) for key, name in status["children"].items() for resource in kinds[key]]
 
 
@@ -462,8 +503,7 @@ def test_gc_collects_a_deleted_runs_children(kube, namespace, operator_release):
     runs = {m["metadata"]["name"]: cluster.create_run(m) for m in manifests}
     children = {}
     for manifest in manifests:
-        status = cluster.wait_status(manifest, lambda s: s.get("children") and s.get("observedGeneration"),
-                                     "children")  # fmt: skip
+        status = cluster.wait_status(manifest, lambda s: s.get("children") and s.get("observedGeneration"), "children")
         name = manifest["metadata"]["name"]
         children[name] = children_of(status)
         for resource, child in children[name]:
@@ -525,8 +565,12 @@ def test_a_new_runs_way_reads_nothing_and_writes_its_children_and_status(shared)
     else: no finalizer, no Event (nothing to warn of), no read. The checkpoint PVC the runs share is read once, by the
     first run (a prerequisite found is trusted for a while): the second run's way is 8 requests, all writes."""
     cluster = shared
-    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "lean-ckpt"},
-           "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}  # fmt: skip
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "lean-ckpt"},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
     cluster.client.request("POST", k8s.PVC.path(cluster.namespace), pvc)
 
     def way(name: str) -> list[tuple[str, str, str, int]]:

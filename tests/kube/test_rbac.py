@@ -178,8 +178,9 @@ def test_first_run(kube, namespace, other_namespace, operator_release, configura
     assert ready["status"] == "True", ready
     assert children_s < FIRST_RUN_S, f"the first run waited {children_s:.1f} s for its children"
     # The operator did serve where it should: its requests went to the watched namespace.
-    assert any(e["verb"] == "create" and (e.get("objectRef") or {}).get("namespace") == runs_in
-               for e in audit(kube, release))  # fmt: skip
+    assert any(
+        e["verb"] == "create" and (e.get("objectRef") or {}).get("namespace") == runs_in for e in audit(kube, release)
+    )
     delete_run(kube, manifest)
     assert refused(kube, release) == []
     log = release.operator_log.read_text()
@@ -191,8 +192,9 @@ def test_first_run(kube, namespace, other_namespace, operator_release, configura
 
 
 def patch_job_status(kube, backend: str, namespace: str, name: str, status: dict[str, Any]) -> None:
-    custom(kube).patch_namespaced_custom_object_status(*JOBS[backend][:2], namespace, JOBS[backend][2], name,
-                                                       {"status": status})  # fmt: skip
+    custom(kube).patch_namespaced_custom_object_status(
+        *JOBS[backend][:2], namespace, JOBS[backend][2], name, {"status": status}
+    )
 
 
 def pytorchjob_conditions(kube, namespace: str, name: str, *types: str) -> None:
@@ -226,14 +228,24 @@ def jobset_status(kube, namespace: str, name: str, jobs: dict[str, dict[str, int
 def finished_pod(kube, namespace: str, pod: dict[str, Any], container: str, message: str) -> None:
     """A pod as the kubelet leaves a finished one: its container terminated with ``message``."""
     core = kubernetes.client.CoreV1Api(kube.api())
-    pod["spec"] = {"containers": [{"name": container, "image": "registry.example/atlas-trainer:test"}],
-                   "restartPolicy": "Never", "automountServiceAccountToken": False}  # fmt: skip
+    pod["spec"] = {
+        "containers": [{"name": container, "image": "registry.example/atlas-trainer:test"}],
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+    }
     core.create_namespaced_pod(namespace, pod)
     terminated = {"exitCode": 0, "reason": "Completed", "message": message}
-    status = {"name": container, "image": "", "imageID": "", "ready": False, "restartCount": 0,
-              "state": {"terminated": terminated}}  # fmt: skip
-    core.patch_namespaced_pod_status(pod["metadata"]["name"], namespace,
-                                     {"status": {"phase": "Succeeded", "containerStatuses": [status]}})  # fmt: skip
+    status = {
+        "name": container,
+        "image": "",
+        "imageID": "",
+        "ready": False,
+        "restartCount": 0,
+        "state": {"terminated": terminated},
+    }
+    core.patch_namespaced_pod_status(
+        pod["metadata"]["name"], namespace, {"status": {"phase": "Succeeded", "containerStatuses": [status]}}
+    )
 
 
 def jobset_trainer_pod(kube, namespace: str, js: dict[str, Any], message: str) -> None:
@@ -249,8 +261,12 @@ def jobset_trainer_pod(kube, namespace: str, js: dict[str, Any], message: str) -
         COMPLETION_INDEX: "0",
     }
     owner = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": name, "uid": uid}
-    meta = {"name": f"{name}-{trainer['name']}-0-0-abcde", "labels": labels, "annotations": {COMPLETION_INDEX: "0"},
-            "ownerReferences": [owner]}  # fmt: skip
+    meta = {
+        "name": f"{name}-{trainer['name']}-0-0-abcde",
+        "labels": labels,
+        "annotations": {COMPLETION_INDEX: "0"},
+        "ownerReferences": [owner],
+    }
     container = trainer["template"]["spec"]["template"]["spec"]["containers"][0]["name"]
     finished_pod(kube, namespace, {"metadata": meta}, container, message)
 
@@ -277,8 +293,13 @@ def pytorchjob_life(kube, manifest: dict[str, Any]) -> None:
     pytorchjob_conditions(kube, namespace, name, "Created", "Running")
     wait_status(kube, manifest, lambda s: s.get("phase") == "Running", "the PyTorchJob run Running")
     suspend_and_resume(kube, manifest, "PyTorchJob")
-    owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": name, "uid": job["metadata"]["uid"],
-             "controller": True}  # fmt: skip
+    owner = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "name": name,
+        "uid": job["metadata"]["uid"],
+        "controller": True,
+    }
     master = {"metadata": {"name": f"{name}-master-0", "ownerReferences": [owner]}}
     finished_pod(kube, namespace, master, "pytorch", result_message(7, 0.5))
     pytorchjob_conditions(kube, namespace, name, "Created", "Running", "Succeeded")
@@ -306,11 +327,20 @@ def trainjob_life(kube, manifest: dict[str, Any]) -> None:
     labels: dict[str, str] = {}
     for patch in tj["spec"].get("runtimePatches") or []:
         labels |= ((patch["trainingRuntimeSpec"].get("template") or {}).get("metadata") or {}).get("labels") or {}
-    owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": name,
-             "uid": tj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}  # fmt: skip
-    jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-              "metadata": {"name": name, "labels": labels, "ownerReferences": [owner]},
-              "spec": runtime["spec"]["template"]["spec"]}  # fmt: skip
+    owner = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "name": name,
+        "uid": tj["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    jobset = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "labels": labels, "ownerReferences": [owner]},
+        "spec": runtime["spec"]["template"]["spec"],
+    }
     js = custom(kube).create_namespaced_custom_object(*JOBS["JobSet"][:2], namespace, "jobsets", jobset)
 
     def trainer_writes(counts: dict[str, int], done: bool = False) -> None:
@@ -338,12 +368,19 @@ def test_run_life_on_every_backend(kube, namespace, operator_release):
         manifest = small_run(f"life-{backend.lower()}", backend)
         create_run(kube, manifest, namespace)
         life(kube, manifest)
-        status = wait_status(kube, manifest, lambda s: s.get("phase") == "Succeeded" and s.get("result"),
-                             f"the {backend} run Succeeded with its result")  # fmt: skip
+        status = wait_status(
+            kube,
+            manifest,
+            lambda s: s.get("phase") == "Succeeded" and s.get("result"),
+            f"the {backend} run Succeeded with its result",
+        )
         assert status["result"] == {"step": 7, "reward": 0.5}, status
         delete_run(kube, manifest)
-        gone = wait_for(lambda b=backend, m=manifest: job_of(kube, b, namespace, m["metadata"]["name"]) is None,
-                        timeout=TIMEOUT, what=f"the {backend} deleted")  # fmt: skip
+        gone = wait_for(
+            lambda b=backend, m=manifest: job_of(kube, b, namespace, m["metadata"]["name"]) is None,
+            timeout=TIMEOUT,
+            what=f"the {backend} deleted",
+        )
         assert gone
         assert refused(kube, release) == [], backend
     made = {(e["verb"], (e.get("objectRef") or {}).get("resource")) for e in audit(kube, release)}
@@ -398,8 +435,13 @@ def test_missing_rule_is_refused_and_reported(kube, namespace, operator_release,
     rules_file = chart / "files" / "rbac-rules.yaml"
     rules = yaml.safe_load(rules_file.read_text())
     (rule,) = [r for r in rules["namespaced"] if "configmaps" in r["resources"]]
-    rules["namespaced"].append({"apiGroups": rule["apiGroups"], "resources": ["configmaps"],
-                                "verbs": [v for v in rule["verbs"] if v != "create"]})  # fmt: skip
+    rules["namespaced"].append(
+        {
+            "apiGroups": rule["apiGroups"],
+            "resources": ["configmaps"],
+            "verbs": [v for v in rule["verbs"] if v != "create"],
+        }
+    )
     rule["resources"] = [r for r in rule["resources"] if r != "configmaps"]
     rules_file.write_text(yaml.safe_dump(rules, sort_keys=False))
     monkeypatch.setattr(cluster, "CHART", chart)  # LocalCluster.install_chart installs the module's CHART

@@ -99,8 +99,10 @@ class World:
             if check(status):
                 return status
             if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: not in {timeout:.0f} s; status {json.dumps(status)[:1500]}\n"
-                                     f"{self.pod_logs(manifest['metadata']['name'])}")  # fmt: skip
+                raise AssertionError(
+                    f"{what}: not in {timeout:.0f} s; status {json.dumps(status)[:1500]}\n"
+                    f"{self.pod_logs(manifest['metadata']['name'])}"
+                )
             time.sleep(0.5)
 
     def wait_phase(self, manifest: dict, *phases: str) -> dict:
@@ -123,9 +125,10 @@ class World:
     def trainer_pods(self, name: str) -> list[dict]:
         """The run's live trainer pods, rank 0 first (a PyTorchJob's Master, else by completion index)."""
         pods = [
-            p for p in self.run_pods(name)
+            p
+            for p in self.run_pods(name)
             if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") not in ("Succeeded", "Failed")
-        ]  # fmt: skip
+        ]
 
         def rank(pod: dict) -> tuple[int, int]:
             labels = pod["metadata"].get("labels") or {}
@@ -155,18 +158,24 @@ class World:
 
     def pod_logs(self, name: str) -> str:
         folders = sorted(self.nodes.workdir.glob(f"pods/{self.ns}_{name}-*"))
-        tails = [f"--- {log.parent.parent.name}/{log.name}\n{log.read_text(errors='replace')[-2500:]}"
-                 for folder in folders for log in sorted(folder.glob("logs/*.log"))]  # fmt: skip
+        tails = [
+            f"--- {log.parent.parent.name}/{log.name}\n{log.read_text(errors='replace')[-2500:]}"
+            for folder in folders
+            for log in sorted(folder.glob("logs/*.log"))
+        ]
         return "\n".join(tails[-6:])
 
     # ------------------------------------------------------------------ storage
 
     def create_pvc(self, name: str = "ckpt") -> Path:
         """A ReadWriteMany claim (the nodes provision a hostPath volume for it); its folder here."""
-        self.core.create_namespaced_persistent_volume_claim(self.ns, {
-            "metadata": {"name": name},
-            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
-        })  # fmt: skip
+        self.core.create_namespaced_persistent_volume_claim(
+            self.ns,
+            {
+                "metadata": {"name": name},
+                "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+            },
+        )
         return self.nodes.claim_dir(self.ns, name)
 
     def volume(self, pod: dict, volume: str) -> Path:
@@ -264,10 +273,14 @@ def test_a_two_node_teacher_trains_reports_progress_and_its_evaluated_result(wor
     """examples/local-teacher.yaml as a user applies it (the default backend, PyTorchJob), evaluated after training:
     progress (step, reward, KL) while it runs, from rank 0's metrics through the run's Service; ``.status.result``
     from the Master's termination message as the node posts it."""
-    teacher = world.apply(local_teacher(
-        "teacher", training={"maxSteps": 6}, checkpoint={"path": "/checkpoints", "saveSteps": 3},
-        evaluation={"samples": 1, "limit": 4},
-    ))  # fmt: skip
+    teacher = world.apply(
+        local_teacher(
+            "teacher",
+            training={"maxSteps": 6},
+            checkpoint={"path": "/checkpoints", "saveSteps": 3},
+            evaluation={"samples": 1, "limit": 4},
+        )
+    )
     recorder = ProgressRecorder(world, teacher)
     master, worker = world.wait_trainer_pods("teacher", 2)
     status = world.wait_phase(teacher, "Succeeded", "Failed")
@@ -328,12 +341,16 @@ def test_a_teachers_student_server_is_a_real_vllm_run_by_the_process_node(world:
     """PyTorchJob: the run's ``<name>-student`` Deployment → ReplicaSet → pod, run by a process node as the real
     vLLM (PyPI's CPU build, started from the operator's own ``vllm serve`` command line by the CPU launcher): the
     teacher waits for it to load, trains against its answers and is evaluated with them."""
-    teacher = world.apply(local_teacher(
-        "vllm-teacher", resources={"nodes": 1, "gpusPerNode": 0, "cpu": "1", "memory": "2Gi"},
-        training={"maxSteps": 2}, checkpoint={"path": "/checkpoints", "saveSteps": 2},
-        evaluation={"samples": 1, "limit": 4},
-        student={"model": real_vllm_on_the_nodes, "rollout": {"replicas": 1, "memory": "4Gi"}},
-    ))  # fmt: skip
+    teacher = world.apply(
+        local_teacher(
+            "vllm-teacher",
+            resources={"nodes": 1, "gpusPerNode": 0, "cpu": "1", "memory": "2Gi"},
+            training={"maxSteps": 2},
+            checkpoint={"path": "/checkpoints", "saveSteps": 2},
+            evaluation={"samples": 1, "limit": 4},
+            student={"model": real_vllm_on_the_nodes, "rollout": {"replicas": 1, "memory": "4Gi"}},
+        )
+    )
     (master,) = world.wait_trainer_pods("vllm-teacher", 1)
     status = world.wait_phase(teacher, "Succeeded", "Failed")
     assert status["phase"] == "Succeeded", world.pod_logs("vllm-teacher")
@@ -399,12 +416,13 @@ def test_a_stalled_trainer_is_ended_by_its_watchdog_and_the_gang_resumes(world: 
     with JudgeServer(answer, served_model="student", host=world.nodes.network.gateway) as student:
         out = world.create_pvc() / "stall-teacher"
         teacher = local_teacher(
-            "stall-teacher", "TrainJob",
+            "stall-teacher",
+            "TrainJob",
             resources={"nodes": 1, "gpusPerNode": 0, "cpu": "1", "memory": "1Gi"},
             training={"maxSteps": 12, "stepTimeoutSeconds": 8},
             checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 4},
             student={"model": student.base_url, "rollout": {"replicas": 0}},
-        )  # fmt: skip
+        )
         world.apply(teacher)
         wait_checkpoint(world, teacher, out, 4)
         (trainer,) = world.wait_trainer_pods("stall-teacher", 1)
@@ -438,12 +456,16 @@ def test_a_dead_student_server_restarts_the_whole_gang_which_resumes(world: Worl
     from atlas_contract.names import STOP_EXIT_CODE
 
     out = world.create_pvc() / "gang-teacher"
-    teacher = world.apply(local_teacher(
-        "gang-teacher", "JobSet", training={"maxSteps": 30},
-        resources={"nodes": 1, "gpusPerNode": 0, "cpu": "1", "memory": "1Gi"},
-        checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 5},
-        student={"model": "builtin://tiny-llama", "rollout": {"replicas": 1, "memory": "2Gi"}},
-    ))  # fmt: skip
+    teacher = world.apply(
+        local_teacher(
+            "gang-teacher",
+            "JobSet",
+            training={"maxSteps": 30},
+            resources={"nodes": 1, "gpusPerNode": 0, "cpu": "1", "memory": "1Gi"},
+            checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 5},
+            student={"model": "builtin://tiny-llama", "rollout": {"replicas": 1, "memory": "2Gi"}},
+        )
+    )
     wait_checkpoint(world, teacher, out, 5)
     (trainer,) = world.wait_trainer_pods("gang-teacher", 1)
     (server,) = world.run_pods("gang-teacher", "student")
@@ -484,8 +506,11 @@ def test_a_drained_trainer_node_stops_every_rank_at_one_step_and_its_pods_are_re
     eventually("three trained steps", lambda: len(logged_steps(out)) >= 3)
     first, drained = world.wait_trainer_pods("drained-run", 2)
     processes = [world.worker(pod).main[0].proc for pod in (first, drained)]
-    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": drained["metadata"]["name"], "namespace": world.ns}}  # fmt: skip
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": drained["metadata"]["name"], "namespace": world.ns},
+    }
     world.core.create_namespaced_pod_eviction(drained["metadata"]["name"], world.ns, eviction)
     eventually("both ranks' exits", lambda: all(p.poll() is not None for p in processes), timeout=120)
     assert [p.returncode for p in processes] == [STOP_EXIT_CODE, STOP_EXIT_CODE]
@@ -503,27 +528,65 @@ def test_a_drained_trainer_node_stops_every_rank_at_one_step_and_its_pods_are_re
 
 def succeeded_rank_0(world: World, name: str) -> dict:
     """A JobSet run's rank-0 trainer pod that completed."""
-    return next(p for p in world.run_pods(name) if p["status"].get("phase") == "Succeeded"
-                and p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "0")  # fmt: skip
+    return next(
+        p
+        for p in world.run_pods(name)
+        if p["status"].get("phase") == "Succeeded"
+        and p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "0"
+    )
 
 
 def kueue_queue(world: World, quota_cpu: str, quota_memory: str) -> tuple[str, str]:
     """A ResourceFlavor, a ClusterQueue (held: stopPolicy Hold; lower priorities preempted), a LocalQueue ``team``
     and a WorkloadPriorityClass; returns (the ClusterQueue's name, the priority class's)."""
     flavor, queue, priority = f"{world.ns}-flavor", f"{world.ns}-cq", f"{world.ns}-urgent"
-    world.kube.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(o) for o in [
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": flavor}},
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": queue}, "spec": {
-            "namespaceSelector": {}, "stopPolicy": "Hold",
-            "preemption": {"withinClusterQueue": "LowerPriority"},
-            "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": flavor, "resources": [
-                {"name": "cpu", "nominalQuota": quota_cpu}, {"name": "memory", "nominalQuota": quota_memory}]}]}],
-        }},
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-         "metadata": {"name": "team", "namespace": world.ns}, "spec": {"clusterQueue": queue}},
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass", "metadata": {"name": priority},
-         "value": 1000},
-    ]))  # fmt: skip
+    world.kube.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input="\n---\n".join(
+            json.dumps(o)
+            for o in [
+                {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": flavor}},
+                {
+                    "apiVersion": "kueue.x-k8s.io/v1beta2",
+                    "kind": "ClusterQueue",
+                    "metadata": {"name": queue},
+                    "spec": {
+                        "namespaceSelector": {},
+                        "stopPolicy": "Hold",
+                        "preemption": {"withinClusterQueue": "LowerPriority"},
+                        "resourceGroups": [
+                            {
+                                "coveredResources": ["cpu", "memory"],
+                                "flavors": [
+                                    {
+                                        "name": flavor,
+                                        "resources": [
+                                            {"name": "cpu", "nominalQuota": quota_cpu},
+                                            {"name": "memory", "nominalQuota": quota_memory},
+                                        ],
+                                    }
+                                ],
+                            }
+                        ],
+                    },
+                },
+                {
+                    "apiVersion": "kueue.x-k8s.io/v1beta2",
+                    "kind": "LocalQueue",
+                    "metadata": {"name": "team", "namespace": world.ns},
+                    "spec": {"clusterQueue": queue},
+                },
+                {
+                    "apiVersion": "kueue.x-k8s.io/v1beta2",
+                    "kind": "WorkloadPriorityClass",
+                    "metadata": {"name": priority},
+                    "value": 1000,
+                },
+            ]
+        ),
+    )
     return queue, priority
 
 
@@ -561,13 +624,29 @@ def test_real_kueue_queues_admits_preempts_and_readmits_a_run_which_resumes(worl
     assert jobset["spec"]["suspend"] is False
 
     preemptor = {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "urgent", "labels": {"kueue.x-k8s.io/queue-name": "team",
-                                                  "kueue.x-k8s.io/priority-class": priority}},
-        "spec": {"template": {"spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [{
-            "name": "main", "image": "busybox", "command": ["sleep", "3600"],
-            "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}}]}}},
-    }  # fmt: skip
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "urgent",
+            "labels": {"kueue.x-k8s.io/queue-name": "team", "kueue.x-k8s.io/priority-class": priority},
+        },
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "busybox",
+                            "command": ["sleep", "3600"],
+                            "resources": {"requests": {"cpu": "2", "memory": "1Gi"}},
+                        }
+                    ],
+                }
+            }
+        },
+    }
     world.kube.kubectl("create", "-n", world.ns, "-f", "-", input=json.dumps(preemptor))
     status = world.wait_status(
         manifest,
@@ -601,10 +680,28 @@ def test_the_real_trainers_jobset_of_a_run_is_the_one_the_render_tests_model(wor
     from tests.support.trainer_jobset import build_jobset
 
     world.apply(local_teacher("tj-shape", "TrainJob", suspend=True))
-    trainjob = eventually("the TrainJob", lambda: next(iter(world.custom.list_namespaced_custom_object(
-        "trainer.kubeflow.org", "v1alpha1", world.ns, "trainjobs")["items"]), None), timeout=60)  # fmt: skip
-    jobset = eventually("the Trainer's JobSet", lambda: next(iter(world.custom.list_namespaced_custom_object(
-        "jobset.x-k8s.io", "v1alpha2", world.ns, "jobsets")["items"]), None), timeout=60)  # fmt: skip
+    trainjob = eventually(
+        "the TrainJob",
+        lambda: next(
+            iter(
+                world.custom.list_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", world.ns, "trainjobs")[
+                    "items"
+                ]
+            ),
+            None,
+        ),
+        timeout=60,
+    )
+    jobset = eventually(
+        "the Trainer's JobSet",
+        lambda: next(
+            iter(
+                world.custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", world.ns, "jobsets")["items"]
+            ),
+            None,
+        ),
+        timeout=60,
+    )
     runtime = world.custom.get_cluster_custom_object(
         "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", trainjob["spec"]["runtimeRef"]["name"]
     )

@@ -44,8 +44,12 @@ def test_a_pod_reaches_the_s3_server_with_the_secret(kube: Kube):
 
             host = boto3.client("s3", region_name=server.region, **_client_args(server.env()))
             host.put_object(Bucket="atlas", Key="from-host.txt", Body=b"hello from the host")
-            container = {"name": "main", "image": "python:3.11", "command": ["python", "-c", SCRIPT],
-                         "envFrom": [{"secretRef": {"name": S3_SECRET}}]}  # fmt: skip
+            container = {
+                "name": "main",
+                "image": "python:3.11",
+                "command": ["python", "-c", SCRIPT],
+                "envFrom": [{"secretRef": {"name": S3_SECRET}}],
+            }
             pod = {
                 "apiVersion": "v1",
                 "kind": "Pod",

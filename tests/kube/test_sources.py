@@ -285,10 +285,16 @@ def test_a_teacher_from_s3_fetches_each_source_once_and_exports_its_evaluated_mo
     model, data = f"s3://{bucket}/{MODEL_KEY}", f"s3://{bucket}/{DATA_KEY}"
     export = f"s3://{bucket}/exports/{name}"
     out = world.nodes.claim_dir(NAMESPACE, "ckpt") / name
-    teacher = world.apply(s3_teacher(
-        name, bucket, nodes=2, server=True,
-        checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 2}, output={"uri": export},
-    ))  # fmt: skip
+    teacher = world.apply(
+        s3_teacher(
+            name,
+            bucket,
+            nodes=2,
+            server=True,
+            checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": 2},
+            output={"uri": export},
+        )
+    )
     status = world.wait_phase(teacher, "Succeeded", "Failed")
     assert status["phase"] == "Succeeded", world.pod_logs(name)
     status = world.wait_status(teacher, lambda s: "result" in s and "output" in s, ".status.result and .output", 60)
@@ -374,9 +380,10 @@ def assert_atlas_eval_gives_the_runs_table(
     seed = int(run["trainer"].get("seed", 42))
     port = free_port()
     standin = subprocess.Popen(
-        [PYTHON, str(REPO / "harness/vllm_standin.py"), "serve", "student", "--host", "127.0.0.1",
-         "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [PYTHON, str(REPO / "harness/vllm_standin.py"), "serve", "student", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         eventually("the host's vLLM stand-in", lambda: _answers(f"http://127.0.0.1:{port}/health"), timeout=30)
         command = [
@@ -387,7 +394,7 @@ def assert_atlas_eval_gives_the_runs_table(
             "--max-probe-tokens", str(TEACHING["maxProbeTokens"]),
             "--student-max-tokens", str(TEACHING["studentMaxTokens"]),
             "--output", str(tmp_path / "eval"),
-        ]  # fmt: skip
+        ]  # fmt: skip  # a command line: each flag beside its value
         env = python_env(**store.host_env(), ATLAS_CACHE_DIR=str(tmp_path / "cache"))
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     finally:
@@ -439,12 +446,14 @@ def test_wrong_credentials_are_access_denied_naming_the_uri_and_never_the_secret
     (pod,) = world.run_pods("denied")
     assert "AccessDenied" in world.log(pod)
     # The wrong secret (and the right one) in nothing the API shows: Events, the run's status, ConfigMaps, pods.
-    shown = json.dumps([
-        world.api.sanitize_for_serialization(world.core.list_namespaced_event(NAMESPACE)),
-        status,
-        world.api.sanitize_for_serialization(world.core.list_namespaced_config_map(NAMESPACE)),
-        [p.get("status") for p in world.pods("app.kubernetes.io/instance=denied")],
-    ])  # fmt: skip
+    shown = json.dumps(
+        [
+            world.api.sanitize_for_serialization(world.core.list_namespaced_event(NAMESPACE)),
+            status,
+            world.api.sanitize_for_serialization(world.core.list_namespaced_config_map(NAMESPACE)),
+            [p.get("status") for p in world.pods("app.kubernetes.io/instance=denied")],
+        ]
+    )
     for value in (sources.wrong_secret, store.server.secret_key):
         for form in (value, base64.b64encode(value.encode()).decode()):
             assert form not in shown
@@ -593,9 +602,12 @@ def test_a_lora_teacher_resumes_once_and_exports_the_merged_model_and_its_adapte
     out = world.nodes.claim_dir(NAMESPACE, "ckpt") / name
     steps, every = 6, 2
     teacher = s3_teacher(
-        name, bucket, nodes=2, checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": every},
+        name,
+        bucket,
+        nodes=2,
+        checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": every},
         output={"uri": export, "merge": True},
-    )  # fmt: skip
+    )
     teacher["spec"]["training"].update(lora=LORA, maxSteps=steps)
     world.apply(teacher)
     kill_the_worker_and_check_the_resumed_adapter(world, teacher, out, steps, every)
@@ -682,9 +694,12 @@ def test_a_tracked_teacher_killed_once_resumes_into_one_mlflow_run_holding_each_
     experiment = "kube-tracking"
     uri = tracking_server.endpoint_for(world.nodes.network.gateway)
     teacher = s3_teacher(
-        name, bucket, nodes=2, checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": every},
+        name,
+        bucket,
+        nodes=2,
+        checkpoint={"pvc": "ckpt", "path": "/checkpoints", "saveSteps": every},
         tracking={"mlflow": {"uri": uri, "experiment": experiment}},
-    )  # fmt: skip
+    )
     teacher["spec"]["training"].update(maxSteps=steps, lrSchedulerType="constant")
     world.apply(teacher)
     kill_the_worker_once(world, teacher, out, steps, every)
@@ -726,6 +741,10 @@ def test_a_tracking_server_that_does_not_answer_is_said_and_the_run_still_succee
     assert status["phase"] == "Succeeded", world.pod_logs(name)
     warnings = [e for e in world.events(name) if e["reason"] == "TrackingUnreachable"]
     assert len(warnings) == 1 and uri in warnings[0]["message"]
-    final = world.wait_status(run, lambda s: "no MLflow run" in (condition(s, "Tracking") or {}).get("message", ""),
-                              "Tracking says the run ended with no MLflow run", 30)  # fmt: skip
+    final = world.wait_status(
+        run,
+        lambda s: "no MLflow run" in (condition(s, "Tracking") or {}).get("message", ""),
+        "Tracking says the run ended with no MLflow run",
+        30,
+    )
     assert condition(final, "Tracking")["status"] == "False" and "tracking" not in final

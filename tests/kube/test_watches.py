@@ -177,13 +177,23 @@ def test_merge_patches_restore_what_the_operator_owns_and_keep_what_others_add(c
     service = wait_for(lambda: cluster.get(k8s.SERVICE, metrics), timeout=TIMEOUT, what="metrics Service")
     policy = cluster.get(k8s.NETWORK_POLICY, network)
     ports = service["spec"]["ports"]
-    cluster.client.patch(k8s.SERVICE, cluster.namespace, metrics, {
-        "metadata": {"labels": {"team": "a"}},
-        "spec": {"selector": {"rogue": "1"}, "ports": [*ports, {"name": "extra", "port": 81, "protocol": "TCP"}]},
-    })  # fmt: skip
-    cluster.client.patch(k8s.NETWORK_POLICY, cluster.namespace, network, {
-        "spec": {"podSelector": {"matchLabels": {"rogue": "1"}}, "ingress": [{}]},
-    })  # fmt: skip
+    cluster.client.patch(
+        k8s.SERVICE,
+        cluster.namespace,
+        metrics,
+        {
+            "metadata": {"labels": {"team": "a"}},
+            "spec": {"selector": {"rogue": "1"}, "ports": [*ports, {"name": "extra", "port": 81, "protocol": "TCP"}]},
+        },
+    )
+    cluster.client.patch(
+        k8s.NETWORK_POLICY,
+        cluster.namespace,
+        network,
+        {
+            "spec": {"podSelector": {"matchLabels": {"rogue": "1"}}, "ingress": [{}]},
+        },
+    )
 
     def restored(resource, name, original):
         now = cluster.get(resource, name)
@@ -225,10 +235,12 @@ def test_stale_writes_are_refused_and_the_operator_converges_on_the_last_spec(cl
         cluster.client.request(
             "PATCH",
             path,
-            [{"op": "test", "path": "/metadata/resourceVersion", "value": stale},
-             {"op": "add", "path": "/metadata/labels/x", "value": "1"}],
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": stale},
+                {"op": "add", "path": "/metadata/labels/x", "value": "1"},
+            ],
             content_type="application/json-patch+json",
-        )  # fmt: skip
+        )
     assert refused.value.status == 422
     # A merge patch or a replace carrying a stale resourceVersion is a 409 Conflict.
     for method, body, content_type in (

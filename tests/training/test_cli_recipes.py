@@ -22,10 +22,16 @@ def test_recipe_runs_and_leaves_model_checkpoint_and_metrics_even_with_its_metri
         busy.listen()
         port = busy.getsockname()[1]
         proc = run(
-            [*TRAIN, "recipe=tiny_grpo", f"output_dir={out}", "trainer.max_steps=2", f"trainer.metrics_port={port}",
-             "trainer.save_steps=2"],
+            [
+                *TRAIN,
+                "recipe=tiny_grpo",
+                f"output_dir={out}",
+                "trainer.max_steps=2",
+                f"trainer.metrics_port={port}",
+                "trainer.save_steps=2",
+            ],
             tmp_path,
-        )  # fmt: skip
+        )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "metrics_port: cannot serve /metrics" in proc.stderr
     assert (out / "config.json").exists() and (out / "tokenizer.json").exists()

@@ -80,7 +80,12 @@ def test_a_model_whose_cache_has_sliding_layers_is_not_joined(model):
     from atlas_core.teaching import kv_rows
 
     config = MistralConfig(
-        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, sliding_window=4,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        sliding_window=4,
+    )
     assert not kv_rows.joinable(MistralForCausalLM(config))

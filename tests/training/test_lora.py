@@ -236,8 +236,11 @@ def test_what_trls_weight_sync_sends_vllm_for_a_lora_policy_is_the_merged_model(
     base_names = {n for n, _ in AutoModelForCausalLM.from_pretrained(path).named_parameters()}
     assert set(sent) == base_names and not any("lora_" in n for n in sent)
     assert all(torch.allclose(sent[n], expected[n], atol=1e-6) for n in sent)
-    assert any(not torch.equal(sent[n], before[f"base_model.model.{n}".replace(".weight", ".base_layer.weight")])
-               for n in sent if "q_proj" in n)  # fmt: skip
+    assert any(
+        not torch.equal(sent[n], before[f"base_model.model.{n}".replace(".weight", ".base_layer.weight")])
+        for n in sent
+        if "q_proj" in n
+    )
     after = dict(policy.named_parameters())
     assert all(torch.allclose(after[n], before[n], atol=1e-6) for n in before)  # unmerged again, adapter intact
 

@@ -149,10 +149,16 @@ class Trainer:
         env = python_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}")
         master_port = str(free_port())
         env.update(
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port, PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=master_port,
-            PET_NNODES="1", PET_NODE_RANK="0", PET_NPROC_PER_NODE=str(job["spec"].get("nprocPerNode", "1")),
-            WORLD_SIZE="1", RANK="0",
-        )  # fmt: skip
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=master_port,
+            PET_MASTER_ADDR="127.0.0.1",
+            PET_MASTER_PORT=master_port,
+            PET_NNODES="1",
+            PET_NODE_RANK="0",
+            PET_NPROC_PER_NODE=str(job["spec"].get("nprocPerNode", "1")),
+            WORLD_SIZE="1",
+            RANK="0",
+        )
         for var in container.get("env", []):
             source = var.get("valueFrom")
             if source:

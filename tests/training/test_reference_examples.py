@@ -151,10 +151,16 @@ def test_sft_warmup(in_tmp, tiny_model_dir, tokenizer):
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     sft_dataset = Dataset.from_list(
-        [{"messages": [{"role": "user", "content": r["prompt"][0]["content"]},
-                       {"role": "assistant", "content": f"\\boxed{{{r['ground_truth']}}}"}]}
-         for r in make_arithmetic_dataset(64, seed=5)]
-    )  # fmt: skip
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": r["prompt"][0]["content"]},
+                    {"role": "assistant", "content": f"\\boxed{{{r['ground_truth']}}}"},
+                ]
+            }
+            for r in make_arithmetic_dataset(64, seed=5)
+        ]
+    )
     # As printed, with TRL's SFTTrainer: TRL 1.16 has neither `tokenizer` nor `max_seq_length` (the page is
     # wrong about TRL: they are `processing_class` and `SFTConfig.max_length`).
     training_args = TRLSFTConfig(output_dir="./output/sft", max_steps=20, bf16=False, use_cpu=True, report_to=[])
@@ -288,8 +294,10 @@ def test_compute_teaching_reward(teacher):
 
 
 def test_teaching_step(teacher):
-    batch = {"prompts": [r["prompt"][0]["content"] for r in make_arithmetic_dataset(4, seed=2)],
-             "ground_truth": [r["ground_truth"] for r in make_arithmetic_dataset(4, seed=2)]}  # fmt: skip
+    batch = {
+        "prompts": [r["prompt"][0]["content"] for r in make_arithmetic_dataset(4, seed=2)],
+        "ground_truth": [r["ground_truth"] for r in make_arithmetic_dataset(4, seed=2)],
+    }
     rewards = teacher.teaching_step(batch)
     assert len(rewards) == 4 and all(isinstance(r, float) for r in rewards)
 
@@ -327,9 +335,14 @@ def test_custom_trainer_implementation(in_tmp, tiny_model_dir, train_data):
             return 1.0 if extract_answer(completion[-1]["content"]) is not None else 0.5
 
     config = GRPOConfig(
-        output_dir="./output/custom", model_name_or_path=str(tiny_model_dir), per_device_train_batch_size=8,
-        num_generations=4, max_steps=2, logging_steps=1, **CPU_BUDGET,
-    )  # fmt: skip
+        output_dir="./output/custom",
+        model_name_or_path=str(tiny_model_dir),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_steps=2,
+        logging_steps=1,
+        **CPU_BUDGET,
+    )
     returned = []
     trainer = CustomRewardTrainer(config=config, train_dataset=train_data)
     trainer.train()
@@ -378,9 +391,12 @@ def test_callbacks_early_stopping_and_tensorboard(in_tmp, tiny_model_dir, train_
         EarlyStoppingCallback(early_stopping_patience=3, early_stopping_threshold=0.001),
     ]
     trainer = GRPOTrainer(
-        config=config, callbacks=callbacks, reward_funcs=exact_match_reward, train_dataset=train_data,
+        config=config,
+        callbacks=callbacks,
+        reward_funcs=exact_match_reward,
+        train_dataset=train_data,
         eval_dataset=eval_data,
-    )  # fmt: skip
+    )
     trainer.train()
     assert trainer.state.global_step == 4  # first eval sets the best, three without improvement stop it
     assert list((in_tmp / "output/callbacks").rglob("events.out.tfevents.*"))  # TensorBoard wrote its events
@@ -413,14 +429,24 @@ def test_compute_metrics_with_evaluation(in_tmp, warm_model_dir, train_data, eva
         }
 
     config = GRPOConfig(
-        output_dir="./output/metrics", model_name_or_path=str(warm_model_dir), per_device_train_batch_size=8,
-        per_device_eval_batch_size=8, num_generations=4, max_steps=1, max_completion_length=24,
-        report_to=[], disable_tqdm=True, gradient_checkpointing=False,
-    )  # fmt: skip
+        output_dir="./output/metrics",
+        model_name_or_path=str(warm_model_dir),
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=8,
+        num_generations=4,
+        max_steps=1,
+        max_completion_length=24,
+        report_to=[],
+        disable_tqdm=True,
+        gradient_checkpointing=False,
+    )
     trainer = GRPOTrainer(
-        config=config, compute_metrics=compute_metrics, reward_funcs=exact_match_reward, train_dataset=train_data,
+        config=config,
+        compute_metrics=compute_metrics,
+        reward_funcs=exact_match_reward,
+        train_dataset=train_data,
         eval_dataset=eval_data,
-    )  # fmt: skip
+    )
     trainer.train()
     metrics = trainer.evaluate()
     assert {"eval_accuracy", "eval_perplexity", "eval_diversity", "eval_safety_rate", "eval_reward"} <= set(metrics)
@@ -468,7 +494,7 @@ def test_deepspeed_launch_commands(tmp_path, atlas_cache, warm_model_dir, preset
         f"output_dir={out}", "trainer.max_steps=2", "trainer.bf16=false", "trainer.gradient_checkpointing=false",
         "trainer.max_completion_length=16", "trainer.student_max_tokens=16", "trainer.metrics_port=0",
         "trainer.logging_steps=1", "trainer.save_strategy=no",
-    ]  # fmt: skip
+    ]  # fmt: skip  # a command line: each flag beside its value
     env = python_env(PATH=f"{REPO / '.venv' / 'bin'}:{python_env()['PATH']}")
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -552,9 +578,15 @@ def test_troubleshooting_settings(in_tmp, tiny_model_dir, train_data, name):
         pytest.skip("fp16 mixed precision needs a CUDA GPU (CPU autocast is bf16; see the bf16 case)")
 
     config = GRPOConfig(
-        output_dir="./output/t", model_name_or_path=str(tiny_model_dir), per_device_train_batch_size=8,
-        num_generations=8, max_steps=1, beta=0.04, logging_steps=1, **CPU_BUDGET,
-    )  # fmt: skip
+        output_dir="./output/t",
+        model_name_or_path=str(tiny_model_dir),
+        per_device_train_batch_size=8,
+        num_generations=8,
+        max_steps=1,
+        beta=0.04,
+        logging_steps=1,
+        **CPU_BUDGET,
+    )
     for key, value in TROUBLESHOOTING[name].items():  # set after construction, as the page does
         setattr(config, key, value)
     recorder = loop_recorder()

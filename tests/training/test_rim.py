@@ -381,12 +381,22 @@ def test_rim_from_the_run_configuration(tmp_path, atlas_cache, capfd):
         out = tmp_path / "run"
         proc = subprocess.run(
             [
-                PYTHON, "-m", "atlas_core.cli.train", "recipe=tiny_grpo", "reward.funcs=[]",
-                f"reward.config={rim_file}", f"output_dir={out}", "trainer.max_steps=1",
-                "trainer.metrics_port=0", "trainer.save_strategy=no",
+                PYTHON,
+                "-m",
+                "atlas_core.cli.train",
+                "recipe=tiny_grpo",
+                "reward.funcs=[]",
+                f"reward.config={rim_file}",
+                f"output_dir={out}",
+                "trainer.max_steps=1",
+                "trainer.metrics_port=0",
+                "trainer.save_strategy=no",
             ],
-            env=python_env(), capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            env=python_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert len(server.calls) == 8 * 3  # one generation batch x 3 temperatures of the process judge
     record = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
@@ -402,7 +412,11 @@ def test_rim_from_the_run_configuration(tmp_path, atlas_cache, capfd):
 def test_a_key_put_in_api_key_env_is_never_echoed(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-123456")
     with pytest.raises(RIMConfigError) as info:
-        parse_rim_config(config("http://127.0.0.1:9/v1", small_model={"model": "m", "base_url": "http://x/v1",
-                                                                      "api_key_env": "${OPENAI_API_KEY}"}))  # fmt: skip
+        parse_rim_config(
+            config(
+                "http://127.0.0.1:9/v1",
+                small_model={"model": "m", "base_url": "http://x/v1", "api_key_env": "${OPENAI_API_KEY}"},
+            )
+        )
     assert "small_model.api_key_env: expected the name of an environment variable" in str(info.value)
     assert "sk-secret" not in str(info.value)

@@ -45,8 +45,14 @@ def test_env_points_a_client_in_another_process_at_the_server(s3_server):
         f"s3.put_object(Bucket='{bucket}', Key='k', Body=b'v'); "
         f"print(s3.get_object(Bucket='{bucket}', Key='k')['Body'].read().decode())"
     )
-    done = subprocess.run([sys.executable, "-c", script], env=python_env(**s3_server.env()), capture_output=True,
-                          text=True, timeout=60, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=python_env(**s3_server.env()),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "v"
 

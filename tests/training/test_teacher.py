@@ -262,9 +262,11 @@ def test_endpoint_student_teaching_step(tmp_path, tiny_model_dir):
 
 def test_teaching_step_local_student_one_float_per_prompt(trainer):
     rewards = trainer.teaching_step(
-        {"prompts": [f"What is {i} + 2? Put the final answer in \\boxed{{}}." for i in range(5)],
-         "ground_truth": [str(i + 2) for i in range(5)]}
-    )  # fmt: skip
+        {
+            "prompts": [f"What is {i} + 2? Put the final answer in \\boxed{{}}." for i in range(5)],
+            "ground_truth": [str(i + 2) for i in range(5)],
+        }
+    )
     assert len(rewards) == 5 and all(isinstance(r, float) and math.isfinite(r) for r in rewards)
     assert all(-3.0 <= r <= 2.0 for r in rewards)
 

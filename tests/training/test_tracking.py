@@ -136,9 +136,16 @@ def test_a_server_that_does_not_answer_never_stops_training_and_gets_the_steps_w
             env.setenv(tracking.ENV_MLFLOW_URI, mlflow_server.uri)
             env.setenv(tracking.ENV_MLFLOW_EXPERIMENT, experiment)
             run = parse_run_config(
-                load_run_config(["recipe=tiny_grpo", f"output_dir={tmp_path / 'out'}", "trainer.max_steps=6",
-                                 "trainer.metrics_port=0", "trainer.save_strategy=no"])
-            )  # fmt: skip
+                load_run_config(
+                    [
+                        "recipe=tiny_grpo",
+                        f"output_dir={tmp_path / 'out'}",
+                        "trainer.max_steps=6",
+                        "trainer.metrics_port=0",
+                        "trainer.save_strategy=no",
+                    ]
+                )
+            )
             done = run_training(run, callbacks=[back], quiet=True)
             reference = finish_tracking(run, done, None, None, None, None)
     finally:
