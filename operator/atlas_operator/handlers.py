@@ -14,6 +14,8 @@ import copy
 import gc
 import logging
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import kopf
 
@@ -51,7 +53,7 @@ GC_THRESHOLD = 20_000  # allocations between young-generation collections (Pytho
 
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # kopf's bookkeeping lives in status (one write per reconciliation instead of status + annotations).
     settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.lastHandledConfiguration")
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
@@ -110,7 +112,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None
 
 
 @kopf.on.cleanup()
-async def cleanup(memo: kopf.Memo, **_) -> None:
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if memo.get("ticker_task"):
         memo.ticker_task.cancel()
     if memo.get("informer"):
@@ -122,12 +124,14 @@ async def cleanup(memo: kopf.Memo, **_) -> None:
 # ---------------------------------------------------------------------------------------------- reconciling
 
 
-def run_key(body: dict) -> RunKey:
+def run_key(body: Mapping[str, Any]) -> RunKey:
     meta = body["metadata"]
     return body["kind"], meta.get("namespace"), meta["name"]
 
 
-def reconcile_status(body: dict, memo: kopf.Memo, handler: bool = False) -> tuple[dict, list]:
+def reconcile_status(
+    body: Mapping[str, Any], memo: kopf.Memo, handler: bool = False
+) -> tuple[dict[str, Any], list[Event]]:
     """One reconciliation of a run (counted and timed): the status patch and the Events to post. A run's
     reconciliations (its handlers, its tick, its children's events) go one at a time, and each sees the status the
     one before it returned even while kopf has not written it yet: ``handler`` (a kopf handler's pass, whose status
@@ -142,7 +146,7 @@ def reconcile_status(body: dict, memo: kopf.Memo, handler: bool = False) -> tupl
         return patch, events
 
 
-def reconcile_counted(body: dict, memo: kopf.Memo, started: float) -> tuple[dict, list]:
+def reconcile_counted(body: Mapping[str, Any], memo: kopf.Memo, started: float) -> tuple[dict[str, Any], list[Event]]:
     kind = body["kind"]
     try:
         result = memo.reconciler.reconcile(copy.deepcopy(dict(body)), kopf.adopt)
@@ -161,16 +165,16 @@ def reconcile_counted(body: dict, memo: kopf.Memo, started: float) -> tuple[dict
     return status_update(dict(body.get("status") or {}), meta.get("generation"), result, now())
 
 
-def post_events(body: dict, events: list, memo: kopf.Memo) -> None:
+def post_events(body: Mapping[str, Any], events: list[Event], memo: kopf.Memo) -> None:
     for event in events:
         memo.reconciler.kube.post_event(body, event.type, event.reason, event.message)
 
 
-def write_status(body: dict, patch: dict, memo: kopf.Memo) -> dict:
+def write_status(body: Mapping[str, Any], patch: dict[str, Any], memo: kopf.Memo) -> dict[str, Any]:
     """The status patch of a pass kopf does not write (a child's change, the run's tick); the run as written."""
     meta = body["metadata"]
     resource = RUN_RESOURCES[body["kind"]]
-    kube = memo.reconciler.kube
+    kube: Kube = memo.reconciler.kube
     return kube.patch(resource, meta.get("namespace"), meta["name"], {"status": patch}, subresource="status")
 
 
@@ -190,7 +194,7 @@ def reconcile_into_patch(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) ->
     patch.status.update(status)
 
 
-def _with_unwritten_status(run: RunKey, body: dict, memo: kopf.Memo) -> dict:
+def _with_unwritten_status(run: RunKey, body: Mapping[str, Any], memo: kopf.Memo) -> Mapping[str, Any]:
     """``body`` as it will be once kopf writes the status its handler returned for this very version of the run.
     kopf writes it only after the handler (and the run's lock) is done: a child's change in between (a new run's
     Deployment, its status written by the deployment controller at once) read the run without it, and posted the
@@ -202,12 +206,12 @@ def _with_unwritten_status(run: RunKey, body: dict, memo: kopf.Memo) -> dict:
 
 
 def tracking_patch(
-    body: kopf.Body, status: dict, generation: int | None, seen: dict | None, at: str
-) -> tuple[dict, tuple[str, str] | None]:
+    body: Mapping[str, Any], status: dict[str, Any], generation: int | None, seen: dict[str, Any] | None, at: str
+) -> tuple[dict[str, Any], tuple[str, str] | None]:
     """Condition Tracking and .status.tracking from what the Running trainer's /metrics said of its MLflow logging,
     and the Warning Event to post when the server just stopped answering (tracking_status.running_update)."""
     new, tracking, warning = running_update(status, dict(body.get("spec") or {}), seen)
-    patch: dict = {}
+    patch: dict[str, Any] = {}
     if new is not None:
         new["observedGeneration"] = generation
         patch["conditions"] = merge_conditions(status.get("conditions"), [new], at)
@@ -216,7 +220,7 @@ def tracking_patch(
     return patch, warning
 
 
-async def observe_run(body: dict, memo: kopf.Memo) -> None:
+async def observe_run(body: Mapping[str, Any], memo: kopf.Memo) -> None:
     """A run's tick (atlas_operator/ticker.py): mirror a Running trainer's metrics; retry what no watch event will
     bring (a missing prerequisite, a rejected child, a result not read yet, a run whose handler never ran). A settled
     run costs no API call here: its children and its job are watched."""
@@ -225,8 +229,8 @@ async def observe_run(body: dict, memo: kopf.Memo) -> None:
         return
     status, generation = dict(body.get("status") or {}), meta.get("generation")
     waited_long = stuck(memo.memory, run_key(body), status, generation, CONFIG.progress_interval)
-    patch: dict = {}
-    events: list = []
+    patch: dict[str, Any] = {}
+    events: list[Event] = []
     if needs_retry(status, generation, waited_long):
         try:
             patch, events = await asyncio.to_thread(reconcile_status, body, memo)
@@ -253,12 +257,12 @@ for _plural in KINDS.values():
     @kopf.on.resume(GROUP, VERSION, _plural)
     @kopf.on.create(GROUP, VERSION, _plural)
     @kopf.on.update(GROUP, VERSION, _plural)
-    def reconcile_run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_) -> None:
+    def reconcile_run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
         """Make the children match the spec (idempotent: compare, then create or patch)."""
         reconcile_into_patch(body, patch, memo)
 
     @kopf.on.event(GROUP, VERSION, _plural)
-    async def run_event(event: kopf.RawEvent, memo: kopf.Memo, **_) -> None:
+    async def run_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         """Every event of a run (kopf's watch): its copy for its tick; the Events its handler's status waited for;
         at its deletion, what is remembered of it (its children are the garbage collector's: no finalizer)."""
         body, type_ = event["object"], event.get("type")
@@ -276,7 +280,7 @@ for _plural in KINDS.values():
 # ---------------------------------------------------------------------------------------------- child events
 
 
-def child_changed(type_: str, resource: Resource, obj: dict, memo: kopf.Memo) -> None:
+def child_changed(type_: str, resource: Resource, obj: dict[str, Any], memo: kopf.Memo) -> None:
     """A child changed, and not by the operator's own last write (a job's or a Deployment's status, a deletion, a
     drift), or a run's pod can no longer start its containers (a missing pull Secret, a bad image), or again: reconcile
     its run now rather than at the next timer tick. On the event loop, for every event: the echoes of the operator's

@@ -255,13 +255,15 @@ def parse_progress(metrics_text: str, run: str, namespace: str) -> dict[str, Any
     return progress
 
 
-def status_update(old: dict[str, Any], generation: int | None, result: Outcome, at: str) -> tuple[dict, list[Event]]:
+def status_update(
+    old: dict[str, Any], generation: int | None, result: Outcome, at: str
+) -> tuple[dict[str, Any], list[Event]]:
     """The status fields that changed (a merge patch, empty when nothing did) and the Events to post: one
     for a phase transition, and each of ``result.events`` that the conditions do not already say."""
     undeclared = set(result.children) - CHILD_KEYS
     if undeclared:  # the CRD's schema would prune them: a child the status cannot show is a bug, said here
         raise ValueError(f"status.children: keys not declared in run_status.Children: {sorted(undeclared)}")
-    new = {
+    new: dict[str, Any] = {
         "phase": result.phase,
         "observedGeneration": generation,
         "conditions": merge_conditions(old.get("conditions"), result.conditions, at),
@@ -284,12 +286,12 @@ def status_update(old: dict[str, Any], generation: int | None, result: Outcome, 
         new["output"] = None
     if result.tracking is not None:
         new["tracking"] = result.tracking
-    patch = {key: value for key, value in new.items() if old.get(key) != value}
+    patch: dict[str, Any] = {key: value for key, value in new.items() if old.get(key) != value}
     for key in ("children", "progress"):  # a merge patch keeps keys it does not name: delete what is gone
         before, after = old.get(key) or {}, patch.get(key)
         if isinstance(after, dict):
             patch[key] = {**{k: None for k in before if k not in after}, **after}
-    events = []
+    events: list[Event] = []
     transitioned = old.get("phase") != result.phase
     warning = result.phase in ("Failed", "Invalid")
     # A new run's first phase, Pending, is no news: its status says it, and an Event would be one more write for every
@@ -331,10 +333,12 @@ def transition_message(result: Outcome) -> str:
     by_type = {c["type"]: c for c in result.conditions}
     for blocking in (ConditionType.VALID, ConditionType.PREREQUISITES_MET, ConditionType.SPEC_APPLIED):
         if by_type.get(blocking, {}).get("status") == "False":
-            return by_type[blocking]["message"]
+            blocked: str = by_type[blocking]["message"]
+            return blocked
     sources = by_type.get(ConditionType.SOURCES_READY, {})
     if result.phase == "Failed" and sources.get("status") == "False" and sources.get("reason") in REASONS:
-        return sources["message"]  # what failed the run: the source, not the job's words
+        failed: str = sources["message"]  # what failed the run: the source, not the job's words
+        return failed
     training = by_type.get(ConditionType.TRAINING)
     return training["message"] if training else result.phase
 

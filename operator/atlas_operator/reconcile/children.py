@@ -64,7 +64,10 @@ class Children:
             return self.kube.get(resource, run.namespace, name, absent_unless_watched=not looking, cached=looking)
 
         # A run looking at its names asks the API server, all at once; the others are answered by the watch.
-        found = at_once(self.requests, look_up, desired) if looking else [(look_up(c), None) for c in desired]
+        if looking:
+            found = at_once(self.requests, look_up, desired)
+        else:
+            found = [(look_up(c), None) for c in desired]
         existing, foreign = {}, []
         for child, (obj, error) in zip(desired, found, strict=True):
             if error is not None:
@@ -129,6 +132,7 @@ class Children:
                 if error is not None:
                     failed = failed or error  # transient, or a name taken: no later wave (kopf retries the pass)
                     continue
+                assert applied is not None, "at_once gives the call's result when it raised nothing"
                 observed, action = applied
                 if action:
                     result.actions[f"{child['kind']}/{child['metadata']['name']}"] = action
@@ -146,8 +150,8 @@ class Children:
             result.conditions.append(condition(Condition.CHILDREN_READY, False, EventReason.CHILD_REJECTED, message))
             result.events.append(Event("Warning", EventReason.CHILD_REJECTED, message))
         else:
-            applied = "all children exist and match the spec"
-            result.conditions.append(condition(Condition.CHILDREN_READY, True, "Applied", applied))
+            message = "all children exist and match the spec"
+            result.conditions.append(condition(Condition.CHILDREN_READY, True, "Applied", message))
         if not any(c["type"] == Condition.SPEC_APPLIED for c in result.conditions):
             current = "the running job matches the spec"
             result.conditions.append(condition(Condition.SPEC_APPLIED, True, "UpToDate", current))

@@ -13,15 +13,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from atlas_contract.stops import StopReport
-from atlas_operator.status_update import Failure
+from atlas_operator.status_update import Event, Failure
 
 # A run: (kind, namespace, name). Pods and what a job's controller makes of the job name their run by namespace and
 # name alone (its app.kubernetes.io/instance label), so what comes from them is kept per (namespace, name).
 RunKey = tuple[str, str, str]
 # A stuck pod: (the kubelet's reason, the message the run shows).
 Stuck = tuple[str, str]
+# A run by its uid: (namespace, name, run uid); a job or gang of it: (namespace, name, run uid, its uid).
+UidKey = tuple[str, str, str | None]
+JobKey = tuple[str, str, str | None, str | None]
 
 
 class RunMemory:
@@ -37,12 +41,12 @@ class RunMemory:
         self._stops: dict[tuple[str, str], tuple[StopReport, str | None]] = {}  # run → (report, when it ended)
         self._source_failures: dict[tuple[str, str], dict[str, Failure]] = {}  # run → pod → its fetch's failure
         self._export_failures: dict[tuple[str, str], dict[str, Failure]] = {}  # run → pod → its export's failure
-        self._saves: dict[tuple, int] = {}  # (namespace, name, run uid) → the step last counted
-        self._restarts: dict[tuple, int] = {}  # (namespace, name, run uid, gang uid) → restarts seen
-        self._result_reads: dict[tuple, int] = {}  # (namespace, name, run uid, job uid) → pod reads so far
+        self._saves: dict[UidKey, int] = {}  # (namespace, name, run uid) → the step last counted
+        self._restarts: dict[JobKey, int] = {}  # (namespace, name, run uid, gang uid) → restarts seen
+        self._result_reads: dict[JobKey, int] = {}  # (namespace, name, run uid, job uid) → pod reads so far
         self._run_locks: dict[RunKey, threading.Lock] = {}
-        self._unwritten: dict[RunKey, tuple[str | None, dict]] = {}  # → (the run's resourceVersion, status)
-        self._unposted: dict[RunKey, tuple[str | None, list]] = {}  # → (the run's resourceVersion, Events)
+        self._unwritten: dict[RunKey, tuple[str | None, dict[str, Any]]] = {}  # → (the run's resourceVersion, status)
+        self._unposted: dict[RunKey, tuple[str | None, list[Event]]] = {}  # → (the run's resourceVersion, Events)
         self._unreconciled_since: dict[RunKey, float] = {}
         self._refreshing: set[RunKey] = set()
 
@@ -84,7 +88,7 @@ class RunMemory:
                 del self._stuck[key]
             noted = self._stops.get(key)
             new_stop = stop is not None and (noted is None or stop[0].step > noted[0].step)
-            if new_stop:
+            if stop is not None and new_stop:
                 self._stops[key] = stop
             return stuck != before or new_stop or failed, self._kinds.get(key)
 
@@ -113,7 +117,7 @@ class RunMemory:
     def count_save(self, namespace: str, name: str, uid: str | None, step: int, shown: int | None) -> bool:
         """Whether a save at ``step`` is new: past the step the status shows and the one this process counted last
         (then it is counted)."""
-        key = (namespace, name, uid)
+        key: UidKey = (namespace, name, uid)
         with self._lock:
             counted = self._saves.get(key)
             if step <= max(s for s in (shown, counted, -1) if s is not None):
@@ -121,7 +125,7 @@ class RunMemory:
             self._saves[key] = step
             return True
 
-    def restarts_seen(self, key: tuple, shown: int, restarts: int) -> int:
+    def restarts_seen(self, key: JobKey, shown: int, restarts: int) -> int:
         """The restarts already told of (the status shows, or this process counted) for ``key`` (namespace, name,
         run uid, gang uid), before ``restarts`` (the gang's count now: Backend.restarting_gang) is counted."""
         with self._lock:
@@ -129,7 +133,7 @@ class RunMemory:
             self._restarts[key] = max(counted, restarts)
             return max(counted, shown)
 
-    def take_result_read(self, key: tuple, limit: int) -> bool:
+    def take_result_read(self, key: JobKey, limit: int) -> bool:
         """Whether the result of the job ``key`` (namespace, name, run uid, job uid) may be read once more: fewer than
         ``limit`` reads so far (this one counted)."""
         with self._lock:
@@ -139,12 +143,12 @@ class RunMemory:
             self._result_reads[key] = reads + 1
             return True
 
-    def stop_result_reads(self, key: tuple, limit: int) -> None:
+    def stop_result_reads(self, key: JobKey, limit: int) -> None:
         """No more reads of this job's result: the same unusable message would be read again."""
         with self._lock:
             self._result_reads[key] = limit
 
-    def result_read(self, key: tuple) -> None:
+    def result_read(self, key: JobKey) -> None:
         """The job's result was read: its count is not needed any more."""
         with self._lock:
             self._result_reads.pop(key, None)
@@ -157,12 +161,12 @@ class RunMemory:
         with self._lock:
             return self._run_locks.setdefault(run, threading.Lock())
 
-    def keep_unwritten(self, run: RunKey, version: str | None, status: dict) -> None:
+    def keep_unwritten(self, run: RunKey, version: str | None, status: dict[str, Any]) -> None:
         """The status the run's handler returned for its ``version``, until kopf has written it."""
         with self._lock:
             self._unwritten[run] = (version, status)
 
-    def unwritten(self, run: RunKey, version: str | None) -> dict | None:
+    def unwritten(self, run: RunKey, version: str | None) -> dict[str, Any] | None:
         """The status kept for this very version of the run, else None (and a status kept for an older version is
         dropped: written by now, or the run changed since)."""
         with self._lock:
@@ -172,13 +176,13 @@ class RunMemory:
                 return None
             return status
 
-    def keep_unposted(self, run: RunKey, version: str | None, events: list) -> None:
+    def keep_unposted(self, run: RunKey, version: str | None, events: list[Event]) -> None:
         """The Events of the handler's pass at the run's ``version``, to post once kopf has written its status."""
         with self._lock:
             kept = self._unposted.get(run, (None, []))[1]
             self._unposted[run] = (version, [*kept, *events])
 
-    def take_unposted(self, run: RunKey, version: str | None) -> list:
+    def take_unposted(self, run: RunKey, version: str | None) -> list[Event]:
         """The Events kept for the run, once it is seen at another ``version`` than theirs (its status written),
         and forgotten; else none."""
         with self._lock:
@@ -228,7 +232,9 @@ class RunMemory:
         with self._lock:
             return any(named(key) == (namespace, name) for table, named in self._tables() for key in table)
 
-    def _tables(self) -> list[tuple[dict | set, Callable[[tuple], tuple]]]:
+    def _tables(
+        self,
+    ) -> list[tuple[dict[Any, Any] | set[RunKey], Callable[[tuple[str | None, ...]], tuple[str | None, ...]]]]:
         """Each table, and how its key names a run: (namespace, name, ...) first, or a RunKey's last two."""
         by_name = (
             self._kinds,
@@ -252,9 +258,9 @@ def _note(pods: dict[str, Failure], pod: str, failure: Failure | None) -> bool:
     return before != failure
 
 
-def _first_two(key: tuple) -> tuple:
+def _first_two(key: tuple[str | None, ...]) -> tuple[str | None, ...]:
     return key[:2]
 
 
-def _last_two(key: tuple) -> tuple:
+def _last_two(key: tuple[str | None, ...]) -> tuple[str | None, ...]:
     return key[1:]

@@ -116,7 +116,9 @@ class Observation:
         if job_ran(job):
             return True
         status = body.get("status") or {}
-        training = next((c for c in status.get("conditions") or [] if c.get("type") == Condition.TRAINING), {})
+        training: dict[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == Condition.TRAINING), {}
+        )
         return status.get("phase") == "Running" or (
             status.get("phase") == "Queued" and training.get("reason") == PREEMPTED
         )
@@ -268,7 +270,9 @@ class Observation:
         if result.phase == "Succeeded" and not finished:
             message = f"the run ended with no MLflow run: MLflow at {uri} did not answer the trainer"
             result.conditions.append(condition(Condition.TRACKING, False, EventReason.TRACKING_UNREACHABLE, message))
-            shown = next((c for c in status.get("conditions") or [] if c.get("type") == Condition.TRACKING), {})
+            shown: dict[str, Any] = next(
+                (c for c in status.get("conditions") or [] if c.get("type") == Condition.TRACKING), {}
+            )
             if shown.get("reason") != EventReason.TRACKING_UNREACHABLE:  # no tick saw it Running: say it once here
                 result.events.append(Event("Warning", EventReason.TRACKING_UNREACHABLE, message))
         elif finished or not any(c.get("type") == Condition.TRACKING for c in status.get("conditions") or []):

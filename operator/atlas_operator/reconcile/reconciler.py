@@ -56,9 +56,11 @@ class Reconciler:
         self.observation = Observation(client, self.memory)
         self.scraping = Scraping(self.settings)
 
-    def reconcile(self, body: dict[str, Any], adopt: Callable[[dict, dict], None]) -> Outcome:
+    def reconcile(self, body: dict[str, Any], adopt: Callable[[dict[str, Any], dict[str, Any]], None]) -> Outcome:
         meta = body.get("metadata") or {}
-        self.memory.note_kind(meta.get("namespace", "default"), meta.get("name"), body.get("kind"))
+        kind, name = body.get("kind"), meta.get("name")
+        if isinstance(kind, str) and isinstance(name, str):  # as every run from the API
+            self.memory.note_kind(meta.get("namespace", "default"), name, kind)
         started_on = backend_of(body)  # a run keeps the backend it started on when the operator's default changes
         try:
             run = parse_run(body, default_backend=started_on or self.settings.default_backend)
@@ -97,7 +99,7 @@ class Reconciler:
         ServersRequestResources."""
         revision = Revision.of(body)
         conditions = [condition(Condition.VALID, True, "SpecValid", "the spec passed validation")]
-        if self.jobs.keeps_running_on(run, body, started_on):
+        if started_on is not None and self.jobs.keeps_running_on(run, body, started_on):
             job_name = ChildNames(run.name).job
             conditions.append(
                 condition(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from atlas_operator.kube import jittered
 from atlas_operator.reconcile.memory import RunKey, RunMemory
@@ -20,12 +21,12 @@ STUCK_AFTER = 3  # timer intervals a run may wait for its create/update handler 
 KOPF_BACKOFFS = (1, 1, 2, 3, 5, 8)
 
 
-def unreconciled(status: dict, generation: int | None) -> bool:
+def unreconciled(status: dict[str, Any], generation: int | None) -> bool:
     """Whether the run's status is not (yet) its reconciliation at this generation."""
     return not status.get("phase") or status.get("observedGeneration") != generation
 
 
-def stuck(memory: RunMemory, run: RunKey, status: dict, generation: int | None, interval_s: float) -> bool:
+def stuck(memory: RunMemory, run: RunKey, status: dict[str, Any], generation: int | None, interval_s: float) -> bool:
     """Whether the run has waited for its create/update handler for STUCK_AFTER intervals (``memory`` keeps since
     when): kopf's handling of it waits for an event that will not come."""
     waiting = unreconciled(status, generation)
@@ -33,7 +34,7 @@ def stuck(memory: RunMemory, run: RunKey, status: dict, generation: int | None, 
     return waiting and waited >= STUCK_AFTER * interval_s
 
 
-def needs_retry(status: dict, generation: int | None, stuck: bool = False) -> bool:
+def needs_retry(status: dict[str, Any], generation: int | None, stuck: bool = False) -> bool:
     """Whether a run's status leaves something that only a retry brings: a prerequisite missing (a PVC, a CRD created
     later), a child the API server rejected or a name held by an object not the run's (NameConflict, NameTaken), or
     a succeeded job whose result is not read yet (bounded by MAX_RESULT_READS). A run not reconciled at its

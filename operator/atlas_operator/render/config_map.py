@@ -191,6 +191,7 @@ def lora_settings(training: TrainingSpec) -> dict[str, Any] | None:
     settings, problems = training.lora.settings()
     if problems:  # parse_run refuses such a run first (the schema, the CEL rules and validate_run)
         raise ValueError("; ".join(problems))
+    assert settings is not None, "a mapping parses to settings or to problems (atlas_contract/lora.py)"
     return settings.to_dict()
 
 

@@ -13,11 +13,18 @@ from atlas_contract.names import (
     MANAGED_BY,
     QUEUE_NAME_LABEL,
 )
-from atlas_operator.spec import AtlasTeacherSpec, Run
+from atlas_operator.spec import AtlasTeacherSpec, Run, StudentSpec
 
 
 def has_student_server(run: Run) -> bool:
     return isinstance(run.spec, AtlasTeacherSpec) and bool(run.spec.student and run.spec.student.rollout.replicas)
+
+
+def student(run: Run) -> StudentSpec:
+    """A teacher run's student, for what renders the student's server (a teacher run has one: parse_run requires
+    it)."""
+    assert isinstance(run.spec, AtlasTeacherSpec) and run.spec.student is not None, "only a teacher run has a student"
+    return run.spec.student
 
 
 def labels(run: Run, component: str) -> dict[str, str]:

@@ -51,7 +51,7 @@ def network_policies(run: Run, network: NetworkSettings) -> list[dict[str, Any]]
     if not network.enabled:
         return []
     owned = ChildNames(run.name)
-    trainer_rules = []
+    trainer_rules: list[dict[str, Any]] = []
     if run.spec.rollout.replicas:  # a rollout server
         trainer_rules.append({"from": [{"podSelector": _run_pods(run, "rollout")}]})
     scrapers = []

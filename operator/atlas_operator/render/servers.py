@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -17,7 +18,14 @@ from atlas_contract.names import (
 from atlas_contract.sources import SOURCES_DIR
 from atlas_contract.vllm import SERVE, server_flags
 from atlas_operator.config import Images
-from atlas_operator.render.metadata import child_metadata, has_student_server, labels, pod_selector, with_queue_label
+from atlas_operator.render.metadata import (
+    child_metadata,
+    has_student_server,
+    labels,
+    pod_selector,
+    student,
+    with_queue_label,
+)
 from atlas_operator.render.pod_spec import CACHE_DIR, CONTAINER_SECURITY, pod_placement, pod_security
 from atlas_operator.render.quantities import byte_quantity, qos_class, quantity
 from atlas_operator.render.sources import claim_volumes, fetched, initializer_container, served_model, sources_dir
@@ -97,7 +105,7 @@ def _vllm_pod_template(
     filesystem is read-only: what it writes goes to /dev/shm, /tmp and the cache volume (HOME, HF_HOME)."""
     cache = {"name": "cache", "mountPath": CACHE_DIR}
     tmp = {"name": "tmp", "mountPath": TMP_DIR}
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, cache, tmp]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}, cache, tmp]
     size = cache_size(run, rollout, model)
     volumes: list[dict[str, Any]] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": run.spec.resources.shm_size}},
@@ -185,7 +193,7 @@ def rollout_server_command(run: Run) -> list[str]:
         "--tensor-parallel-size",
         str(rollout.tensor_parallel_size),
         "--data-parallel-size",
-        str(rollout.gpus // rollout.tensor_parallel_size),
+        str((rollout.gpus or rollout.tensor_parallel_size) // rollout.tensor_parallel_size),
         "--gpu-memory-utilization",
         str(rollout.gpu_memory_utilization),
         "--dtype",
@@ -236,33 +244,33 @@ def rollout_pod_template(run: Run, images: Images) -> dict[str, Any]:
 
 
 def student_pod_template(run: Run, images: Images) -> dict[str, Any]:
-    student = run.spec.student
-    rollout = student.rollout
+    served = student(run)
+    rollout = served.rollout
     flags = server_flags(  # atlas_contract/vllm.py: the one source of these flags (the CPU variant beside them)
         host="0.0.0.0",
         port=VLLM_PORT,
-        served_model_name=student.model,
+        served_model_name=served.model,
         tensor_parallel_size=rollout.tensor_parallel_size,
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         max_model_len=rollout.max_model_len,
     )
-    args = [served_model(student.model, server_sources_dir(run)), *flags, *rollout.args]
+    args = [served_model(served.model, server_sources_dir(run)), *flags, *rollout.args]
     ports = [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}]
     image = rollout.image or images.rollout
     trainer_image = run.spec.image or images.trainer
     return _vllm_pod_template(
-        run, "student", rollout, image, list(SERVE), args, "/health", ports, student.model, trainer_image
+        run, "student", rollout, image, list(SERVE), args, "/health", ports, served.model, trainer_image
     )
 
 
 def best_effort_warning(run: Run) -> str | None:
     """Which of the run's vLLM servers would run as BestEffort pods (cpu and memory both 0, and no initializer
     requesting any), and what that costs; None when every server requests CPU or memory (or the run has none)."""
-    servers = []
+    servers: list[tuple[str, str, RolloutSpec, Callable[[Run, Images], dict[str, Any]]]] = []
     if run.spec.rollout.replicas:
         servers.append(("rollout", "spec.rollout", run.spec.rollout, rollout_pod_template))
     if has_student_server(run):
-        servers.append(("student", "spec.student.rollout", run.spec.student.rollout, student_pod_template))
+        servers.append(("student", "spec.student.rollout", student(run).rollout, student_pod_template))
     best_effort = [
         (name, field)
         for name, field, rollout, template in servers
@@ -287,7 +295,7 @@ def rollout_deployment(run: Run, images: Images) -> dict[str, Any]:
 
 
 def student_deployment(run: Run, images: Images) -> dict[str, Any]:
-    return _vllm_deployment(run, "student", run.spec.student.rollout, student_pod_template(run, images))
+    return _vllm_deployment(run, "student", student(run).rollout, student_pod_template(run, images))
 
 
 def service(

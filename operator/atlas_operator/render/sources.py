@@ -6,6 +6,7 @@ claim writable, in the trainer), and the credentials as ``secretKeyRef``s (the o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from atlas_contract import sources
@@ -94,11 +95,14 @@ def _optional_secret_key(key: str, secret: str, optional: bool = True) -> dict[s
     return {"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": optional}}}
 
 
-def claim_volumes(uris: list[str | None], writable: str | None = None) -> tuple[list[dict], list[dict]]:
+def claim_volumes(
+    uris: Sequence[str | None], writable: str | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Volumes and mounts of the ``pvc://`` claims ``uris`` name, at ``PVC_MOUNT_ROOT/<claim>``: read-only, except
     ``writable``'s claim (the output's, in the trainer)."""
     write_claims = sources.claims(writable)
-    volumes, mounts = [], []
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
     for index, claim in enumerate(sources.claims(*uris, writable)):
         name = f"pvc-{index}"
         read_only = claim not in write_claims

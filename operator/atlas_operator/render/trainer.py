@@ -167,7 +167,7 @@ def _env(run: Run) -> list[dict[str, Any]]:
     env += tracking_env(run, output_dir(run))
     own = {e["name"] for e in env}
     for var in run.spec.env:  # the user's values win over ours
-        entry = {"name": var.name}
+        entry: dict[str, Any] = {"name": var.name}
         if var.value_from is not None:
             entry["valueFrom"] = var.value_from
         else:
