@@ -58,8 +58,8 @@ def fetch_text(url: str, deadline_s: float, max_bytes: int) -> str:
     """GET ``url`` within ``deadline_s`` for the whole request (not per read) and at most ``max_bytes``."""
     parts = urllib.parse.urlsplit(url)
     connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    if parts.hostname is None:
-        raise ValueError(f"no host in {url}")
+    if parts.hostname is None:  # the operator's metrics URL template is wrong: loud, not a skipped scrape
+        raise RuntimeError(f"no host in the trainer's metrics URL {url}")
     end = time.monotonic() + deadline_s
     connection = connection_class(parts.hostname, parts.port, timeout=deadline_s)
     try:
