@@ -10,6 +10,7 @@ ground truth, in one canonical form; :data:`REWARD_FUNCTIONS` are TRL reward fun
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -100,4 +101,6 @@ def boxed_format_reward(completions: list[Any], **kwargs: Any) -> list[float]:
 
 
 #: Reward functions a recipe may name (``reward.funcs``), under the names of ``atlas_contract.checks``.
-REWARD_FUNCTIONS = dict(zip(checks.REWARD_FUNCTIONS, (exact_match_reward, boxed_format_reward), strict=True))
+REWARD_FUNCTIONS: dict[str, Callable[..., list[float]]] = dict(
+    zip(checks.REWARD_FUNCTIONS, (exact_match_reward, boxed_format_reward), strict=True)
+)

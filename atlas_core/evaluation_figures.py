@@ -127,6 +127,15 @@ def paired_bootstrap(
     return float(low), float(high)
 
 
+def _points(fraction: float | None) -> float | None:
+    return None if fraction is None else 100 * fraction
+
+
+def _cell(value: float | None, spec: str) -> str:
+    """A figure as ``spec`` formats it, or "-" where there is none (an evaluation of no problems has no figures)."""
+    return "-" if value is None else format(value, spec)
+
+
 def comparison_lines(reports: dict[str, TeachingEvaluation], label_width: int = 28) -> list[str]:
     """Teachers side by side in plain text, as the benches print them: accuracy alone and guided, the delta in points
     with its 95% interval, non-degradation and guidance tokens; then each one's split by diagnosed capability."""
@@ -134,10 +143,12 @@ def comparison_lines(reports: dict[str, TeachingEvaluation], label_width: int = 
         f"{'':{label_width}}{'alone':>9}{'guided':>9}{'delta pts':>11}{'95% CI':>18}{'non-degr.':>11}{'guid. tok':>11}"
     ]
     for label, r in reports.items():
-        interval = f"[{100 * r.accuracy_delta_low:+.1f}, {100 * r.accuracy_delta_high:+.1f}]"
+        low, high = _points(r.accuracy_delta_low), _points(r.accuracy_delta_high)
+        interval = "-" if low is None or high is None else f"[{low:+.1f}, {high:+.1f}]"
         lines.append(
-            f"{label:{label_width}}{r.student_accuracy:>9.1%}{r.guided_accuracy:>9.1%}{100 * r.accuracy_delta:>+11.1f}"
-            f"{interval:>18}{r.non_degradation_rate:>11.1%}{r.guidance_tokens_mean:>11.1f}"
+            f"{label:{label_width}}{_cell(r.student_accuracy, '.1%'):>9}{_cell(r.guided_accuracy, '.1%'):>9}"
+            f"{_cell(_points(r.accuracy_delta), '+.1f'):>11}{interval:>18}{_cell(r.non_degradation_rate, '.1%'):>11}"
+            f"{_cell(r.guidance_tokens_mean, '.1f'):>11}"
         )
     for label, r in reports.items():
         bands = ", ".join(

@@ -15,6 +15,8 @@ import statistics
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
+from typing import Any, cast
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore")
@@ -56,7 +58,7 @@ class StepTimer(TrainerCallback):
 
 
 def run_once(kind: str, model_dir: str, steps: int, seed: int) -> StepTimer:
-    fields = dict(
+    fields: dict[str, Any] = dict(
         output_dir=tempfile.mkdtemp(prefix=f"bench-{kind}-"),
         per_device_train_batch_size=16,
         num_generations=4,
@@ -74,6 +76,7 @@ def run_once(kind: str, model_dir: str, steps: int, seed: int) -> StepTimer:
     )
     dataset = Dataset.from_list(make_arithmetic_dataset(steps * 16, seed=seed))
     timer = StepTimer()
+    trainer: trl.GRPOTrainer
     if kind == "atlas":
         trainer = GRPOTrainer(
             model=model_dir,
@@ -85,7 +88,8 @@ def run_once(kind: str, model_dir: str, steps: int, seed: int) -> StepTimer:
     else:
         trainer = trl.GRPOTrainer(
             model=model_dir,
-            reward_funcs=exact_match_reward,
+            # TRL only reads the rewards: a list[float] is a list[float | None] to it (mypy's lists are invariant)
+            reward_funcs=cast(Callable[..., list[float | None]], exact_match_reward),
             args=trl.GRPOConfig(**fields),
             train_dataset=dataset,
             callbacks=[timer],

@@ -23,6 +23,12 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def score_of(score: float | None) -> float:
+    """An answer's score: every builtin://multistep row has a ground truth, so there is one (None: nothing to match)."""
+    assert score is not None
+    return score
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", type=int, default=200, help="training problems drawn (default 200)")
@@ -51,7 +57,7 @@ def main() -> int:
         answers = student.generate(
             [prompts.baseline_messages(t) for t in tasks], STUDENT_SETTINGS["student_max_tokens"], 1, 0.0
         )
-        solved = protocol.score_answers(tasks, [a[0].text for a in answers], rows)
+        solved = [score_of(s) for s in protocol.score_answers(tasks, [a[0].text for a in answers], rows)]
         flat = [
             (i, position, g)
             for i, row in enumerate(rows)
@@ -69,7 +75,9 @@ def main() -> int:
         print(f"\n{kind}: {len(mine)} problems, solved alone {len(mine) - len(weak)} ({1 - len(weak) / len(mine):.0%})")
         example = rows[mine[0]]
         for position, text in enumerate(multistep.guidance_candidates(example)):
-            scores = {i: g.score for (i, p, _), g in zip(flat, guided, strict=True) if p == position and i in mine}
+            scores = {
+                i: score_of(g.score) for (i, p, _), g in zip(flat, guided, strict=True) if p == position and i in mine
+            }
             fixed = sum(scores[i] >= 1.0 for i in weak)
             kept = sum(scores[i] >= 1.0 for i in mine if i not in weak)
             print(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
 import kubernetes
 from atlas_operator import config
@@ -60,7 +61,8 @@ def main() -> int:
 
     with ThreadPoolExecutor(max_workers=settings.workers) as pool:
         # Listed, then watched from the list's version, as an informer does (the bench starts once it has listed).
-        listed = api.list_cluster_custom_object(GROUP, VERSION, "atlastrainings")
+        # the client returns the API server's JSON list (typed as any object)
+        listed = cast(dict[str, Any], api.list_cluster_custom_object(GROUP, VERSION, "atlastrainings"))
         since = listed["metadata"]["resourceVersion"]
         stream = kubernetes.watch.Watch().stream(
             api.list_cluster_custom_object, GROUP, VERSION, "atlastrainings", resource_version=since

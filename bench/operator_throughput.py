@@ -81,7 +81,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import aiohttp.web
 import kmock
@@ -142,7 +144,9 @@ class FakeTrainers:
 
     @property
     def tid(self) -> int:
-        return self._thread.native_id
+        tid = self._thread.native_id
+        assert tid is not None  # the thread started in __init__
+        return tid
 
     async def _metrics(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
         namespace, run = request.match_info["namespace"], request.match_info["run"]
@@ -175,6 +179,24 @@ def mark_jobs_running(api, names: list[str]) -> None:
         api.patch_namespaced_custom_object_status(
             "kubeflow.org", "v1", NS, "pytorchjobs", name, {"status": {"conditions": conditions}}
         )
+
+
+def create_checkpoint_claim(core: kubernetes.client.CoreV1Api) -> None:
+    """The shared claim multi-node runs keep checkpoints on. The client sends a dict body as it is; its stubs name only
+    the model classes, hence the ignore (and create_namespace's)."""
+    core.create_namespaced_persistent_volume_claim(
+        NS,
+        {  # type: ignore[arg-type]
+            "metadata": {"name": "ckpt"},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Ti"}}},
+        },
+    )
+
+
+def every_run_ready(follow: Callable[[], None], ready_at: dict[str, float], names: list[str]) -> bool:
+    """Whether every run is ready, once the audit log has been followed to its end."""
+    follow()
+    return len(ready_at) == len(names)
 
 
 def wait(condition, timeout: float, step: float = 0.05) -> bool:
@@ -228,6 +250,7 @@ def bench_emulator(runs: int, interval: float, settle: float, window: float) -> 
     trainers = FakeTrainers()
     with EmulatorThread() as server:
         emu = server.emulator
+        assert emu is not None  # EmulatorThread.__enter__ returns once the emulator serves
         emulator_stat = f"/proc/self/task/{server._thread.native_id}/stat"
         trainers_stat = f"/proc/self/task/{trainers.tid}/stat"
         workdir = Path(subprocess.check_output(["mktemp", "-d"], text=True).strip())
@@ -282,13 +305,7 @@ def bench_emulator(runs: int, interval: float, settle: float, window: float) -> 
 
             # Multi-node runs keep checkpoints on a shared claim, as the operator asks them to (without one a run
             # also gets a CheckpointsNotShared Warning Event: one more write).
-            kubernetes.client.CoreV1Api(api_client).create_namespaced_persistent_volume_claim(
-                NS,
-                {
-                    "metadata": {"name": "ckpt"},
-                    "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Ti"}}},
-                },
-            )
+            create_checkpoint_claim(kubernetes.client.CoreV1Api(api_client))
             watcher = threading.Thread(target=watch_children, daemon=True)
             watcher.start()
             cpu0 = {
@@ -387,7 +404,9 @@ class Audit:
 
     def _of_user(self, username: str | None) -> bool:
         """The user's (``user`` ending in ``:``: any ServiceAccount of that namespace)."""
-        return bool(username) and (username.startswith(self.user) if self.user.endswith(":") else username == self.user)
+        if not username:
+            return False
+        return username.startswith(self.user) if self.user.endswith(":") else username == self.user
 
     def poll(self) -> list[dict]:
         """The user's requests logged since the last poll (also appended to ``events``)."""
@@ -466,14 +485,8 @@ def bench_real(
         api_client = kubernetes.config.new_client_from_config(str(cluster.kubeconfig))
         api = kubernetes.client.CustomObjectsApi(api_client)
         core = kubernetes.client.CoreV1Api(api_client)
-        core.create_namespace({"metadata": {"name": NS}})
-        core.create_namespaced_persistent_volume_claim(
-            NS,
-            {
-                "metadata": {"name": "ckpt"},
-                "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Ti"}}},
-            },
-        )
+        core.create_namespace({"metadata": {"name": NS}})  # type: ignore[arg-type]  # see create_checkpoint_claim
+        create_checkpoint_claim(core)
         account = cluster.operator_deployment()["spec"]["template"]["spec"]["serviceAccountName"]
         audit = Audit(cluster.control_plane.audit_log, f"system:serviceaccount:{RELEASE_NAMESPACE}:{account}")
         if ideal:
@@ -548,7 +561,7 @@ def bench_real(
             if len(created_at) % 50 == 0:
                 follow()  # keeps each poll small
         figures["created_s"] = time.time() - started
-        wait(lambda: follow() or len(ready_at) == len(names), 300, 0.1)
+        wait(lambda: every_run_ready(follow, ready_at, names), 300, 0.1)
         figures["all_ready_s"] = time.time() - started
         figures.update(latency_figures(names, created_at, ready_at))
         figures["first"] = first_child_figures(names, created_at, seen)
@@ -573,7 +586,8 @@ def bench_real(
         mark_jobs_running(api, names)
 
         def all_running() -> bool:
-            items = api.list_namespaced_custom_object("atlas.arc.computer", "v1alpha1", NS, "atlastrainings")["items"]
+            listed = api.list_namespaced_custom_object("atlas.arc.computer", "v1alpha1", NS, "atlastrainings")
+            items = cast(dict[str, Any], listed)["items"]  # the API server's JSON list (typed as any object)
             return sum((i.get("status") or {}).get("phase") == "Running" for i in items) == runs
 
         running = wait(all_running, 120, 1.0)
@@ -650,7 +664,9 @@ def bench_jobset(runs: int, interval: float, settle: float, window: float, pace:
         cluster.up()
         api_client = kubernetes.config.new_client_from_config(str(cluster.kubeconfig))
         api = kubernetes.client.CustomObjectsApi(api_client)
-        kubernetes.client.CoreV1Api(api_client).create_namespace({"metadata": {"name": NS}})
+        kubernetes.client.CoreV1Api(api_client).create_namespace(
+            {"metadata": {"name": NS}}  # type: ignore[arg-type]  # see create_checkpoint_claim
+        )
         spec = CONTROLLER_VERSIONS["jobset"]
         audit = Audit(cluster.control_plane.audit_log, f"system:serviceaccount:{spec.namespace}:")
         controller = cluster.supervisor.children["jobset"].pid
@@ -691,7 +707,7 @@ def bench_jobset(runs: int, interval: float, settle: float, window: float, pace:
             if len(created_at) % 50 == 0:
                 follow()
         figures["created_s"] = time.time() - started
-        wait(lambda: follow() or len(ready_at) == len(names), 300, 0.1)
+        wait(lambda: every_run_ready(follow, ready_at, names), 300, 0.1)
         figures["all_ready_s"] = time.time() - started
         figures.update(latency_figures(names, created_at, ready_at))
         figures["first"] = first_child_figures(names, created_at, seen)
@@ -780,11 +796,12 @@ def writes_per_run(emu, names: list[str]) -> tuple[list[int], dict[str, int]]:
         if c.method == "POST" and c.resource == "atlastrainings":
             continue  # the benchmark's own create
         body = c.body if isinstance(c.body, dict) else {}
-        run = (
-            owner.get(c.name)
-            or owner.get((body.get("metadata") or {}).get("name"))
-            or owner.get((body.get("involvedObject") or {}).get("name"))
+        names_written = (
+            c.name,
+            (body.get("metadata") or {}).get("name"),
+            (body.get("involvedObject") or {}).get("name"),
         )
+        run = next((owner[n] for n in names_written if n is not None and owner.get(n)), None)
         if run is None:
             continue
         counts[run] += 1
@@ -832,7 +849,12 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sizes = [int(n) for n in args.runs.split(",")]
     apis = [a.strip() for a in args.api.split(",")]
-    benches = {"real": bench_real, "floor": bench_floor, "emulator": bench_emulator, "jobset": bench_jobset}
+    benches: dict[str, Callable[..., dict]] = {
+        "real": bench_real,
+        "floor": bench_floor,
+        "emulator": bench_emulator,
+        "jobset": bench_jobset,
+    }
     if unknown := set(apis) - set(benches):
         parser.error(f"--api: {', '.join(sorted(unknown))}: expected real, floor, jobset and/or emulator")
     window = args.window or 2 * args.interval

@@ -88,6 +88,12 @@ def finish(procs: list[subprocess.Popen], timeout: float = 600) -> list[int]:
     return [proc.wait(timeout) for proc in procs]
 
 
+def restart_ok(saved: int | None, after: list[int], steps: int, codes_after: list[int]) -> bool:
+    """Whether the restart trained each step after the saved one exactly once and every node exited 0. A stop that
+    saved nothing (no stop report) is not OK: the stop's save is what a round measures."""
+    return saved is not None and after == list(range(saved + 1, steps + 1)) and codes_after == [0, 0]
+
+
 def stop_round(steps: int, save_steps: int, signal_after: int) -> dict:
     root = Path(tempfile.mkdtemp(prefix="bench-preemption-"))
     out = root / "run"
@@ -112,7 +118,7 @@ def stop_round(steps: int, save_steps: int, signal_after: int) -> dict:
         "lost_now": max(0, in_flight - saved) if saved else None,  # the log may lag a step behind the signal
         "exit_s": exited,
         "save_s": reports[0].seconds if reports[0] else None,
-        "after_ok": after == list(range(saved + 1, steps + 1)) and codes_after == [0, 0],
+        "after_ok": restart_ok(saved, after, steps, codes_after),
         "reports_agree": len({r.step if r else None for r in reports}) == 1,
         "trained_before": len(before),
         "trained_after": len(after),

@@ -51,6 +51,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypedDict
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -60,8 +61,24 @@ FIXED_WARMUP = "builtin://teacher-multistep"
 FIXED_WARMUP_SAMPLES = 4000
 #: The warm-up stage's dataset, as recorded in a seed's settings: :func:`_warmup` gives its overrides.
 WARMUP_SOURCE = "dataset.source={warmup}"
+
+
+class StudentSettings(TypedDict):
+    """The student's side of the teaching settings (atlas_contract.teaching.TeachingSettings) every stage shares."""
+
+    student_temperature: float
+    student_samples: int
+    student_max_tokens: int
+    max_probe_tokens: int
+
+
 #: The student's settings in the teacher-GRPO stage, the evaluation and the rejection-sampled warm-up alike.
-STUDENT_SETTINGS = {"student_temperature": 0.0, "student_samples": 1, "student_max_tokens": 64, "max_probe_tokens": 24}
+STUDENT_SETTINGS: StudentSettings = {
+    "student_temperature": 0.0,
+    "student_samples": 1,
+    "student_max_tokens": 64,
+    "max_probe_tokens": 24,
+}
 
 #: (stage, recipe, overrides) of the teacher's two stages; {output}, {model} and {student} are filled in, the warm-up's
 #: dataset replaced.
@@ -311,6 +328,10 @@ def _evaluate(output: Path, model: str, endpoint: str | None, teacher_args, prob
     print(f"\n{problems} held-out problems of builtin://multistep (test), student {SMOLLM2_MODEL_URI} alone and guided")
     print("\n".join(comparison_lines(reports, label_width=20)))
     trained, untrained = reports["trained teacher"], reports["untrained teacher"]
+    # evaluate_teaching refuses a dataset of no problems, so each report's overall figures are set
+    assert trained.accuracy_delta is not None and trained.accuracy_delta_low is not None
+    assert trained.non_degradation_rate is not None
+    assert untrained.accuracy_delta is not None and untrained.non_degradation_rate is not None
     checks = [
         ("trained teacher's delta > 0 (pts)", 100 * trained.accuracy_delta, trained.accuracy_delta > 0),
         ("its 95% interval above 0 (low, pts)", 100 * trained.accuracy_delta_low, trained.accuracy_delta_low > 0),

@@ -23,6 +23,7 @@ warnings.filterwarnings("ignore")
 import transformers  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
+from atlas_contract.teaching import TeachingSettings  # noqa: E402
 from atlas_core.models.tiny import build_tiny_model  # noqa: E402
 from atlas_core.tasks.arithmetic import make_arithmetic_dataset  # noqa: E402
 from atlas_core.training.algorithms.grpo_config import GRPOConfig  # noqa: E402
@@ -31,7 +32,7 @@ from atlas_core.training.algorithms.teacher_trainers import TeacherGRPOTrainer  
 
 def per_prompt_loop(trainer: TeacherGRPOTrainer, batch: dict) -> list[float]:
     """The reference's pseudo-code: every phase prompt by prompt."""
-    args = trainer.args
+    args = TeachingSettings.of(trainer.args)  # the config's teaching fields, typed (they are generated at run time)
     diagnostics = [
         trainer.diagnostic_probe(p, args.max_probe_tokens, ground_truth=gt)
         for p, gt in zip(batch["prompts"], batch["ground_truth"], strict=True)

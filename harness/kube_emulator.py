@@ -43,6 +43,7 @@ then call synchronous clients through ``asyncio.to_thread`` or the loop deadlock
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import copy
 import dataclasses
@@ -56,9 +57,10 @@ import signal
 import subprocess
 import sys
 import threading
+import types
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import aiohttp.web
 import attrs
@@ -193,7 +195,7 @@ class Fault:
     times: int
     namespace: str | None = None
     name: str | None = None
-    subresource: str | None | type(...) = ...
+    subresource: str | None | types.EllipsisType = ...
     reason: str | None = None
     message: str | None = None
     hits: int = 0
@@ -398,7 +400,8 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
         return {
             (c.verb, c.group, c.resource + (f"/{c.subresource}" if c.subresource else ""))
             for c in self.calls()
-            if c.verb is not None
+            # calls() sets a verb only on a request to a resource, which has a group and a plural
+            if c.verb is not None and c.group is not None and c.resource is not None
         }
 
     def clear_calls(self) -> None:
@@ -408,7 +411,8 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
 
     # -- object access -----------------------------------------------------------------------
 
-    def get(self, resource: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+    # The stored object, where kmock's RawHandler.get is an HTTP GET: the tests read objects by this name.
+    def get(self, resource: str, namespace: str | None, name: str) -> dict[str, Any] | None:  # type: ignore[override]
         """A deep copy of the stored object, or None if absent/deleted."""
         key = (kmock.resource(resource), namespace, name)
         if key not in self.objects or self.objects[key].deleted:
@@ -441,12 +445,12 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
         async with self._lock:
             self._objects[key].delete()
 
-    async def collect_garbage(self) -> list[tuple[str, str | None, str]]:
+    async def collect_garbage(self) -> builtins.list[tuple[str, str | None, str]]:
         """One pass of the API server's garbage collector, when a test asks (the real one runs in the background):
         every object all of whose ownerReferences name objects that no longer exist (by uid) is deleted, with a
         DELETED watch event, and again until nothing more goes (owners of owners). An object with no ownerReferences
         is never collected. Returns (resource, namespace, name) of what went."""
-        collected: list[tuple[str, str | None, str]] = []
+        collected: builtins.list[tuple[str, str | None, str]] = []
         while True:
             async with self._lock:
                 live = {(obj.raw.get("metadata") or {}).get("uid") for obj in self._objects.values() if not obj.deleted}
@@ -483,8 +487,8 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
     async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
         """kmock replays every stored object as ADDED on each watch; a real API server sends only what
         changed after the ``resourceVersion`` the client asks from (kopf passes its list's)."""
-        since = request.params.get("resourceVersion")
-        since = int(since) if since and since.isdigit() else None
+        asked = request.params.get("resourceVersion")
+        since = int(asked) if asked and asked.isdigit() else None
         selector = request.params.get("labelSelector")
         try:
             selects = label_selector(selector) if selector else None
@@ -504,7 +508,8 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
     async def _serve_list(self, request: kmock.Request) -> Any:
         """kmock lists every object of the resource; a real API server only those its ``labelSelector`` selects, with
         the resourceVersion a watch continues from (kmock's is "...", so every watch would replay every object)."""
-        payload = await super()._serve_list(request)
+        # kmock's list is a dict by construction (its return type is any payload kmock serves)
+        payload = cast(dict[str, Any], await super()._serve_list(request))
         payload = {**payload, "metadata": {**payload.get("metadata", {}), "resourceVersion": str(self._committed_rv)}}
         selector = request.params.get("labelSelector")
         if selector:
@@ -520,7 +525,7 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
             }
         return payload
 
-    def _KubernetesEmulator__get_objs(self, request: kmock.Request, strict: bool) -> list[Any]:  # noqa: N802
+    def _KubernetesEmulator__get_objs(self, request: kmock.Request, strict: bool) -> builtins.list[Any]:  # noqa: N802
         """kmock finds the object of a named request by scanning every stored object (O(objects) per request: at a
         thousand runs the emulator, not the operator, would be what a benchmark measures); a key lookup instead."""
         if request.resource is not None and request.name is not None and (strict or request.namespace is not None):
@@ -598,6 +603,8 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
             data["apiVersion"] = f"{g}/{v}" if g else v
 
     async def _prepare_update(self, request: kmock.Request, info: kmock.ResourceInfo) -> None:
+        if request.resource is None or request.name is None:
+            return  # nothing is stored without a resource and a name: kmock answers 404
         key = (request.resource, request.namespace, request.name)
         async with self._lock:
             obj = self._objects[key] if key in self._objects else None
@@ -648,10 +655,12 @@ class AtlasKubeEmulator(kmock.KubernetesEmulator):
             data.extend({"op": "add", "path": f"/metadata/{k}", "value": v} for k, v in meta_changes.items())
 
     async def _serve_put(self, request: kmock.Request, info: kmock.ResourceInfo) -> aiohttp.web.StreamResponse:
-        key = (request.resource, request.namespace, request.name)
         data = request.data
         if request.name is None or not isinstance(data, dict):
             raise kmock.KubernetesError(status=405, reason="MethodNotAllowed", message="PUT needs a named object")
+        if request.resource is None:
+            raise kmock.KubernetesObjectNotFoundError()  # nothing is stored without a resource
+        key = (request.resource, request.namespace, request.name)
         async with self._lock:
             if key not in self._objects or self._objects[key].deleted:
                 raise kmock.KubernetesObjectNotFoundError()

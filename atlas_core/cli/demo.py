@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,6 +184,14 @@ def evaluate_teachers(output: Path, teacher_args, problems: int, progress: Progr
     teaching = TeachingSettings.of(teacher_args)  # the settings the teacher stage trained with
     settings = evaluation_settings(teaching, teacher_args, samples=teaching.student_samples)
     task = progress.add_task("eval", total=problems * len(EVAL_TEACHERS), info="") if progress else None
+
+    def advance(teachers_done: int) -> Callable[[int, int], None] | None:
+        """The progress bar's update while the next teacher is evaluated (None without a bar)."""
+        if not progress or task is None:
+            return None
+        bar, bar_task = progress, task
+        return lambda done, total: bar.update(bar_task, completed=teachers_done * problems + done)
+
     reports = {}
     for i, (label, stage, folder) in enumerate(EVAL_TEACHERS):
         teacher = LocalStudent(str(output / stage), role="teacher")
@@ -196,9 +205,7 @@ def evaluate_teachers(output: Path, teacher_args, problems: int, progress: Progr
             settings,
             output_dir=target,
             meter=GuidanceMeter(teacher.tokenizer),
-            on_progress=(lambda done, total, i=i: progress.update(task, completed=i * problems + done))
-            if progress
-            else None,
+            on_progress=advance(i),
             names={
                 "teacher": str(output / stage),
                 "student": str(output / "sft"),

@@ -174,14 +174,15 @@ class LocalStudent:
         top_k = config.top_k or 0
         rows: list[list[int]] = [[] for _ in prompts]
         waiting = list(range(len(prompts)))
-        running = None  # kv_rows.Rows: the rows decoding now, their cache, mask and next-token logits
+        running: kv_rows.Rows | None = None  # the rows decoding now, their cache, mask and next-token logits
         joinable = kv_rows.joinable(self.model)
         # a cache whose rows cannot join (kv_rows.joinable) decodes every row from the start, shrinking only
         cap = max(1, self.max_active_rows) if joinable else len(waiting)
         shared = kv_rows.shared_prefix_length(prompts) if joinable and len(prompts) > 1 else 0
         prefix = kv_rows.Prefix.of(self.model, prompts[0][:shared]) if shared else None
         pad = self.tokenizer.pad_token_id
-        alive = None  # per running row: still writing (a finished row stays until enough of them leave together)
+        # per running row: still writing (a finished row stays until enough of them leave together); none yet
+        alive = torch.ones(0, dtype=torch.bool, device=self.device)
         idle = 0  # steps computed for finished rows since rows last left
         while waiting or running is not None:
             free = cap - (int(alive.sum()) if running is not None else 0)
@@ -195,6 +196,7 @@ class LocalStudent:
                 )
                 running = joined if running is None else running.join(joined)
                 alive = torch.ones(running.size, dtype=torch.bool, device=self.device)
+            assert running is not None  # admitted above when nothing was running (the loop runs while rows wait)
             logits = running.logits
             if greedy:
                 tokens = logits.argmax(dim=-1)
@@ -374,6 +376,7 @@ def _answer_text(content: Any) -> str:
         return content or ""
     if isinstance(content, list):
         parts = [p.get("text") if isinstance(p, dict) else getattr(p, "text", None) for p in content]
-        if all(isinstance(p, str) for p in parts):
-            return "".join(parts)
+        texts = [p for p in parts if isinstance(p, str)]
+        if len(texts) == len(parts):
+            return "".join(texts)
     raise RuntimeError(f"student endpoint answered a malformed message content ({type(content).__name__})")

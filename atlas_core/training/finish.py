@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from atlas_contract.names import ENV_RESULT_FILE, EVAL_DIR
 from atlas_contract.results import result_message
-from atlas_contract.run_config import RunConfig
+from atlas_contract.run_config import EvaluationSettings, OutputSettings, RunConfig
 from atlas_contract.teaching import TeachingSettings
 
 if TYPE_CHECKING:
@@ -34,12 +34,13 @@ def evaluation_dataset_problems(run: RunConfig) -> list[str]:
 
     if run.evaluation is None or not run.dataset.source:
         return []
-    source, split = run.evaluation_source(), run.evaluation.dataset.split
+    source, split = run.evaluation.source(run.dataset.source), run.evaluation.dataset.split  # evaluation_source()
     training = run.dataset.source
     if source == training:
         wrong = remote_problems(training, "dataset.source")
         if wrong is None:
-            wrong = datasets.dataset_problems(training, run.dataset.split, run.algorithm)
+            # str(): an unset split is named 'None', as load_config's own check of it does
+            wrong = datasets.dataset_problems(training, str(run.dataset.split), run.algorithm)
         if wrong:
             return []  # the run's own source is wrong: its dataset.source check names it once
     problems = remote_problems(source, "evaluation.dataset.source", "the dataset")
@@ -56,17 +57,41 @@ def evaluation_dataset_problems(run: RunConfig) -> list[str]:
     return []
 
 
+def _evaluation_of(run: RunConfig) -> EvaluationSettings:
+    """The run's evaluation: only a run with one is evaluated (cli/train.py and evaluation_dataset_problems check)."""
+    assert run.evaluation is not None
+    return run.evaluation
+
+
+def _teaching_of(run: RunConfig) -> TeachingSettings:
+    """The run's teaching settings: a run with an evaluation is a teacher run (RunConfig.from_dict), which has them."""
+    assert run.teaching is not None
+    return run.teaching
+
+
+def _output_of(run: RunConfig) -> OutputSettings:
+    """Where the run's model goes: only a run with an output exports (cli/train.py and cli/export.py check)."""
+    assert run.output is not None
+    return run.output
+
+
+def _whole_number(value: int | None) -> int:
+    """int(value): an unset one raises int()'s TypeError, which evaluation_dataset_problems leaves to its check."""
+    return int(value)  # type: ignore[arg-type]  # None raises TypeError, deliberately (see the docstring)
+
+
 def load_evaluation_dataset(run: RunConfig):
     """The problems the evaluation after training answers (``evaluation.dataset.*`` named in errors)."""
     from atlas_core.training import data
 
+    evaluation = _evaluation_of(run)
     return data.load_evaluation_dataset(
-        run.evaluation_source(),
-        run.evaluation.dataset.split,
-        run.evaluation.limit,
-        default_problems=int(run.dataset.num_samples),
-        seed=int(run.dataset.seed),
-        max_operand=int(run.dataset.max_operand),
+        evaluation.source(run.dataset.source),  # run.evaluation_source()
+        evaluation.dataset.split,
+        evaluation.limit,
+        default_problems=_whole_number(run.dataset.num_samples),
+        seed=_whole_number(run.dataset.seed),
+        max_operand=_whole_number(run.dataset.max_operand),
         training_source=run.dataset.source,
     )
 
@@ -88,13 +113,19 @@ def evaluation_settings(
     )
 
 
+def _student_of(run: RunConfig) -> str:
+    """The run's student: a teacher run names one (RunConfig.from_dict requires it)."""
+    assert run.student is not None
+    return run.student
+
+
 def _evaluation_names(run: RunConfig) -> dict[str, str]:
-    reward = run.reward
+    reward, evaluation = run.reward, _evaluation_of(run)
     return {
         "teacher": run.output_dir,
-        "student": run.student,
-        "dataset": run.evaluation_source(),
-        "split": run.evaluation.dataset.split,
+        "student": _student_of(run),
+        "dataset": evaluation.source(run.dataset.source),  # run.evaluation_source()
+        "split": evaluation.dataset.split,
         "scorer": ", ".join([*reward.funcs, *([reward.config] if reward.config else [])]) or "exact_match",
     }
 
@@ -115,12 +146,13 @@ def evaluate_trained_teacher(run: RunConfig, args: Any):
 
         scorers.append(RIMReward(reward.config))
     weights = None if reward.weights is None else [float(w) for w in reward.weights]
-    settings = evaluation_settings(run.teaching, args, run.evaluation.samples, run.evaluation.limit)
+    evaluation = _evaluation_of(run)
+    settings = evaluation_settings(_teaching_of(run), args, evaluation.samples, evaluation.limit)
     import torch
 
     device = "cuda" if torch.cuda.is_available() else None  # rank 0's GPU is free once training is over
     teacher = load_student(run.output_dir, device=device, role="teacher")
-    student = load_student(resolve_model_path(run.student, field="student"), device=device)
+    student = load_student(resolve_model_path(_student_of(run), field="student"), device=device)
     return evaluate_teaching(
         teacher,
         student,
@@ -145,7 +177,8 @@ def finished_evaluation(run: RunConfig, args: Any) -> dict[str, Any] | None:
     folder = Path(run.output_dir) / EVAL_DIR
     if not (folder / EVAL_REPORT_FILE).is_file() or not (folder / EVAL_PROBLEMS_FILE).is_file():
         return None
-    settings = evaluation_settings(run.teaching, args, run.evaluation.samples, run.evaluation.limit)
+    evaluation = _evaluation_of(run)
+    settings = evaluation_settings(_teaching_of(run), args, evaluation.samples, evaluation.limit)
     rows = list(load_evaluation_dataset(run))
     rows = rows[: settings.limit] if settings.limit else rows
     try:
@@ -185,7 +218,7 @@ def export_trained_model(
     from atlas_core.sources.errors import SourceError
     from atlas_core.sources.export import export_model, model_card
 
-    uri = run.output.uri
+    uri = _output_of(run).uri
     try:
         card = model_card(run, step, reward, kl, evaluation)
         with _merged_model(run) as folder:
@@ -207,7 +240,7 @@ def _merged_model(run: RunConfig) -> Iterator[str]:
     from atlas_core.models.loading import is_adapter, load_causal_lm, load_tokenizer
 
     folder = Path(run.output_dir)
-    if not (run.output.merge and is_adapter(folder)):
+    if not (_output_of(run).merge and is_adapter(folder)):
         yield str(folder)
         return
     import shutil

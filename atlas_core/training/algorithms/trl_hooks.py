@@ -11,7 +11,8 @@ override instead. TRL's own behaviour stays reachable through ``trl_*`` methods,
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 import trl
 
@@ -27,7 +28,7 @@ HOOKED = {
 METRICS_ATTRIBUTE = "self._metrics"  # {"train": defaultdict(list), "eval": defaultdict(list)}, set in __init__
 
 
-def fence_problems(trainer_class: type = trl.GRPOTrainer) -> list[str]:
+def fence_problems(trainer_class: type[trl.GRPOTrainer] = trl.GRPOTrainer) -> list[str]:
     """What no longer matches in ``trainer_class`` (TRL's GRPOTrainer): each hooked method and the metrics dict."""
     problems = hook_problems(trainer_class, "GRPOTrainer", HOOKED)
     if METRICS_ATTRIBUTE not in inspect.getsource(trainer_class.__init__):
@@ -76,12 +77,16 @@ class TRLHooks:
         return trl.GRPOTrainer._calculate_rewards(self, inputs, prompts, completions, completion_ids_list)
 
     def trl_generate(self, prompts: list):
-        return trl.GRPOTrainer._generate(self, prompts)
+        return trl.GRPOTrainer._generate(self._grpo_trainer(), prompts)
 
     def trl_generate_and_score(self, inputs):
         return trl.GRPOTrainer._generate_and_score_completions(self, inputs)
 
     @property
-    def trl_metrics(self) -> dict[str, dict[str, list[Any]]]:
+    def trl_metrics(self) -> Mapping[str, Mapping[str, list[Any]]]:
         """TRL's per-mode metric lists ({"train": {...}, "eval": {...}}), read for KL and eval figures."""
-        return self._metrics
+        return self._grpo_trainer()._metrics
+
+    def _grpo_trainer(self) -> trl.GRPOTrainer:
+        """This trainer as TRL's: the mixin is always a base before ``trl.GRPOTrainer`` (see the class)."""
+        return cast(trl.GRPOTrainer, self)
