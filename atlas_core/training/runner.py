@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atlas_contract.names import METRICS_LOG_FILE
 from atlas_contract.run_config import RunConfig
@@ -24,6 +24,9 @@ from atlas_core.training.resume import (
     resume_policy,
     run_identity,
 )
+
+if TYPE_CHECKING:
+    from atlas_core.training.algorithms.grpo import RewardFunc
 
 METRICS_FILE = METRICS_LOG_FILE
 
@@ -63,7 +66,7 @@ def build_trainer(run: RunConfig, callbacks: list | None = None):
     callbacks = [JsonlMetricsCallback(Path(run.output_dir) / METRICS_FILE), *(callbacks or [])]
     try:
         if algorithm in ("grpo", "teacher"):
-            funcs = [REWARD_FUNCTIONS[name] for name in reward.funcs]
+            funcs: list[RewardFunc] = [REWARD_FUNCTIONS[name] for name in reward.funcs]
             if reward.config:
                 from atlas_core.reward.interpretation import RIMReward
 
@@ -74,6 +77,8 @@ def build_trainer(run: RunConfig, callbacks: list | None = None):
             return GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, callbacks=callbacks)
         if algorithm == "teacher":
             from atlas_core.training.algorithms.teacher_trainers import TeacherGRPOTrainer
+
+            assert run.student is not None  # the contract requires a student of algorithm teacher
 
             return TeacherGRPOTrainer(
                 model=model,
@@ -98,6 +103,9 @@ def _training_dataset(run: RunConfig):
     from atlas_core.training.data import DatasetSourceError, load_run_dataset
 
     data, algorithm = run.dataset, run.algorithm
+    # train.yaml gives each of these (RunConfig's None is "unset", before the composition)
+    assert data.split is not None and data.num_samples is not None
+    assert data.max_operand is not None and data.seed is not None
     try:
         dataset = load_run_dataset(
             data.source,
@@ -159,6 +167,7 @@ def run_training(run: RunConfig, callbacks: list | None = None, quiet: bool = Fa
     try:
         finished_at = finished_step(agreement.checkpoint, trainer.args.max_steps)
         if finished_at is not None and trainer.accelerator.is_main_process:
+            assert agreement.checkpoint is not None  # finished_step found the run's end in it
             publish_final_model(agreement.checkpoint, run.output_dir)  # a stop on SIGTERM at the last step
             name_adapter_base(run.output_dir, run.model)
         if finished_at is None:
@@ -173,13 +182,18 @@ def run_training(run: RunConfig, callbacks: list | None = None, quiet: bool = Fa
                     name_adapter_base(run.output_dir, run.model)
     finally:
         agreement.release()
+    if finished_at is None:
+        log_history = list(trainer.state.log_history)
+    else:
+        assert agreement.checkpoint is not None  # finished_step found the run's end in it
+        log_history = _logged(agreement.checkpoint)
     return FinishedRun(
         output_dir=Path(run.output_dir),
         global_step=trainer.state.global_step if finished_at is None else finished_at,
         resumed_from=agreement.checkpoint,
         process_index=trainer.accelerator.process_index,
         num_processes=trainer.accelerator.num_processes,
-        log_history=list(trainer.state.log_history) if finished_at is None else _logged(agreement.checkpoint),
+        log_history=log_history,
         already_finished=finished_at is not None,
         stopped=stopped,
         local_process_index=trainer.accelerator.local_process_index,

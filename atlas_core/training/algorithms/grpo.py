@@ -14,13 +14,13 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 import trl
 from accelerate.utils import gather, gather_object
-from transformers import EvalPrediction, TrainerCallback
+from transformers import EvalPrediction, PreTrainedTokenizerBase, TrainerCallback
 
 from atlas_core.activity import waiting_for
 from atlas_core.answers import completion_text
@@ -122,7 +122,7 @@ class GRPOTrainer(AtomicCheckpoints, TRLHooks, trl.GRPOTrainer):
         kwargs["peft_config"] = trainer_peft_config(args, kwargs.get("peft_config"), model)
         if isinstance(model, str):
             if args is not None and getattr(args, "model_name_or_path", None) is None:
-                args.model_name_or_path = model
+                args.model_name_or_path = model  # type: ignore[union-attr]  # TRL's own GRPOConfig gets it too
 
         if reward_funcs is None or (isinstance(reward_funcs, list) and not reward_funcs):
             if type(self).compute_rewards is GRPOTrainer.compute_rewards:
@@ -145,7 +145,8 @@ class GRPOTrainer(AtomicCheckpoints, TRLHooks, trl.GRPOTrainer):
         self.current_kl = torch.empty(0)
         super().__init__(
             model=model,
-            reward_funcs=reward_funcs,
+            # TRL's annotation is narrower than what it takes: any nn.Module, rewards as any sequence of floats
+            reward_funcs=reward_funcs,  # type: ignore[arg-type]
             args=args,
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
@@ -204,7 +205,8 @@ class GRPOTrainer(AtomicCheckpoints, TRLHooks, trl.GRPOTrainer):
             inputs, completion_ids = self._reward_batch
         else:  # called directly, outside the training loop
             inputs = [{"prompt": p, **{k: v[i] for k, v in reward_kwargs.items()}} for i, p in enumerate(prompts)]
-            completion_ids = [self.processing_class(text=str(c))["input_ids"] for c in completions]
+            tokenizer = cast(PreTrainedTokenizerBase, self.processing_class)  # a text model's: a tokenizer
+            completion_ids = [tokenizer(text=str(c))["input_ids"] for c in completions]
         # TRL's implementation gathers across processes; keep this process's rows.
         everyone = self.trl_calculate_rewards(inputs, prompts, completions, completion_ids)
         start = self.accelerator.process_index * len(prompts)

@@ -10,18 +10,26 @@ from __future__ import annotations
 import os
 import typing
 from dataclasses import dataclass, field, fields, make_dataclass
+from typing import TYPE_CHECKING
 
 from trl import GRPOConfig as _TRLGRPOConfig
 
 from atlas_contract import checks
-from atlas_contract.defaults import SERVER_TIMEOUT_S
+from atlas_contract.defaults import SERVER_TIMEOUT_S, TEACHING
 from atlas_contract.lora import LoraSettings
 from atlas_contract.names import ENV_KIND, ENV_NAMESPACE, ENV_RUN, TRAINER_METRICS_PORT
 from atlas_contract.teaching import TeachingSettings
 
+if TYPE_CHECKING:
+    # AtlasArguments is mixed into TRL's configs (TrainingArguments) and reads and sets their fields (bf16, use_cpu,
+    # output_dir, ...): mypy sees it as one; at run time it is a plain dataclass, first in no config's MRO but its own.
+    from transformers import TrainingArguments as _ConfigFields
+else:
+    _ConfigFields = object
+
 
 @dataclass
-class AtlasArguments:
+class AtlasArguments(_ConfigFields):
     r"""Fields Atlas adds to TRL's configurations.
 
     Parameters:
@@ -174,7 +182,9 @@ class AtlasArguments:
 
     def metric_labels(self) -> dict[str, str]:
         """Labels every ``atlas_training_*`` / ``atlas_teaching_*`` sample of this run carries."""
-        return {"namespace": self.metrics_namespace, "run": self.metrics_run, "kind": self.metrics_kind}
+        namespace, run, kind = self.metrics_namespace, self.metrics_run, self.metrics_kind
+        assert namespace is not None and run is not None and kind is not None  # set by _resolve_atlas_fields
+        return {"namespace": namespace, "run": run, "kind": kind}
 
 
 def _check_teaching_fields(self) -> None:
@@ -202,7 +212,24 @@ _STUDENT_OFFLOAD_DOC = """
             Keep a local student on the CPU instead of the trainer's device.
 """
 # Fields of the teaching protocol, used by ``TeacherGRPOTrainer`` (ignored by ``GRPOTrainer``).
-TeachingArguments = _teaching_arguments()
+if TYPE_CHECKING:
+    # What mypy sees of the class _teaching_arguments generates (make_dataclass is opaque to it): TeachingSettings'
+    # fields, settable, and student_offload; tests/unit/test_run_contract.py checks that the two agree.
+
+    @dataclass
+    class TeachingArguments:
+        max_probe_tokens: int = TEACHING["max_probe_tokens"]
+        max_guidance_tokens: int = TEACHING["max_guidance_tokens"]
+        efficiency_horizon: float = TEACHING["efficiency_horizon"]
+        degradation_penalty: float = TEACHING["degradation_penalty"]
+        student_samples: int = TEACHING["student_samples"]
+        student_max_tokens: int = TEACHING["student_max_tokens"]
+        student_temperature: float = TEACHING["student_temperature"]
+        student_offload: bool = False
+
+        def _check_teaching_fields(self) -> None: ...
+else:
+    TeachingArguments = _teaching_arguments()
 
 
 @dataclass
@@ -227,6 +254,7 @@ class GRPOConfig(_TRLGRPOConfig, AtlasArguments, TeachingArguments):
             return
         self.steps_per_generation = self.gradient_accumulation_steps
         self.generation_batch_size = self.per_device_train_batch_size * self.world_size * self.steps_per_generation
+        assert self.num_generations is not None  # TRL's __post_init__ divides by it
         problem = checks.generation_batch_problem(
             self.num_generations,
             self.per_device_train_batch_size,

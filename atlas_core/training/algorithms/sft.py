@@ -45,6 +45,8 @@ class SFTTrainer(AtomicCheckpoints, trl.SFTTrainer):
     (for ``processing_class``) and ``max_seq_length`` (for ``args.max_length``), as the trainers reference
     documents, and a ``model`` taken from ``args.model_name_or_path`` when omitted."""
 
+    args: trl.SFTConfig  # TRL's SFTTrainer makes one when given none
+
     def __init__(
         self,
         model: Any = None,
@@ -56,7 +58,7 @@ class SFTTrainer(AtomicCheckpoints, trl.SFTTrainer):
     ):
         model = merged_if_adapter(policy_model(model, args, "SFTConfig"), args)  # a LoRA run's adapter: merged
         kwargs["peft_config"] = trainer_peft_config(args, kwargs.get("peft_config"), model)
-        if hasattr(args, "resync_resolved_fields"):
+        if args is not None and hasattr(args, "resync_resolved_fields"):
             args.resync_resolved_fields()  # settings changed after the config was built
         if tokenizer is not None:
             if kwargs.get("processing_class") is not None:
