@@ -188,6 +188,31 @@ def test_the_trainers_teaching_fields_are_the_contracts():
     assert TeachingSettings() == TeachingSettings(**defaults.TEACHING)
 
 
+def test_what_mypy_sees_of_the_teaching_fields_is_the_generated_class():
+    """grpo_config.py declares TeachingArguments for mypy (under TYPE_CHECKING: make_dataclass is opaque to it): the
+    same fields, in order, with the same types and defaults as the class generated at run time."""
+    import ast
+    import typing
+
+    from atlas_core.training.algorithms import grpo_config
+
+    tree = ast.parse(Path(grpo_config.__file__).read_text())
+    declared = next(
+        node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == "TeachingArguments"
+    )
+    seen = [
+        (a.target.id, ast.unparse(a.annotation), ast.unparse(a.value))
+        for a in declared.body
+        if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and a.value is not None
+    ]
+    hints = typing.get_type_hints(grpo_config.TeachingArguments)
+    generated = [
+        (f.name, hints[f.name].__name__, f"TEACHING['{f.name}']" if f.name in TEACHING_FIELDS else repr(f.default))
+        for f in dataclasses.fields(grpo_config.TeachingArguments)
+    ]
+    assert seen == generated
+
+
 def test_the_crds_teaching_fields_are_the_contracts():
     """spec.teaching's fields are TeachingSettings fields, with the same default and range (the student's temperature
     is set in spec.training.extra)."""
