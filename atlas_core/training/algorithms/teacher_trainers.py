@@ -21,9 +21,10 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from typing import Any
+from typing import Any, cast
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from atlas_contract.teaching import TeachingSettings
 from atlas_core.answers import completion_text
@@ -35,6 +36,7 @@ from atlas_core.teaching.protocol import (
 )
 from atlas_core.teaching.student import EndpointStudent, Student, load_student
 from atlas_core.training.algorithms.grpo import GRPOTrainer
+from atlas_core.training.algorithms.grpo_config import GRPOConfig
 from atlas_core.training.watchdog import wait_for_starting_server
 
 __all__ = ["DiagnosticResult", "TeacherGRPOTrainer"]
@@ -56,6 +58,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
     """
 
     reward_column_name = "teaching_reward"
+    args: GRPOConfig  # Atlas's: its teaching fields (TRL's own GRPOConfig has none)
 
     def __init__(
         self, model: Any = None, reward_funcs=None, args=None, train_dataset=None, *, student_model=None, **kw
@@ -221,12 +224,18 @@ class TeacherGRPOTrainer(GRPOTrainer):
         """The guidance cut to ``max_guidance_tokens`` tokens: what the student reads and the efficiency
         bonus counts (the completion itself is bounded by ``max_completion_length``, which also holds the
         teacher's thinking)."""
-        ids = self.processing_class(guidance, add_special_tokens=False)["input_ids"]
+        ids = self._teacher_tokenizer(guidance, add_special_tokens=False)["input_ids"]
         if len(ids) <= self.args.max_guidance_tokens:
             return guidance
-        return self.processing_class.decode(ids[: self.args.max_guidance_tokens], skip_special_tokens=True)
+        # one sequence of ids decodes to one str (transformers' annotation also covers a batch's list)
+        return cast(str, self._teacher_tokenizer.decode(ids[: self.args.max_guidance_tokens], skip_special_tokens=True))
 
     # ------------------------------------------------------------------ batched phases
+
+    @property
+    def _teacher_tokenizer(self) -> PreTrainedTokenizerBase:
+        """The teacher's processing_class: a tokenizer (the teacher is a text model)."""
+        return cast(PreTrainedTokenizerBase, self.processing_class)
 
     @property
     def protocol(self) -> TeachingProtocol:
@@ -246,7 +255,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
         """Teacher (policy) guidance for each task, in one batched generate call."""
         from trl.models import unwrap_model_for_generation
 
-        tokenizer = self.processing_class
+        tokenizer = self._teacher_tokenizer
         texts = [
             tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             for messages in TeachingProtocol.teacher_prompts(tasks, diagnostics)
@@ -268,7 +277,8 @@ class TeacherGRPOTrainer(GRPOTrainer):
         except Exception as exc:  # noqa: BLE001 - reported as the documented RuntimeError
             raise RuntimeError(f"teacher failed to generate guidance: {type(exc).__name__}: {exc}") from exc
         new = output[:, batch["input_ids"].shape[1] :]
-        return [extract_guidance(tokenizer.decode(row, skip_special_tokens=True)) for row in new]
+        # each row is one sequence of ids: it decodes to one str (transformers' annotation also covers a batch's list)
+        return [extract_guidance(cast(str, tokenizer.decode(row, skip_special_tokens=True))) for row in new]
 
     def teaching_rewards(self, tasks, contexts, baselines, guidances, log: bool = False):
         """Student answers with each guidance, scored; returns (rewards, teaching/* statistics)."""
@@ -278,7 +288,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
             log_extra = lambda name, values: self._log_completion_extra(name, _fold(values, samples))  # noqa: E731
         guided = self.protocol.guided(tasks, contexts, guidances, log_extra=log_extra)
         enhanced = [g.score for g in guided]
-        lengths = [len(self.processing_class(g, add_special_tokens=False)["input_ids"]) for g in guidances]
+        lengths = [len(self._teacher_tokenizer(g, add_special_tokens=False)["input_ids"]) for g in guidances]
         rewards = [
             self.compute_teaching_reward(float(b), float(e), n)
             for b, e, n in zip(baselines, enhanced, lengths, strict=True)
@@ -309,7 +319,7 @@ class TeacherGRPOTrainer(GRPOTrainer):
         """task text → ground truth of the training dataset (built once, for standalone probes)."""
         if not hasattr(self, "_ground_truth_index"):
             dataset = self.train_dataset
-            index = {}
+            index: dict[str, Any] = {}
             if dataset is not None and "ground_truth" in getattr(dataset, "column_names", []):
                 for prompt, truth in zip(dataset["prompt"], dataset["ground_truth"], strict=True):
                     index.setdefault(task_text(prompt), truth)
