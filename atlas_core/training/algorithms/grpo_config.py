@@ -22,7 +22,7 @@ from atlas_contract.teaching import TeachingSettings
 
 if TYPE_CHECKING:
     # AtlasArguments is mixed into TRL's configs (TrainingArguments) and reads and sets their fields (bf16, use_cpu,
-    # output_dir, ...): mypy sees it as one; at run time it is a plain dataclass, first in no config's MRO but its own.
+    # output_dir, ...): mypy sees it as one; at run time its base stays object, so the configs' MROs are TRL's + it.
     from transformers import TrainingArguments as _ConfigFields
 else:
     _ConfigFields = object
