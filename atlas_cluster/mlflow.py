@@ -113,6 +113,7 @@ class MLflowServer:
         ]  # fmt: skip  # a command line: each flag beside its value
 
     def start(self, timeout: float = READY_TIMEOUT) -> MLflowServer:
+        """Start the server and wait until it answers on every host; one this supervisor started that still runs is kept."""
         if importlib.util.find_spec("mlflow") is None:  # finds it without importing it (2 s)
             raise FileNotFoundError(f"no mlflow in {sys.executable}'s environment (pip install -e '.[dev]')")
         self.port = self.port or free_port()
@@ -120,7 +121,9 @@ class MLflowServer:
         env = {name: os.environ[name] for name in HOST_ENV if name in os.environ}
         env.update(SERVER_ENV)
         env.update(self.artifact_env)
-        self.supervisor.start(PROCESS, self.argv(), env=env, cwd=self.directory)
+        started = self.supervisor.children.get(PROCESS)
+        if started is None or started.poll() is not None:  # not up: a second `mlflow server` would orphan the first
+            self.supervisor.start(PROCESS, self.argv(), env=env, cwd=self.directory)
         self.save()
         urls = [self.endpoint_for(host) + HEALTH_PATH for host in self.hosts]
         self.supervisor.wait_until(

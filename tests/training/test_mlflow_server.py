@@ -98,6 +98,9 @@ def test_the_client_fails_fast_while_it_is_down_and_the_store_survives_a_restart
 
     assert mlflow_server.uri == uri  # the same port
     _assert_the_run_reads_back(mlflow_server.client(), run_id, artifact, tmp_path / "after")
+    restarted = mlflow_server.server.supervisor.running()[PROCESS]
+    mlflow_server.start()  # once more while it runs (a test's `finally`): the running server is kept, none orphaned
+    assert mlflow_server.server.supervisor.running()[PROCESS] == restarted and len(_group_members(restarted)) == 2
 
 
 def test_its_artifacts_land_in_the_s3_servers_bucket_through_it(s3_server, tmp_path, monkeypatch):
