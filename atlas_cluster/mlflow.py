@@ -113,7 +113,7 @@ class MLflowServer:
         ]  # fmt: skip  # a command line: each flag beside its value
 
     def start(self, timeout: float = READY_TIMEOUT) -> MLflowServer:
-        """Start the server and wait until it answers on every host; one this supervisor started that still runs is kept."""
+        """Start the server and wait until it answers on every host (one its supervisor started that runs is kept)."""
         if importlib.util.find_spec("mlflow") is None:  # finds it without importing it (2 s)
             raise FileNotFoundError(f"no mlflow in {sys.executable}'s environment (pip install -e '.[dev]')")
         self.port = self.port or free_port()
