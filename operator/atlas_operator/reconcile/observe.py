@@ -267,15 +267,13 @@ class Observation:
         uri = run.spec.tracking.mlflow.uri
         status = body.get("status") or {}
         finished = result.tracking or (status.get("tracking") if result.phase == "Succeeded" else None)
+        shown = next((c for c in status.get("conditions") or [] if c.get("type") == Condition.TRACKING), None)
         if result.phase == "Succeeded" and not finished:
             message = f"the run ended with no MLflow run: MLflow at {uri} did not answer the trainer"
             result.conditions.append(condition(Condition.TRACKING, False, EventReason.TRACKING_UNREACHABLE, message))
-            shown: dict[str, Any] = next(
-                (c for c in status.get("conditions") or [] if c.get("type") == Condition.TRACKING), {}
-            )
-            if shown.get("reason") != EventReason.TRACKING_UNREACHABLE:  # no tick saw it Running: say it once here
+            if (shown or {}).get("reason") != EventReason.TRACKING_UNREACHABLE:  # no tick saw it Running: say it here
                 result.events.append(Event("Warning", EventReason.TRACKING_UNREACHABLE, message))
-        elif finished or not any(c.get("type") == Condition.TRACKING for c in status.get("conditions") or []):
+        elif finished or shown is None:
             result.conditions.append(tracking_condition(uri, None, finished if result.phase == "Succeeded" else None))
 
     def observe_preemption(self, run: Run, body: dict[str, Any], result: Outcome) -> None:
