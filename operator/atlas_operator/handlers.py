@@ -1,10 +1,13 @@
-"""kopf handlers: parse → render → apply → report, for AtlasTraining and AtlasTeacher.
+"""The operator's handlers: parse → render → apply → report, for AtlasTraining and AtlasTeacher.
 
-Run with ``atlas operator`` (or ``kopf run -A --standalone -m atlas_operator.handlers``). Each handler
-delegates: :class:`~atlas_operator.reconcile.Reconciler` does the work, :func:`status_update.status_update`
-decides what to write, atlas_operator/ticker.py keeps each run's periodic pass (reconcile/retry.py: when it
-reconciles again), the Reconciler's :class:`~atlas_operator.reconcile.RunMemory` keeps what is remembered per
-run, and settings come from one :class:`~atlas_operator.config.OperatorConfig`.
+Run with ``atlas operator`` (or ``kopf run -A --standalone -m atlas_operator.handlers``). kopf runs the process (its
+start-up and clean-up handlers below); the runs and their children are watched by the informer
+(atlas_operator/informer.py), and each change that is news queues its run on the work queue
+(atlas_operator/workqueue.py), whose threads reconcile it: :class:`~atlas_operator.reconcile.Reconciler` does the work,
+:func:`status_update.status_update` decides what to write, one status write per pass, its Events after it.
+atlas_operator/ticker.py keeps each run's periodic pass (reconcile/retry.py: when it reconciles again), the
+Reconciler's :class:`~atlas_operator.reconcile.RunMemory` keeps what is remembered per run, and settings come from
+one :class:`~atlas_operator.config.OperatorConfig`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import copy
 import gc
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -30,6 +33,7 @@ from atlas_operator.reconcile.retry import RetryForever, needs_retry, stuck
 from atlas_operator.status_update import Event, merge_conditions, now, progress_patch, status_update
 from atlas_operator.ticker import RunTicker
 from atlas_operator.tracking_status import running_update
+from atlas_operator.workqueue import WorkQueue
 
 log = logging.getLogger("atlas_operator")
 CONFIG = config.current()
@@ -47,28 +51,21 @@ CHILD_RESOURCES = (
     kube.NETWORK_POLICY,
 )
 WATCHED_PLURALS = {resource.plural for resource in (*CHILD_RESOURCES, kube.POD)}
-LEGACY_FINALIZER = f"{GROUP}/cleanup"  # kopf's, on the runs of earlier operators (see startup)
-BATCH_WINDOW_S = 0.01  # kopf's wait for more events of an object before it processes them (its default: 0.1 s)
+RUN_PLURALS = {resource.plural for resource in RUN_RESOURCES.values()}
+LEGACY_FINALIZER = f"{GROUP}/cleanup"  # kopf's, on the runs of operators before 0.2 (0.1.0's: release_legacy_finalizer)
 GC_THRESHOLD = 20_000  # allocations between young-generation collections (Python's default: 700)
 
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    # kopf's bookkeeping lives in status (one write per reconciliation instead of status + annotations).
-    settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.lastHandledConfiguration")
-    settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
-    # No handler needs a finalizer (the garbage collector deletes the children: the run is their controller owner;
-    # the ticks are the operator's own, atlas_operator/ticker.py). Named still, so that kopf takes off the one earlier
-    # operators put on their runs (tests/fixtures/upgrade/) instead of leaving their deletion waiting for it.
-    settings.persistence.finalizer = LEGACY_FINALIZER
+    # kopf handles no run (no resource handler: the informer watches the runs and a work queue reconciles them), so it
+    # writes nothing of its own to them; it still runs the process (login, start-up, clean-up, --liveness), and its
+    # watch-stream feeds the informer.
     settings.posting.level = logging.WARNING
-    settings.execution.max_workers = CONFIG.workers
     settings.watching.connect_timeout = 30
-    # kopf retries a failed request (refused, 5xx, 403, 429) over 54 s, then raises; a timer whose status patch raises
-    # is never run again (kopf 1.45 marks it stopped for good), so an API server down for longer left every running
-    # run's progress unwritten until the operator restarted (tests/kube/test_outage.py). Never given up, and retried
-    # once per progress interval at least: the patch the outage held lands within an interval of its return, the next
-    # tick's an interval later.
+    # kopf retries a failed request (refused, 5xx, 403, 429) over 54 s, then raises: the informer's watches would stop
+    # listing again for that long after an API server outage. Never given up, and retried once per progress interval
+    # at least (tests/kube/test_outage.py).
     settings.networking.error_backoffs = RetryForever(min(10.0, CONFIG.progress_interval))
     # Named namespaces (the chart's watchNamespaces, `atlas operator -n`): kopf serves exactly those, as the informer
     # does. Left on, its scanning lists and watches every Namespace of the cluster to follow them (which neither RBAC
@@ -80,28 +77,26 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.label_selectors[lambda resource: resource.plural in WATCHED_PLURALS] = (
         f"{LABEL_MANAGED_BY}={MANAGED_BY}"
     )
-    # kopf holds each object's events for a batch window (0.1 s) to process only the last: a new run waited it before
-    # its handler started (twice, when kopf still added a finalizer). A run's events rarely come that close together,
-    # and one processed early costs a pass that changes nothing.
-    settings.batching.batch_window = BATCH_WINDOW_S
     # Thousands of watched objects live in the informer: the collector's full passes over them, at its default pace,
     # were a good share of a busy operator's CPU. Objects made at start-up are left out of them; passes are rarer.
-    cel_rules.compile_rules()  # before the first runs arrive, not in each of their handler threads
+    cel_rules.compile_rules()  # before the first runs arrive, not in each of their reconciliations
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 20, 20)
-    memo.tasks = set()
     memo.informer = Informer(
-        CHILD_RESOURCES,
+        (*RUN_RESOURCES.values(), *CHILD_RESOURCES),
         followed=(kube.POD,),
+        announced=tuple(RUN_RESOURCES.values()),  # every run listed at start is reconciled once (kopf's resume)
         namespaces=CONFIG.watch_namespaces,
-        on_change=lambda type_, resource, obj: child_changed(type_, resource, obj, memo),
-        matters=relevance.matters,
+        on_change=lambda type_, resource, obj: changed(type_, resource, obj, memo),
+        matters=matters,
     )
-    memo.memory = RunMemory()  # per run, for the Reconciler and the handlers alike (run_event forgets it)
+    memo.memory = RunMemory()  # per run, for the Reconciler and the handlers alike (run_changed forgets it)
     memo.reconciler = Reconciler(Kube(watched=memo.informer.get, synced=memo.informer.synced), CONFIG, memo.memory)
-    memo.informer.start(settings)
+    memo.queue = WorkQueue(lambda run: reconcile_run(run, memo), CONFIG.workers, failure_delay=CONFIG.retry_delay)
+    memo.queue.start()
     memo.ticker = RunTicker(CONFIG.progress_interval, lambda body: observe_run(body, memo), CONFIG.workers)
     memo.ticker_task = asyncio.get_running_loop().create_task(memo.ticker.run_forever())
+    memo.informer.start(settings)
     metrics.initialize_series()
     memo.phases = metrics.RunPhases()
     memo.metrics_server = (
@@ -117,6 +112,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         memo.ticker_task.cancel()
     if memo.get("informer"):
         await memo.informer.stop()
+    if memo.get("queue"):
+        await asyncio.to_thread(memo.queue.stop)
     if memo.get("metrics_server"):
         await memo.metrics_server.cleanup()
 
@@ -124,30 +121,29 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 # ---------------------------------------------------------------------------------------------- reconciling
 
 
+def matters(resource: Resource, before: dict[str, Any] | None, after: dict[str, Any]) -> bool:
+    """Whether a held object's change is news: a run's, when it is more than the echo of a status write; a child's,
+    when its run's status depends on it (reconcile/relevance.py)."""
+    if resource.plural in RUN_PLURALS:
+        return before is None or relevance.run_changed(before, after)
+    return relevance.matters(resource, before, after)
+
+
 def run_key(body: Mapping[str, Any]) -> RunKey:
     meta = body["metadata"]
     return body["kind"], meta.get("namespace"), meta["name"]
 
 
-def reconcile_status(
-    body: Mapping[str, Any], memo: kopf.Memo, handler: bool = False
-) -> tuple[dict[str, Any], list[Event]]:
-    """One reconciliation of a run (counted and timed): the status patch and the Events to post. A run's
-    reconciliations (its handlers, its tick, its children's events) go one at a time, and each sees the status the
-    one before it returned even while kopf has not written it yet: ``handler`` (a kopf handler's pass, whose status
-    kopf writes after it) keeps it, under the run's lock, and every pass starts from it (a child's change during a
-    new run's first pass, its own creates and take-backs among them, posted its Events a second time)."""
-    run = run_key(body)
-    with memo.memory.run_lock(run):
-        body = _with_unwritten_status(run, body, memo)
-        patch, events = reconcile_counted(body, memo, time.perf_counter())
-        if handler:
-            memo.memory.keep_unwritten(run, body["metadata"].get("resourceVersion"), copy.deepcopy(patch))
-        return patch, events
+def held_run(run: RunKey, memo: kopf.Memo) -> dict[str, Any] | None:
+    """The run as the informer holds it (its watch, or the answer to this process's last write of it)."""
+    kind, namespace, name = run
+    held: dict[str, Any] | None = memo.informer.get(RUN_RESOURCES[kind], namespace, name)
+    return held
 
 
-def reconcile_counted(body: Mapping[str, Any], memo: kopf.Memo, started: float) -> tuple[dict[str, Any], list[Event]]:
-    kind = body["kind"]
+def reconcile_counted(body: Mapping[str, Any], memo: kopf.Memo) -> tuple[dict[str, Any], list[Event]]:
+    """One reconciliation of a run, counted and timed: the status patch and the Events to post."""
+    kind, started = body["kind"], time.perf_counter()
     try:
         result = memo.reconciler.reconcile(copy.deepcopy(dict(body)), kopf.adopt)
     except Exception:
@@ -165,44 +161,71 @@ def reconcile_counted(body: Mapping[str, Any], memo: kopf.Memo, started: float) 
     return status_update(dict(body.get("status") or {}), meta.get("generation"), result, now())
 
 
+Pass = Callable[[Mapping[str, Any]], tuple[dict[str, Any], list[Event]]]
+
+
+def pass_over(run: RunKey, memo: kopf.Memo, compute: Pass) -> None:
+    """One pass over a run: under the run's lock (its passes one at a time: two at once would both see a child missing
+    and both create it), ``compute`` the status patch and the Events from the run as held, write the patch (one status
+    write), hold what the API server answered (the next pass starts from it); then post the Events, after the status
+    they tell of. A run whose spec, labels or deletion the write's answer shows changed since the copy the pass read
+    is queued again."""
+    with memo.memory.run_lock(run):
+        body = held_run(run, memo)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return  # gone, or being deleted: recreating children now would race the garbage collector
+        patch, events = compute(body)
+        if patch:
+            written = write_status(body, patch, memo)
+            memo.informer.hold(RUN_RESOURCES[run[0]], written)
+            if relevance.run_changed(body, written):
+                memo.queue.add(run)
+            body = written
+    post_events(body, events, memo)
+
+
+def reconcile_run(run: RunKey, memo: kopf.Memo) -> float | None:
+    """The work queue's pass over a run (atlas_operator/workqueue.py): its legacy finalizer taken off, then one
+    reconciliation. Returns when to try again: after ATLAS_RETRY_DELAY when the API refused a request or a step asked
+    for it (RetryLater)."""
+    body = held_run(run, memo)
+    if body is None:
+        return None
+    try:
+        if LEGACY_FINALIZER in (body["metadata"].get("finalizers") or ()):
+            release_legacy_finalizer(body, memo)
+        pass_over(run, memo, lambda held: reconcile_counted(held, memo))
+    except (ApiError, RetryLater) as exc:
+        log.warning("could not reconcile %s %s/%s: %s; again in %g s", *run, exc, CONFIG.retry_delay)
+        return CONFIG.retry_delay
+    return None
+
+
+def release_legacy_finalizer(body: Mapping[str, Any], memo: kopf.Memo) -> None:
+    """Take off the finalizer kopf put on the runs of earlier operators (0.1.0: tests/fixtures/upgrade/): nothing waits
+    for it any more, and a run that kept it could not be deleted. A JSON patch that tests the entry it removes: a
+    finalizer list changed meanwhile fails the patch (409/422) instead of losing someone else's entry."""
+    meta = body["metadata"]
+    index = list(meta["finalizers"]).index(LEGACY_FINALIZER)
+    path = f"/metadata/finalizers/{index}"
+    operations = [{"op": "test", "path": path, "value": LEGACY_FINALIZER}, {"op": "remove", "path": path}]
+    kube: Kube = memo.reconciler.kube
+    resource = RUN_RESOURCES[body["kind"]]
+    written = kube.patch(resource, meta.get("namespace"), meta["name"], operations, json_patch=True)
+    memo.informer.hold(resource, written)
+
+
 def post_events(body: Mapping[str, Any], events: list[Event], memo: kopf.Memo) -> None:
     for event in events:
         memo.reconciler.kube.post_event(body, event.type, event.reason, event.message)
 
 
 def write_status(body: Mapping[str, Any], patch: dict[str, Any], memo: kopf.Memo) -> dict[str, Any]:
-    """The status patch of a pass kopf does not write (a child's change, the run's tick); the run as written."""
+    """A pass's status patch (its one write of the run); the run as written."""
     meta = body["metadata"]
     resource = RUN_RESOURCES[body["kind"]]
     kube: Kube = memo.reconciler.kube
     return kube.patch(resource, meta.get("namespace"), meta["name"], {"status": patch}, subresource="status")
-
-
-def reconcile_into_patch(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
-    """A kopf handler's pass: its status goes into kopf's one write of the run, and its Events wait for that write
-    (posted at its echo, ``run_event``): an Event never tells of a status nobody can read yet."""
-    if body.metadata.get("deletionTimestamp"):
-        return  # being deleted: recreating children now would race the garbage collector
-    try:
-        status, events = reconcile_status(body, memo, handler=True)
-    except (ApiError, RetryLater) as exc:
-        raise kopf.TemporaryError(str(exc), delay=CONFIG.retry_delay) from exc
-    if events and status:
-        memo.memory.keep_unposted(run_key(body), body.metadata.get("resourceVersion"), events)
-    elif events:  # nothing to write: nothing to wait for
-        post_events(body, events, memo)
-    patch.status.update(status)
-
-
-def _with_unwritten_status(run: RunKey, body: Mapping[str, Any], memo: kopf.Memo) -> Mapping[str, Any]:
-    """``body`` as it will be once kopf writes the status its handler returned for this very version of the run.
-    kopf writes it only after the handler (and the run's lock) is done: a child's change in between (a new run's
-    Deployment, its status written by the deployment controller at once) read the run without it, and posted the
-    phase's Event and wrote the status a second time."""
-    status = memo.memory.unwritten(run, body["metadata"].get("resourceVersion"))
-    if status is None:  # none, or written by now (or the run changed since): the API server's copy has it
-        return body
-    return {**body, "status": merge_patch(dict(body.get("status") or {}), status)}
 
 
 def tracking_patch(
@@ -222,59 +245,57 @@ def tracking_patch(
 
 async def observe_run(body: Mapping[str, Any], memo: kopf.Memo) -> None:
     """A run's tick (atlas_operator/ticker.py): mirror a Running trainer's metrics; retry what no watch event will
-    bring (a missing prerequisite, a rejected child, a result not read yet, a run whose handler never ran). A settled
-    run costs no API call here: its children and its job are watched."""
-    meta = body["metadata"]
-    if meta.get("deletionTimestamp"):
+    bring (a missing prerequisite, a rejected child, a result not read yet, a run whose reconciliation has not
+    happened for a while). A settled run costs no API call here: its children and its job are watched."""
+    run = run_key(body)
+    body = held_run(run, memo) or body
+    if body["metadata"].get("deletionTimestamp"):
         return
+    scraped = None
+    if (body.get("status") or {}).get("phase") == "Running":  # the trainer's /metrics, read off the threads
+        scraped = await memo.reconciler.scrape(dict(body["metadata"]))
+    await asyncio.to_thread(pass_over, run, memo, lambda held: tick_pass(held, scraped, memo))
+
+
+def tick_pass(
+    body: Mapping[str, Any], scraped: tuple[dict[str, Any] | None, dict[str, Any] | None] | None, memo: kopf.Memo
+) -> tuple[dict[str, Any], list[Event]]:
+    """A tick's status patch and Events: a reconciliation when only a retry brings what the run waits for, then the
+    trainer's progress and tracking when it was Running and scraped."""
+    run, meta = run_key(body), body["metadata"]
     status, generation = dict(body.get("status") or {}), meta.get("generation")
-    waited_long = stuck(memo.memory, run_key(body), status, generation, CONFIG.progress_interval)
+    waited_long = stuck(memo.memory, run, status, generation, CONFIG.progress_interval)
     patch: dict[str, Any] = {}
     events: list[Event] = []
     if needs_retry(status, generation, waited_long):
         try:
-            patch, events = await asyncio.to_thread(reconcile_status, body, memo)
+            patch, events = reconcile_counted(body, memo)
         except (ApiError, RetryLater) as exc:  # its next tick retries
-            log.warning("could not reconcile %s %s/%s: %s", body["kind"], meta.get("namespace"), meta["name"], exc)
-            return
+            log.warning("could not reconcile %s %s/%s: %s", *run, exc)
+            return {}, []
         status = merge_patch(status, patch)
-    if status.get("phase") == "Running":
-        progress, tracking = await memo.reconciler.scrape(dict(meta))
+    if scraped is not None and status.get("phase") == "Running":
+        progress, tracking = scraped
         at = now()
         patch.update(progress_patch(status, progress, at))
         update, warning = tracking_patch(body, status, generation, tracking, at)
         patch.update(update)
         if warning is not None:
             events.append(Event("Warning", *warning))
-    if patch:  # blocking calls: off the event loop; the Events after the status they tell of
-        body = await asyncio.to_thread(write_status, body, patch, memo)
-    if events:
-        await asyncio.to_thread(post_events, body, events, memo)
+    return patch, events
 
 
-for _plural in KINDS.values():
-
-    @kopf.on.resume(GROUP, VERSION, _plural)
-    @kopf.on.create(GROUP, VERSION, _plural)
-    @kopf.on.update(GROUP, VERSION, _plural)
-    def reconcile_run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-        """Make the children match the spec (idempotent: compare, then create or patch)."""
-        reconcile_into_patch(body, patch, memo)
-
-    @kopf.on.event(GROUP, VERSION, _plural)
-    async def run_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        """Every event of a run (kopf's watch): its copy for its tick; the Events its handler's status waited for;
-        at its deletion, what is remembered of it (its children are the garbage collector's: no finalizer)."""
-        body, type_ = event["object"], event.get("type")
-        run = run_key(body)
-        memo.ticker.seen(run, type_, body)
-        if type_ == "DELETED":
-            memo.memory.forget(run[1], run[2])
-            memo.phases.set(*run, None)
-            return
-        events = memo.memory.take_unposted(run, body["metadata"].get("resourceVersion"))
-        if events:
-            await asyncio.to_thread(post_events, body, events, memo)
+def run_changed(type_: str, obj: dict[str, Any], memo: kopf.Memo) -> None:
+    """A run was listed, added, changed by someone (its spec, labels or annotations, its deletion: not the echo of a
+    status write, relevance.run_changed) or deleted: queue its reconciliation, or forget it (its children are the
+    garbage collector's: no finalizer)."""
+    run = run_key(obj)
+    memo.ticker.seen(run, type_, obj)
+    if type_ == "DELETED":
+        memo.memory.forget(run[1], run[2])
+        memo.phases.set(*run, None)
+        return
+    memo.queue.add(run)
 
 
 # ---------------------------------------------------------------------------------------------- child events
@@ -282,9 +303,9 @@ for _plural in KINDS.values():
 
 def child_changed(type_: str, resource: Resource, obj: dict[str, Any], memo: kopf.Memo) -> None:
     """A child changed, and not by the operator's own last write (a job's or a Deployment's status, a deletion, a
-    drift), or a run's pod can no longer start its containers (a missing pull Secret, a bad image), or again: reconcile
-    its run now rather than at the next timer tick. On the event loop, for every event: the echoes of the operator's
-    own writes (most events) are dropped here, without a trip through the handlers' threads."""
+    drift), or a run's pod can no longer start its containers (a missing pull Secret, a bad image), or again: queue
+    its run's reconciliation now rather than at its next tick. On the event loop, for every event: the echoes of the
+    operator's own writes (most events) are dropped here, without a trip through the workers' threads."""
     reconciler = memo.reconciler
     deleted = type_ == "DELETED"
     if resource is kube.POD:  # its app.kubernetes.io/instance label names its run; only a change of state counts
@@ -299,29 +320,12 @@ def child_changed(type_: str, resource: Resource, obj: dict[str, Any], memo: kop
         if owner is None:
             return
         kind, name = owner["kind"], owner["name"]
-    run = (kind, obj["metadata"].get("namespace", ""), name)
-    if not memo.memory.queue_refresh(run):
-        return  # a refresh is queued and has not started: it will see this change too
-    task = asyncio.get_running_loop().create_task(asyncio.to_thread(reconcile_after_change, run, obj.get("kind"), memo))
-    memo.tasks.add(task)  # held until done (the loop keeps only weak references to tasks)
-    task.add_done_callback(memo.tasks.discard)
+    memo.queue.add((kind, obj["metadata"].get("namespace", ""), name))
 
 
-def reconcile_after_change(run: tuple[str, str, str], cause: str | None, memo: kopf.Memo) -> None:
-    """Reconcile a run after a change of one of its children or pods. The run is read from the API server first: a
-    copy held from a watch can be behind a spec change, and reconciling it would write the old spec back to the
-    children (a resumed run's job suspended again) until the run's own update handler undid it. Only events that
-    are not the echo of the operator's own writes get here, so a settled run costs nothing."""
-    memo.memory.refresh_started(run)
-    reconciler = memo.reconciler
-    kind, namespace, name = run
-    try:
-        body = reconciler.kube.get_fresh(RUN_RESOURCES[kind], namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return
-        patch, events = reconcile_status(body, memo)
-        if patch:
-            body = write_status(body, patch, memo)
-        post_events(body, events, memo)
-    except (ApiError, RetryLater) as exc:  # the run's tick catches up
-        log.warning("could not refresh %s %s/%s after a change of its %s: %s", kind, namespace, name, cause, exc)
+def changed(type_: str, resource: Resource, obj: dict[str, Any], memo: kopf.Memo) -> None:
+    """Every change the informer reports: a run's, or a child's or a run's pod's."""
+    if resource.plural in RUN_PLURALS:
+        run_changed(type_, obj, memo)
+    else:
+        child_changed(type_, resource, obj, memo)

@@ -37,8 +37,10 @@ UNSERVED_RETRY_S = 30.0
 
 class Informer:
     """The latest state of every object of ``held`` resources (a lookup by key, no API call), and ``on_change`` for
-    each change of those after their first listing; and ``on_change`` for every object of the ``followed`` ones, listed
-    (as ADDED: a pod stuck before the operator started) or changed (seen, not held: pods are many and large)."""
+    each change of those after their first listing (of the ``announced`` among them, for each object of the first
+    listing too, as ADDED: a run that existed before the operator started is reconciled once, as kopf's resume
+    handlers did); and ``on_change`` for every object of the ``followed`` ones, listed (as ADDED: a pod stuck before
+    the operator started) or changed (seen, not held: pods are many and large)."""
 
     def __init__(
         self,
@@ -47,9 +49,13 @@ class Informer:
         namespaces: tuple[str, ...] = (),
         on_change: OnChange | None = None,
         matters: Matters | None = None,
+        announced: Iterable[Resource] = (),
     ):
         self.held = tuple(held)
         self.followed = tuple(followed)
+        self.announced = tuple(announced)
+        if not set(self.announced) <= set(self.held):
+            raise ValueError("an announced resource must be held")
         self.namespaces: tuple[str | None, ...] = namespaces or (None,)  # None: cluster-wide
         self.on_change = on_change
         self.matters = matters or (lambda resource, before, after: True)
@@ -62,6 +68,17 @@ class Informer:
     def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
         """The held object, or None when the watch does not show it (absent, or not listed yet: see ``synced``)."""
         return self._objects.get((resource.plural, namespace, name))
+
+    def hold(self, resource: Resource, obj: dict[str, Any]) -> None:
+        """Hold ``obj``, the API server's answer to this process's own write, in place of an older copy: the next
+        reconciliation reads what was written even before the watch brings its echo (which then is no news)."""
+        meta = obj.get("metadata") or {}
+        key = (resource.plural, meta.get("namespace", ""), meta.get("name", ""))
+        before = self._objects.get(key)
+        if before is not None and not _newer(obj, before):
+            return
+        meta.pop("managedFields", None)
+        self._objects[key] = obj
 
     def synced(self, plural: str) -> bool:
         """Whether every object of ``plural`` is held: its first listing is over in every watched namespace."""
@@ -145,6 +162,8 @@ class Informer:
                 self._objects.pop(key, None)
             else:
                 before = self._objects.get(key)
+                if before is not None and _newer(before, obj):
+                    return  # older than the answer to this process's own write (``hold``), which said its news
                 self._objects[key] = obj
                 if event["type"] == "MODIFIED" and not self.matters(resource, before, obj):
                     return
@@ -159,6 +178,7 @@ class Informer:
             for obj in listing.values():
                 self._notify("ADDED", resource, obj)
             return
+        announce = first and resource in self.announced
         gone = [
             key
             for key in self._objects
@@ -170,8 +190,10 @@ class Informer:
                 self._notify("DELETED", resource, obj)
         for key, obj in listing.items():
             before = self._objects.get(key)
+            if before is not None and _newer(before, obj):  # held from this process's own write, newer than listed
+                obj = before
             self._objects[key] = obj
-            if not first and _version(before) != _version(obj) and self.matters(resource, before, obj):
+            if announce or (not first and _version(before) != _version(obj) and self.matters(resource, before, obj)):
                 self._notify("MODIFIED" if before is not None else "ADDED", resource, obj)
 
     def _notify(self, type_: str, resource: Resource, obj: dict[str, Any]) -> None:
@@ -185,3 +207,13 @@ class Informer:
 
 def _version(obj: dict[str, Any] | None) -> str | None:
     return None if obj is None else (obj.get("metadata") or {}).get("resourceVersion")
+
+
+def _newer(obj: dict[str, Any], than: dict[str, Any]) -> bool:
+    """Whether ``obj`` is a later version of the object ``than`` is: resourceVersions are opaque, but etcd's are
+    integers, which client-go's informers compare too; anything else is taken as newer."""
+    mine, theirs = _version(obj), _version(than)
+    try:
+        return int(mine or "") > int(theirs or "")
+    except ValueError:
+        return mine != theirs

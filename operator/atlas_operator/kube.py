@@ -12,7 +12,7 @@ import random
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -277,11 +277,19 @@ class Kube:
         return created
 
     def patch(
-        self, resource: Resource, namespace: str, name: str, patch: dict[str, Any], subresource: str | None = None
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any] | Sequence[dict[str, Any]],
+        subresource: str | None = None,
+        json_patch: bool = False,
     ) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386), or with ``json_patch`` a JSON patch (RFC 6902: a list of operations)."""
+        content_type = "application/json-patch+json" if json_patch else "application/merge-patch+json"
         with self._writing(resource, namespace, name):
             patched: dict[str, Any] = self.request(
-                "PATCH", resource.path(namespace, name, subresource), patch, content_type="application/merge-patch+json"
+                "PATCH", resource.path(namespace, name, subresource), patch, content_type=content_type
             )
         self._remember(resource, patched)
         return patched

@@ -3,9 +3,10 @@
 kopf serves a timer only to an object that carries its finalizer (``kopf.timer`` hard-codes ``requires_finalizer``
 in kopf 1.45): one more write for every new run, and a deletion that waits for the operator, for nothing the garbage
 collector does not do already (every child has the run as its controller owner). So the operator keeps its own
-clock, as a Go controller requeues a key after an interval: one task, a heap of (when, run), the runs' latest copies
-from kopf's own watch of them (``seen``, from a ``kopf.on.event`` handler), at most ``limit`` passes at once. A run
-deleted is dropped at its DELETED event; a pass is never given its run's copy from before the last event.
+clock, as a Go controller requeues a key after an interval: one task, a heap of (when, run), the runs' copies from
+the informer's watch of them (``seen``, from atlas_operator/handlers.py's ``run_changed``), at most ``limit`` passes at
+once. A run deleted is dropped at its DELETED event; a pass is never given its run's copy from before the last event
+it was told of (and atlas_operator/handlers.py's tick reads the informer's latest).
 """
 
 from __future__ import annotations

@@ -275,3 +275,43 @@ def test_a_standby_is_alive_and_ready_while_it_waits():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_announced_resources_report_their_first_listing_and_only_changes_that_are_someones():
+    """The runs: every run listed at start is reported (each is reconciled once, as kopf's resume handlers did), and a
+    change is news when it is more than the echo of a status write (relevance.run_changed)."""
+    seen: list = []
+    held = Informer(
+        (kube.CONFIG_MAP,),
+        announced=(kube.CONFIG_MAP,),
+        on_change=lambda type_, resource, obj: seen.append((type_, obj["metadata"]["name"])),
+        matters=lambda resource, before, after: before is None or relevance.run_changed(before, after),
+    )
+    run = cm("run", 1) | {"spec": {"a": 1}}
+    run["metadata"]["generation"] = 1
+    listed(held, kube.CONFIG_MAP, run)
+    assert seen == [("ADDED", "run")]
+    status_echo = {**run, "status": {"phase": "Pending"}, "metadata": {**run["metadata"], "resourceVersion": "2"}}
+    held.handle(kube.CONFIG_MAP, None, {"type": "MODIFIED", "object": status_echo})
+    assert seen == [("ADDED", "run")]  # a status write: no news
+    assert held.get(kube.CONFIG_MAP, "team-a", "run")["status"] == {"phase": "Pending"}  # but held
+    for change in ({"generation": 2}, {"labels": {"team": "b"}}, {"deletionTimestamp": "2026-12-07T00:00:00Z"}):
+        version = int(held.get(kube.CONFIG_MAP, "team-a", "run")["metadata"]["resourceVersion"]) + 1
+        changed = {**status_echo, "metadata": {**status_echo["metadata"], **change, "resourceVersion": str(version)}}
+        held.handle(kube.CONFIG_MAP, None, {"type": "MODIFIED", "object": changed})
+        status_echo = changed
+    assert seen == [("ADDED", "run")] + [("MODIFIED", "run")] * 3
+
+
+def test_an_own_writes_answer_is_held_and_an_older_watch_event_does_not_replace_it():
+    """``hold``: the API server's answer to the operator's own write is held at once (the next pass starts from it);
+    an event older than it (the watch behind) changes nothing, and the write's own echo is no news."""
+    held, seen = informer()
+    listed(held, kube.CONFIG_MAP, cm("a", 1))
+    held.hold(kube.CONFIG_MAP, cm("a", 5) | {"data": {"written": "yes"}})
+    held.hold(kube.CONFIG_MAP, cm("a", 4))  # an answer older than the one held: ignored
+    held.handle(kube.CONFIG_MAP, None, {"type": "MODIFIED", "object": cm("a", 3)})
+    assert held.get(kube.CONFIG_MAP, "team-a", "a")["data"] == {"written": "yes"} and seen == []
+    held.handle(kube.CONFIG_MAP, None, {"type": "MODIFIED", "object": cm("a", 6)})
+    assert seen == [("MODIFIED", "configmaps", "a")]
+    assert held.get(kube.CONFIG_MAP, "team-a", "a")["metadata"]["resourceVersion"] == "6"

@@ -42,7 +42,9 @@ def idle(tmp_path_factory):
             cluster.set_job_conditions(name, "Created", "Running")
         for manifest, step in zip(running, (3, 4, 5), strict=True):
             cluster.wait_status(manifest, lambda s, n=step: (s.get("progress") or {}).get("step") == n, "progress")
-        cluster.wait_status(pending, lambda s: s.get("phase") == "Pending" and "kopf" in s, "Pending, settled")
+        cluster.wait_status(
+            pending, lambda s: s.get("phase") == "Pending" and s.get("observedGeneration"), "Pending, settled"
+        )
         yield cluster, [m["metadata"]["name"] for m in (*running, pending)]
 
 

@@ -282,8 +282,8 @@ def test_the_handlers_count_a_save_in_the_operator_metric(cluster):
     memo.reconciler = reconciler
     memo.phases = metrics.RunPhases()
     before = _series(NS, "metric-run", "AtlasTraining")
-    handlers.reconcile_counted(copy.deepcopy(body), memo, 0.0)
+    handlers.reconcile_counted(copy.deepcopy(body), memo)
     reconciler.pod_changed(_stopped_pod("metric-run-trainer-0-0-a", "metric-run", StopReport(9, 1.0)))
-    patch, events = handlers.reconcile_counted(copy.deepcopy(body), memo, 0.0)
+    patch, events = handlers.reconcile_counted(copy.deepcopy(body), memo)
     assert _series(NS, "metric-run", "AtlasTraining") == before + 1
     assert patch["preemption"]["step"] == 9 and "PreemptionSave" in [e.reason for e in events]

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from atlas_contract.stops import StopReport
-from atlas_operator.status_update import Event, Failure
+from atlas_operator.status_update import Failure
 
 # A run: (kind, namespace, name). Pods and what a job's controller makes of the job name their run by namespace and
 # name alone (its app.kubernetes.io/instance label), so what comes from them is kept per (namespace, name).
@@ -30,9 +30,8 @@ JobKey = tuple[str, str, str | None, str | None]
 
 class RunMemory:
     """Per run: its kind; its pods that cannot start and the newest save on SIGTERM its pods reported; the saves,
-    restarts and result reads counted; and for the handlers, the run's lock, the status its handler returned that
-    kopf has not written yet and the Events to post once it has, how long it has waited for its create/update
-    handler, and whether a refresh is queued."""
+    restarts and result reads counted; and for the handlers, the run's lock and how long it has waited for its
+    reconciliation at its generation."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -45,10 +44,7 @@ class RunMemory:
         self._restarts: dict[JobKey, int] = {}  # (namespace, name, run uid, gang uid) → restarts seen
         self._result_reads: dict[JobKey, int] = {}  # (namespace, name, run uid, job uid) → pod reads so far
         self._run_locks: dict[RunKey, threading.Lock] = {}
-        self._unwritten: dict[RunKey, tuple[str | None, dict[str, Any]]] = {}  # → (the run's resourceVersion, status)
-        self._unposted: dict[RunKey, tuple[str | None, list[Event]]] = {}  # → (the run's resourceVersion, Events)
         self._unreconciled_since: dict[RunKey, float] = {}
-        self._refreshing: set[RunKey] = set()
 
     # -- the run and its pods
 
@@ -161,59 +157,14 @@ class RunMemory:
         with self._lock:
             return self._run_locks.setdefault(run, threading.Lock())
 
-    def keep_unwritten(self, run: RunKey, version: str | None, status: dict[str, Any]) -> None:
-        """The status the run's handler returned for its ``version``, until kopf has written it."""
-        with self._lock:
-            self._unwritten[run] = (version, status)
-
-    def unwritten(self, run: RunKey, version: str | None) -> dict[str, Any] | None:
-        """The status kept for this very version of the run, else None (and a status kept for an older version is
-        dropped: written by now, or the run changed since)."""
-        with self._lock:
-            kept, status = self._unwritten.get(run, (None, None))
-            if status is not None and kept != version:
-                del self._unwritten[run]
-                return None
-            return status
-
-    def keep_unposted(self, run: RunKey, version: str | None, events: list[Event]) -> None:
-        """The Events of the handler's pass at the run's ``version``, to post once kopf has written its status."""
-        with self._lock:
-            kept = self._unposted.get(run, (None, []))[1]
-            self._unposted[run] = (version, [*kept, *events])
-
-    def take_unposted(self, run: RunKey, version: str | None) -> list[Event]:
-        """The Events kept for the run, once it is seen at another ``version`` than theirs (its status written),
-        and forgotten; else none."""
-        with self._lock:
-            kept, events = self._unposted.get(run, (None, []))
-            if not events or kept == version:
-                return []
-            del self._unposted[run]
-            return events
-
     def unreconciled_for(self, run: RunKey, unreconciled: bool) -> float:
-        """Seconds the run has waited for its create/update handler (0 when it does not wait)."""
+        """Seconds the run has waited for its reconciliation at its generation (0 when it does not wait)."""
         with self._lock:
             if not unreconciled:
                 self._unreconciled_since.pop(run, None)
                 return 0.0
             now = time.monotonic()
             return now - self._unreconciled_since.setdefault(run, now)
-
-    def queue_refresh(self, run: RunKey) -> bool:
-        """Whether a refresh of the run must be queued: False when one is queued and has not started yet (it will
-        see this change too)."""
-        with self._lock:
-            if run in self._refreshing:
-                return False
-            self._refreshing.add(run)
-            return True
-
-    def refresh_started(self, run: RunKey) -> None:
-        """From now on, a change needs a refresh of its own."""
-        with self._lock:
-            self._refreshing.discard(run)
 
     # -- a deleted run
 
@@ -222,10 +173,7 @@ class RunMemory:
         with self._lock:
             for table, named in self._tables():
                 for key in [k for k in table if named(k) == (namespace, name)]:
-                    if isinstance(table, set):
-                        table.discard(key)
-                    else:
-                        del table[key]
+                    del table[key]
 
     def holds(self, namespace: str, name: str) -> bool:
         """Whether anything is remembered about the run ``name``."""
@@ -234,7 +182,7 @@ class RunMemory:
 
     def _tables(
         self,
-    ) -> list[tuple[dict[Any, Any] | set[RunKey], Callable[[tuple[str | None, ...]], tuple[str | None, ...]]]]:
+    ) -> list[tuple[dict[Any, Any], Callable[[tuple[str | None, ...]], tuple[str | None, ...]]]]:
         """Each table, and how its key names a run: (namespace, name, ...) first, or a RunKey's last two."""
         by_name = (
             self._kinds,
@@ -246,7 +194,7 @@ class RunMemory:
             self._restarts,
             self._result_reads,
         )
-        by_run = (self._run_locks, self._unwritten, self._unposted, self._unreconciled_since, self._refreshing)
+        by_run = (self._run_locks, self._unreconciled_since)
         return [(table, _first_two) for table in by_name] + [(table, _last_two) for table in by_run]
 
 

@@ -1,5 +1,5 @@
 """Which changes of a child its run's status depends on: the rest (the bookkeeping of the controllers that run the
-child) reconciles nothing.
+child) reconciles nothing. And which changes of a run are someone's (``run_changed``), not the echo of a status write.
 
 On a real cluster the deployment controller writes a new server Deployment's status two or three times in its first
 second (observedGeneration, replicas, conditions) before any replica is ready. Each was a refresh of the run: its
@@ -41,3 +41,26 @@ def _relevant(resource: Resource, obj: dict[str, Any]) -> dict[str, Any]:
     status = obj.get("status") or {}
     read = {field: status.get(field) for field in READ_STATUS[resource]}
     return {"metadata": meta, "spec": obj.get("spec"), "status": read}
+
+
+# A run's fields whose change is someone's: its spec (generation), labels and annotations (copied to its children),
+# its deletion and finalizers. The rest of a run's changes are the echoes of status writes.
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"  # kubectl's copy of the spec: the spec says it
+
+
+def run_changed(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """Whether a run changed (``before`` → ``after``) in anything but its status: a reconciliation is due."""
+    return _run_essence(before) != _run_essence(after)
+
+
+def _run_essence(run: dict[str, Any]) -> tuple[Any, ...]:
+    meta = run.get("metadata") or {}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != LAST_APPLIED}
+    return (
+        meta.get("uid"),
+        meta.get("generation"),
+        meta.get("labels") or {},
+        annotations,
+        meta.get("deletionTimestamp"),
+        meta.get("finalizers") or [],
+    )

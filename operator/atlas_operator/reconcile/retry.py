@@ -1,8 +1,9 @@
-"""When a run is reconciled again without an event: what its timer retries, and how long kopf retries the API.
+"""When a run is reconciled again without an event: what its timer retries, and how long kopf's watch-stream retries
+the API.
 
 A watch event brings most changes (a child's, the run's own). The run's timer retries only what none will bring: a
 prerequisite that appears later, a child the API server rejected, names held by someone else, a result not read yet,
-and a run whose create/update handler kopf has not run for a while.
+and a run not reconciled at its generation for a while (its queued passes keep failing).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from atlas_operator.kube import jittered
 from atlas_operator.reconcile.memory import RunKey, RunMemory
 from atlas_operator.run_status import ConditionType, EventReason
 
-STUCK_AFTER = 3  # timer intervals a run may wait for its create/update handler before its timer reconciles it
+STUCK_AFTER = 3  # timer intervals a run may wait for its reconciliation at its generation before its timer does it
 # kopf's own back-offs (seconds) after a failed API request, before the cap.
 KOPF_BACKOFFS = (1, 1, 2, 3, 5, 8)
 
@@ -27,8 +28,8 @@ def unreconciled(status: dict[str, Any], generation: int | None) -> bool:
 
 
 def stuck(memory: RunMemory, run: RunKey, status: dict[str, Any], generation: int | None, interval_s: float) -> bool:
-    """Whether the run has waited for its create/update handler for STUCK_AFTER intervals (``memory`` keeps since
-    when): kopf's handling of it waits for an event that will not come."""
+    """Whether the run has waited for its reconciliation at its generation for STUCK_AFTER intervals (``memory``
+    keeps since when): its queued passes keep failing, or wait for an event that will not come."""
     waiting = unreconciled(status, generation)
     waited = memory.unreconciled_for(run, waiting)
     return waiting and waited >= STUCK_AFTER * interval_s
@@ -38,9 +39,8 @@ def needs_retry(status: dict[str, Any], generation: int | None, stuck: bool = Fa
     """Whether a run's status leaves something that only a retry brings: a prerequisite missing (a PVC, a CRD created
     later), a child the API server rejected or a name held by an object not the run's (NameConflict, NameTaken), or
     a succeeded job whose result is not read yet (bounded by MAX_RESULT_READS). A run not reconciled at its
-    generation yet is its create/update handler's (kopf retries those; a timer reconciling it too would only race
-    them), unless that has not happened for a while (``stuck``): then the reconciliation's status write is the event
-    kopf waits for."""
+    generation yet is the work queue's (which retries its passes; a timer reconciling it too would only add passes),
+    unless that has not happened for a while (``stuck``)."""
     if unreconciled(status, generation):
         return stuck
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
