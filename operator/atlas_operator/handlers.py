@@ -249,11 +249,14 @@ async def observe_run(body: Mapping[str, Any], memo: kopf.Memo) -> None:
     happened for a while). A settled run costs no API call here: its children and its job are watched."""
     run = run_key(body)
     body = held_run(run, memo) or body
-    if body["metadata"].get("deletionTimestamp"):
+    meta, status = body["metadata"], body.get("status") or {}
+    if meta.get("deletionTimestamp"):
         return
     scraped = None
-    if (body.get("status") or {}).get("phase") == "Running":  # the trainer's /metrics, read off the threads
-        scraped = await memo.reconciler.scrape(dict(body["metadata"]))
+    if status.get("phase") == "Running":  # the trainer's /metrics, read off the threads
+        scraped = await memo.reconciler.scrape(dict(meta))
+    elif not needs_retry(status, meta.get("generation"), stuck(memo.memory, run, status, meta.get("generation"), 0)):
+        return  # nothing to do (most ticks of most runs; interval 0: any wait goes on, tick_pass weighs it)
     await asyncio.to_thread(pass_over, run, memo, lambda held: tick_pass(held, scraped, memo))
 
 

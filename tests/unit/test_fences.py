@@ -69,3 +69,19 @@ def test_the_kopf_fence_refuses_another_minor_release(monkeypatch):
     finally:
         monkeypatch.undo()
         importlib.reload(kopf_compat)
+
+
+def test_kopfs_watch_stream_decodes_with_orjson_and_reads_what_json_reads():
+    """kopf_compat sets kopf's watch-stream decoder (its ``api`` module's ``json``) to orjson's: the same objects
+    as the standard library's from an API server's watch line."""
+    import json
+
+    import orjson
+    from atlas_operator import kopf_compat  # noqa: F401  (the fence sets the decoder when imported)
+    from kopf._cogs.clients import api
+
+    assert api.json.loads is orjson.loads
+    line = json.dumps(
+        {"type": "MODIFIED", "object": {"metadata": {"name": "r", "generation": 2**40}, "status": {"x": [1.5, None]}}}
+    )
+    assert api.json.loads(line) == json.loads(line)

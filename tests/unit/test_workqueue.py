@@ -8,6 +8,7 @@ import threading
 import time
 
 from atlas_operator.workqueue import WorkQueue
+
 from harness.polling import wait_for
 
 
