@@ -186,8 +186,9 @@ def pass_over(run: RunKey, memo: kopf.Memo, compute: Pass) -> None:
 
 def reconcile_run(run: RunKey, memo: kopf.Memo) -> float | None:
     """The work queue's pass over a run (atlas_operator/workqueue.py): its legacy finalizer taken off, then one
-    reconciliation. Returns when to try again: after ATLAS_RETRY_DELAY when the API refused a request or a step asked
-    for it (RetryLater)."""
+    reconciliation. Returns when to try again: after ATLAS_RETRY_DELAY when the API did not answer or failed a request
+    or a step asked for it (RetryLater). A request refused as sent (403, 400, 422) raises: the work queue retries it
+    after a delay that doubles, and logs it once per streak."""
     body = held_run(run, memo)
     if body is None:
         return None
@@ -195,7 +196,12 @@ def reconcile_run(run: RunKey, memo: kopf.Memo) -> float | None:
         if LEGACY_FINALIZER in (body["metadata"].get("finalizers") or ()):
             release_legacy_finalizer(body, memo)
         pass_over(run, memo, lambda held: reconcile_counted(held, memo))
-    except (ApiError, RetryLater) as exc:
+    except ApiError as exc:
+        if exc.rejected:  # refused as sent (the RBAC: the run's status write): the queue backs off, says it once
+            raise
+        log.warning("could not reconcile %s %s/%s: %s; again in %g s", *run, exc, CONFIG.retry_delay)
+        return CONFIG.retry_delay
+    except RetryLater as exc:
         log.warning("could not reconcile %s %s/%s: %s; again in %g s", *run, exc, CONFIG.retry_delay)
         return CONFIG.retry_delay
     return None

@@ -4,7 +4,7 @@ A key (a run) is queued once however many events name it before a worker takes i
 never given to a second worker, and one named again meanwhile is queued again when the first pass ends (it sees the
 newer change). A pass that asks for it is retried after a delay; one that raised is retried after a delay that doubles
 with each failure in a row (client-go's per-item exponential back-off), so a run that cannot be reconciled is neither
-dropped nor retried at full speed.
+dropped nor retried at full speed, and is said once per streak of failures (then at DEBUG).
 
 This replaced kopf's handling of the runs (a worker task per object, its handler state and diff-base written in the
 run's status, a patch per handler and the wait for its echo): each event of a run now costs a lookup and a set
@@ -118,8 +118,11 @@ class WorkQueue(Generic[Key]):
             try:
                 retry_in = self._process(key)
                 self._failures.pop(key, None)
-            except Exception:  # one key's failure is said and retried later; the other keys go on
+            except Exception as exc:  # one key's failure is said and retried later; the other keys go on
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
                 retry_in = min(MAX_FAILURE_DELAY_S, self._failure_delay * 2 ** (failures - 1))
-                log.exception("reconciling %s failed (%d in a row); again in %.0f s", key, failures, retry_in)
+                if failures == 1:  # said once per streak: a refusal for good is not an error line every few seconds
+                    log.exception("reconciling %s failed; again in %.0f s, then less and less often", key, retry_in)
+                else:
+                    log.debug("reconciling %s failed (%d in a row): %s; again in %.0f s", key, failures, exc, retry_in)
             self._done(key, retry_in)

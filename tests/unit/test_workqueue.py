@@ -112,3 +112,26 @@ def test_a_key_added_before_its_retry_is_due_is_passed_now():
         assert passes[0] - started < 5
     finally:
         queue.stop()
+
+
+def test_a_key_that_keeps_failing_is_said_once_per_streak(caplog):
+    attempts: list[int] = []
+
+    def process(key: str) -> None:
+        attempts.append(1)
+        if len(attempts) in (1, 2, 3, 5):  # a streak of three, a success, then one more failure
+            raise PermissionError("403 Forbidden: atlastrainings/status")
+
+    queue: WorkQueue[str] = WorkQueue(process, workers=1, failure_delay=0.02)
+    queue.start()
+    try:
+        with caplog.at_level("DEBUG", logger="atlas_operator"):
+            queue.add("run")
+            wait_for(lambda: len(attempts) == 4, timeout=5, what="the streak and its success")
+            queue.add("run")
+            wait_for(lambda: len(attempts) == 6, timeout=5, what="a second streak and its end")
+        said = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert len(said) == 2 and all(r.exc_info for r in said)  # the first failure of each streak
+        assert len([r for r in caplog.records if r.levelname == "DEBUG" and "in a row" in r.getMessage()]) == 2
+    finally:
+        queue.stop()
