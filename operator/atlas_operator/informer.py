@@ -131,7 +131,9 @@ class Informer:
                 self._relisted(resource, namespace, {})
                 await asyncio.sleep(UNSERVED_RETRY_S)
             except kopf_compat.APIForbiddenError as exc:  # not listable (the RBAC): not synced, so reads ask the API
-                log.warning("cannot watch %s in %s: %s", resource.plural, namespace or "all namespaces", exc)
+                # Said once (then at DEBUG): a refusal for good is retried every UNSERVED_RETRY_S, quietly.
+                said = log.debug if (resource.plural, namespace) in self._refused else log.warning
+                said("cannot watch %s in %s: %s", resource.plural, namespace or "all namespaces", exc)
                 self._refused.add((resource.plural, namespace))
                 self._listing.pop((resource.plural, namespace), None)
                 await asyncio.sleep(UNSERVED_RETRY_S)

@@ -187,7 +187,7 @@ def test_a_deployments_bookkeeping_is_held_but_only_what_its_run_reads_is_report
     assert seen[-1] == ("MODIFIED", "pytorchjobs", "8")
 
 
-def test_the_operator_is_ready_once_every_watch_has_listed_been_unserved_or_refused(monkeypatch):
+def test_the_operator_is_ready_once_every_watch_has_listed_been_unserved_or_refused(monkeypatch, caplog):
     """``started`` (the operator's /readyz): every (resource, namespace) watch's first listing has ended: listed, not
     served (no CRD: none of it exists), or refused by the RBAC (reads of it ask the API server). Until then a
     reconciliation would read every child from the API server."""
@@ -215,8 +215,12 @@ def test_the_operator_is_ready_once_every_watch_has_listed_been_unserved_or_refu
         await asyncio.gather(task, return_exceptions=True)
 
     monkeypatch.setattr(kopf_compat, "infinite_watch", refused)
-    asyncio.run(one_try())
+    with caplog.at_level("DEBUG", logger="atlas_operator"):
+        asyncio.run(one_try())
+        asyncio.run(one_try())  # refused again: retried quietly
     assert held.started() and not held.synced("services")
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "cannot watch services" in r.getMessage()]
+    assert [level for level, _ in said] == ["WARNING", "DEBUG"], said
 
 
 def test_readyz_answers_503_until_ready_and_healthz_whatever_it_says():
