@@ -81,6 +81,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -88,6 +89,7 @@ from typing import Any, cast
 import aiohttp.web
 import kmock
 import kubernetes
+from prometheus_client.parser import text_string_to_metric_families
 
 from atlas_cluster.build import default_bin_dir, ensure_built, ensure_controllers
 from atlas_cluster.cluster import RELEASE_NAMESPACE, LocalCluster
@@ -466,6 +468,7 @@ def bench_real(
     ensure_built(bin_dir)  # cached after the first time (make kube)
     trainers = FakeTrainers()
     workdir = Path(tempfile.mkdtemp(prefix="atlas-bench-"))
+    metrics_port = free_port()
     cluster = LocalCluster(
         workdir,
         bin_dir,
@@ -474,7 +477,7 @@ def bench_real(
         controllers=controllers,
         controller_binaries=ensure_controllers(controllers) if controllers else {},
         operator_env={
-            "ATLAS_OPERATOR_METRICS_PORT": str(free_port()),
+            "ATLAS_OPERATOR_METRICS_PORT": str(metrics_port),
             "ATLAS_PROGRESS_INTERVAL": str(interval),
             "ATLAS_METRICS_URL_TEMPLATE": f"http://127.0.0.1:{trainers.port}/{{namespace}}/{{name}}/metrics",
         },
@@ -579,6 +582,8 @@ def bench_real(
         figures["busy_parts"] = {n: process_cpu(pid) - parts0[n] for n, pid in parts.items()}
         requests = audit_requests_per_run(audit.events, core, names, owner)
         figures["writes"], figures["reads"], figures["sample"], figures["other_reads"] = requests
+        if not ideal:
+            figures["passes"] = operator_passes(metrics_port) / runs
         if ideal or busy_only:
             return figures  # the floor writes no status: no run is ever Running, and nothing is scraped
 
@@ -620,6 +625,15 @@ def bench_real(
         cluster.down()
         shutil.rmtree(workdir, ignore_errors=True)
     return figures
+
+
+def operator_passes(port: int) -> float:
+    """The operator's reconciliations so far (its atlas_operator_reconcile_total, every kind and result): a new run
+    costs one, and one more for each change of its children that its status reads."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        families = text_string_to_metric_families(response.read().decode())
+        counted = (s for f in families if f.name == "atlas_operator_reconcile" for s in f.samples)
+        return sum(s.value for s in counted if s.name == "atlas_operator_reconcile_total")
 
 
 def first_child_figures(names: list[str], created_at: dict, seen: dict[str, dict]) -> dict:
@@ -904,6 +918,7 @@ def main() -> int:
             lambda f: " / ".join(f"{v:.1f}" for v in f["busy_parts"].values()) if "busy_parts" in f else "-",
         ),
         ("busy controller CPU ms per object", lambda f: f"{cpu_ms(f):.1f}"),
+        ("operator passes per run (busy: its reconciliations)", lambda f: f"{f['passes']:.2f}"),
         ("busy CPU s: whole bench process", lambda f: f"{f['busy_cpu']['bench']:.1f}"),
         (
             "API writes per settled run (med/max)",

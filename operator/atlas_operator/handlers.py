@@ -29,7 +29,7 @@ from atlas_operator.kube import ApiError, Kube, Resource
 from atlas_operator.reconcile import Reconciler, RetryLater, RunMemory, relevance
 from atlas_operator.reconcile.memory import RunKey
 from atlas_operator.reconcile.patching import merge_patch
-from atlas_operator.reconcile.retry import RetryForever, needs_retry, stuck
+from atlas_operator.reconcile.retry import RetryForever, needs_retry, stuck, unreconciled
 from atlas_operator.status_update import Event, merge_conditions, now, progress_patch, status_update
 from atlas_operator.ticker import RunTicker
 from atlas_operator.tracking_status import running_update
@@ -179,7 +179,7 @@ def pass_over(run: RunKey, memo: kopf.Memo, compute: Pass) -> None:
             written = write_status(body, patch, memo)
             memo.informer.hold(RUN_RESOURCES[run[0]], written)
             if relevance.run_changed(body, written):
-                memo.queue.add(run)
+                queue_run(run, written, memo)
             body = written
     post_events(body, events, memo)
 
@@ -304,7 +304,14 @@ def run_changed(type_: str, obj: dict[str, Any], memo: kopf.Memo) -> None:
         memo.memory.forget(run[1], run[2])
         memo.phases.set(*run, None)
         return
-    memo.queue.add(run)
+    queue_run(run, obj, memo)
+
+
+def queue_run(run: RunKey, body: Mapping[str, Any], memo: kopf.Memo) -> None:
+    """Queue a run's pass: ahead of the children's changes while its spec is not reconciled yet (a new run, a changed
+    spec: atlas_operator/workqueue.py), as a Go controller's priority queue puts its objects' own changes first."""
+    meta = body["metadata"]
+    memo.queue.add(run, urgent=unreconciled(body.get("status") or {}, meta.get("generation")))
 
 
 # ---------------------------------------------------------------------------------------------- child events

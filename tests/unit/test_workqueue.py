@@ -135,3 +135,56 @@ def test_a_key_that_keeps_failing_is_said_once_per_streak(caplog):
         assert len([r for r in caplog.records if r.levelname == "DEBUG" and "in a row" in r.getMessage()]) == 2
     finally:
         queue.stop()
+
+
+def test_an_urgent_key_goes_ahead_of_those_waiting_and_a_waiting_key_named_urgently_moves_ahead():
+    release = threading.Event()
+    passes: list[str] = []
+
+    def process(key: str) -> None:
+        if key == "blocker":
+            release.wait(5)
+        passes.append(key)
+
+    queue: WorkQueue[str] = WorkQueue(process, workers=1, failure_delay=0.05)
+    queue.start()
+    try:
+        queue.add("blocker")
+        wait_for(lambda: len(queue) == 0, timeout=5, what="the blocker taken")
+        for key in ("child-a", "child-b", "child-c"):
+            queue.add(key)
+        queue.add("new-run", urgent=True)
+        queue.add("child-c", urgent=True)  # waiting already: moves ahead, behind the urgent key named before it
+        queue.add("new-run")  # named again, not urgently: keeps its place
+        assert len(queue) == 4
+        release.set()
+        wait_for(lambda: len(passes) == 5, timeout=5, what="every key passed")
+        time.sleep(0.1)  # (a stale entry passed twice would show here)
+        assert passes == ["blocker", "new-run", "child-c", "child-a", "child-b"]
+    finally:
+        queue.stop()
+
+
+def test_a_key_named_urgently_during_its_pass_is_passed_again_before_the_others_waiting():
+    inside = threading.Event()
+    release = threading.Event()
+    passes: list[str] = []
+
+    def process(key: str) -> None:
+        passes.append(key)
+        if len(passes) == 1:
+            inside.set()
+            release.wait(5)
+
+    queue: WorkQueue[str] = WorkQueue(process, workers=1, failure_delay=0.05)
+    queue.start()
+    try:
+        queue.add("run")
+        assert inside.wait(5)
+        queue.add("other")
+        queue.add("run", urgent=True)  # its spec changed during its pass
+        release.set()
+        wait_for(lambda: len(passes) == 3, timeout=5, what="three passes")
+        assert passes == ["run", "run", "other"]
+    finally:
+        queue.stop()
