@@ -55,8 +55,9 @@ to keep; the median latency by tenth of the creation order shows whether it does
   same kind of cluster (the JobSet controller beside it), N runs at the same pace, the busy burst only. Compared
   on create -> first child (how soon a controller answers a new object, whatever its number of children) and
   controller CPU per object. The floor is run at that pace too, on the same kind of cluster: whether the control
-  plane alone keeps up with these runs' creates there (on 2 cores it did not at 20/s, 1,000 runs: first child p95
-  10.1 s against the JobSet controller's 0.07 s, the operator's 5.8 s in the same sitting, b268e29).
+  plane alone keeps up with these runs' creates there. On 2 cores, 1,000 runs at 20/s are at the edge: the floor's
+  first child p95 was 0.15 s in one sitting (0ae85d0, the operator's 7.2 s) and 10.1 s in another an hour before it
+  (b268e29, without the JobSet controller; the operator's 5.8 s): bench/results/.
 
 Targets (PASS/FAIL), ratios measured in one sitting (the absolute ones of the scale issue, < 1 s / < 3 s, are out of
 reach on 2 cores for any operator, the floor included): create -> children p95 <= 1.25x the floor's at each size;
