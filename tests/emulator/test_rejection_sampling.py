@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from atlas_contract.teaching import TeachingSettings
+from atlas_core.answers import SYSTEM_HINT
 from atlas_core.tasks import multistep
 from atlas_core.teaching import prompts
 from atlas_core.teaching.protocol import TeachingProtocol
@@ -81,5 +82,16 @@ def test_every_candidate_teaches_without_telling():
     """No candidate guidance states the answer, so none is masked to [withheld] when shown to the student."""
     for kind in ("one-step", "two-step"):
         for row in multistep.problems(kind, "train")[:50]:
-            for guidance in multistep.guidance_candidates(row):
+            for guidance in multistep.guidance_candidates(row, restate_one_step=True):
                 assert prompts.withhold_answer(guidance, row["ground_truth"]) == guidance, (row, guidance)
+
+
+def test_the_restated_one_step_lever_asks_the_problem_again_first_then_the_usual_candidates():
+    """bench/real_teaching.py --restate-one-step: a one-step problem's restatement goes first, in the style of a
+    two-step problem's first candidate; a two-step problem's candidates are unchanged."""
+    one, two = multistep.problems("one-step", "train")[0], multistep.problems("two-step", "train")[0]
+    restated = multistep.guidance_candidates(one, restate_one_step=True)
+    assert restated[0] == f"The problem is: What is {one['question']}? {SYSTEM_HINT}"
+    assert restated[1:] == multistep.guidance_candidates(one)
+    assert multistep.guidance_candidates(two, restate_one_step=True) == multistep.guidance_candidates(two)
+    assert multistep.guidance_candidates(two)[0].startswith(multistep.intermediate_step(two) + ", so the problem")
