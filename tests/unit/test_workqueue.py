@@ -12,7 +12,9 @@ from atlas_operator.workqueue import WorkQueue
 from harness.polling import wait_for
 
 
-def test_a_key_named_many_times_before_a_worker_takes_it_is_passed_once():
+def blocked_queue() -> tuple[WorkQueue[str], threading.Event, list[str]]:
+    """A started one-worker queue whose worker is held by the key "blocker" until the event is set; the keys passed,
+    in order."""
     release = threading.Event()
     passes: list[str] = []
 
@@ -23,9 +25,14 @@ def test_a_key_named_many_times_before_a_worker_takes_it_is_passed_once():
 
     queue: WorkQueue[str] = WorkQueue(process, workers=1, failure_delay=0.05)
     queue.start()
+    queue.add("blocker")
+    wait_for(lambda: len(queue) == 0, timeout=5, what="the blocker taken")
+    return queue, release, passes
+
+
+def test_a_key_named_many_times_before_a_worker_takes_it_is_passed_once():
+    queue, release, passes = blocked_queue()  # the one worker held while "run" is named five times
     try:
-        queue.add("blocker")  # holds the one worker while "run" is named five times
-        wait_for(lambda: len(queue) == 0, timeout=5, what="the blocker taken")
         for _ in range(5):
             queue.add("run")
         assert len(queue) == 1
@@ -138,19 +145,8 @@ def test_a_key_that_keeps_failing_is_said_once_per_streak(caplog):
 
 
 def test_an_urgent_key_goes_ahead_of_those_waiting_and_a_waiting_key_named_urgently_moves_ahead():
-    release = threading.Event()
-    passes: list[str] = []
-
-    def process(key: str) -> None:
-        if key == "blocker":
-            release.wait(5)
-        passes.append(key)
-
-    queue: WorkQueue[str] = WorkQueue(process, workers=1, failure_delay=0.05)
-    queue.start()
+    queue, release, passes = blocked_queue()
     try:
-        queue.add("blocker")
-        wait_for(lambda: len(queue) == 0, timeout=5, what="the blocker taken")
         for key in ("child-a", "child-b", "child-c"):
             queue.add(key)
         queue.add("new-run", urgent=True)
