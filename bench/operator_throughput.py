@@ -632,7 +632,7 @@ def bench_real(
 
 def operator_passes(port: int) -> float:
     """The operator's reconciliations so far (its atlas_operator_reconcile_total, every kind and result): a new run
-    costs one, and one more for each change of its children that its status reads."""
+    costs one, and one more for each change of its children that its status reads or tick that retried it."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         families = text_string_to_metric_families(response.read().decode())
         counted = (s for f in families if f.name == "atlas_operator_reconcile" for s in f.samples)

@@ -8,8 +8,8 @@ dropped nor retried at full speed, and is said once per streak of failures (then
 
 A key added ``urgent`` goes ahead of every key that is not (controller-runtime's priority queue): the operator's
 handlers add a run urgently while its spec is not reconciled yet (a new run, a changed spec), and for a child's
-change otherwise. On 2 cores shared with the control plane, a run created at 20/s waited behind the passes its
-predecessors' children had asked for (a Deployment's status, a pod's): they share the work, not the order.
+change otherwise, so that a new run does not wait behind the passes its predecessors' children ask for (a server
+Deployment or a pod going ready). (The throughput bench's runs never go ready: one pass each, nothing to reorder.)
 
 This replaced kopf's handling of the runs (a worker task per object, its handler state and diff-base written in the
 run's status, a patch per handler and the wait for its echo): each event of a run now costs a lookup and a set
